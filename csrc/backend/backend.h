@@ -1,0 +1,54 @@
+// A communication backend over flat, contiguous buffers. Backends never see tensors' shapes,
+// buckets or Python; they move bytes. Every call must be made in the same order on all ranks.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fluxmpi {
+
+// Average is not a backend op: it is a sum followed (or, for 16-bit floats, preceded) by a
+// scale, done by the ops layer so that MPI and NCCL agree bit for bit on the CPU logic.
+enum class ReduceOp : int { Sum = 0, Min = 1, Max = 2, Prod = 3, Average = 4 };
+
+const char* op_name(ReduceOp op);
+// Parse "sum", "average" (also "avg", "mean"), "min", "max", "prod"; throws a ValueError-like
+// c10::Error naming the bad string and the accepted ones.
+ReduceOp parse_op(const std::string& name);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // In place: every rank's `buf` ends holding the reduction of all ranks' buffers.
+  virtual void allreduce(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
+    unsupported("allreduce");
+  }
+  virtual void broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) {
+    unsupported("broadcast");
+  }
+  // `send` is read on every rank; `recv` is written on the root only.
+  virtual void reduce(const void* send, void* recv, std::int64_t count, c10::ScalarType dtype,
+                      ReduceOp op, int root) {
+    unsupported("reduce");
+  }
+  // `recv` holds size * count elements, rank r's contribution at offset r * count.
+  virtual void allgather(const void* send, void* recv, std::int64_t count,
+                         c10::ScalarType dtype) {
+    unsupported("allgather");
+  }
+  virtual void barrier() { unsupported("barrier"); }
+
+ protected:
+  [[noreturn]] void unsupported(const char* what) const {
+    TORCH_CHECK(false, "fluxmpi_py: backend ", name(), " does not support ", what);
+  }
+};
+
+// The MPI backend for host memory, on the communicator of fluxmpi::env().
+Backend& mpi_backend();
+
+}  // namespace fluxmpi

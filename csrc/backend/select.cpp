@@ -1,0 +1,25 @@
+#include "backend/select.h"
+
+#ifdef FLUXMPI_WITH_CUDA
+#include "backend/nccl_backend.h"
+#endif
+
+namespace fluxmpi {
+
+bool device_supported(const at::Tensor& t) {
+#ifdef FLUXMPI_WITH_CUDA
+  if (t.is_cuda()) return true;
+#endif
+  return t.is_cpu();
+}
+
+Backend& backend_for(const at::Tensor& t) {
+#ifdef FLUXMPI_WITH_CUDA
+  if (t.is_cuda()) return nccl_backend();
+#endif
+  TORCH_CHECK(t.is_cpu(), "fluxmpi_py: tensors on ", t.device(),
+              " are not supported by this build (CPU and, when built with CUDA, CUDA)");
+  return mpi_backend();
+}
+
+}  // namespace fluxmpi

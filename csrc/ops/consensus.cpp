@@ -1,0 +1,150 @@
+#include "ops/consensus.h"
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "backend/backend.h"
+#include "runtime/environment.h"
+
+namespace fluxmpi {
+
+const char* kind_name(CallKind k) {
+  switch (k) {
+    case CallKind::Allreduce: return "allreduce_";
+    case CallKind::Broadcast: return "bcast_";
+    case CallKind::Reduce: return "reduce_";
+    case CallKind::Barrier: return "barrier";
+    case CallKind::Allgather: return "allgather";
+    case CallKind::GradientBuckets: return "gradient allreduce";
+    case CallKind::CoalescedBroadcast: return "synchronize_ (tensors)";
+    case CallKind::ObjectBroadcast: return "synchronize_ (objects)";
+    case CallKind::PrintOrdered: return "fluxmpi_println(ordered=True)";
+  }
+  return "unknown collective";
+}
+
+std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed) {
+  std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint64_t>(seed);
+  auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h >> 1);
+}
+
+void raise_error(ErrorClass cls, const std::string& msg) {
+  switch (cls) {
+    case ErrorClass::Value: TORCH_CHECK_VALUE(false, msg);
+    case ErrorClass::Type: TORCH_CHECK_TYPE(false, msg);
+    default: TORCH_CHECK(false, msg);
+  }
+}
+
+namespace {
+
+constexpr int kFields = 7;
+constexpr std::size_t kTextBytes = 480;
+
+void pack(const Signature& s, std::int64_t* v) {
+  v[0] = static_cast<std::int64_t>(s.kind);
+  v[1] = s.op;
+  v[2] = s.root;
+  v[3] = s.dtype;
+  v[4] = s.numel;
+  v[5] = s.detail;
+  v[6] = static_cast<std::int64_t>(s.error);
+}
+
+std::string field_value(int field, std::int64_t v) {
+  switch (field) {
+    case 0: return kind_name(static_cast<CallKind>(v));
+    case 1: return v < 0 ? "none" : op_name(static_cast<ReduceOp>(v));
+    case 3: return v < 0 ? "none" : c10::toString(static_cast<c10::ScalarType>(v));
+    default: return std::to_string(v);
+  }
+}
+
+const char* field_name(int field) {
+  static const char* names[kFields] = {"collective", "op", "root_rank", "dtype",
+                                       "numel", "shape", "error"};
+  return names[field];
+}
+
+[[noreturn]] void report(const std::vector<std::int64_t>& sigs, const std::vector<char>& texts,
+                         const std::string& what, int size) {
+  auto text_of = [&](int r) {
+    const char* t = texts.data() + r * kTextBytes;
+    return std::string(t, strnlen(t, kTextBytes));
+  };
+  std::ostringstream msg;
+  // Local errors first: they explain the rest.
+  ErrorClass cls = ErrorClass::None;
+  for (int r = 0; r < size; ++r) {
+    auto e = static_cast<ErrorClass>(sigs[r * kFields + 6]);
+    if (e == ErrorClass::None) continue;
+    if (cls == ErrorClass::None) {
+      cls = e;
+      msg << what << ": ";
+    } else {
+      msg << "; ";
+    }
+    msg << "rank " << r << ": " << text_of(r);
+  }
+  if (cls != ErrorClass::None) raise_error(cls, msg.str());
+  // Otherwise name the first field that differs, each rank's value, and the argument.
+  for (int f = 0; f < kFields - 1; ++f) {
+    std::int64_t ref = sigs[f];
+    bool differs = false;
+    for (int r = 1; r < size; ++r) differs |= sigs[r * kFields + f] != ref;
+    if (!differs) continue;
+    msg << what << ": ranks disagree on " << field_name(f) << ":";
+    for (int r = 0; r < size; ++r) {
+      msg << (r ? ";" : "") << " rank " << r << " has ";
+      if (f == 5) {
+        msg << text_of(r);
+      } else {
+        msg << field_value(f, sigs[r * kFields + f]);
+        auto t = text_of(r);
+        if (!t.empty()) msg << " (" << t << ")";
+      }
+    }
+    msg << ". Every rank must make the same collective calls, in the same order, with "
+           "tensors of the same shape and dtype.";
+    break;
+  }
+  TORCH_CHECK(false, msg.str());
+}
+
+}  // namespace
+
+void agree(const Signature& sig, const std::string& what, const std::string& text) {
+  const auto& e = env();
+  if (e.size == 1) {
+    if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": " + text);
+    return;
+  }
+  std::int64_t v[2 * kFields];
+  pack(sig, v);
+  for (int i = 0; i < kFields; ++i) v[kFields + i] = -v[i];
+  mpi_backend().allreduce(v, 2 * kFields, c10::kLong, ReduceOp::Max);
+  bool same = true;
+  for (int i = 0; i < kFields; ++i) same &= (v[i] == -v[kFields + i]);
+  if (same && sig.error == ErrorClass::None) return;
+  // Slow path, identical on every rank: gather signatures and texts, then raise everywhere.
+  std::int64_t mine[kFields];
+  pack(sig, mine);
+  std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size);
+  mpi_backend().allgather(mine, sigs.data(), kFields, c10::kLong);
+  std::vector<char> mytext(kTextBytes, 0), texts(kTextBytes * e.size);
+  std::memcpy(mytext.data(), text.data(), std::min(text.size(), kTextBytes - 1));
+  mpi_backend().allgather(mytext.data(), texts.data(), kTextBytes, c10::kByte);
+  report(sigs, texts, what, e.size);
+}
+
+}  // namespace fluxmpi

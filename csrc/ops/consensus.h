@@ -1,0 +1,54 @@
+// The cross-rank check that runs before any data moves. Every collective first calls agree()
+// with a small signature of what this rank is about to do. In the common case that costs one
+// allreduce of 16 int64 (max of v and of -v gives min and max at once). When any rank reported
+// a local error or the signatures differ, all ranks gather everyone's signature and text and
+// raise the same exception, naming the ranks and the values that differ. Either way every
+// rank leaves agree() together, so a bad input can never leave a rank waiting in a collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fluxmpi {
+
+// Which collective a rank is in. Ranks in different collectives disagree on `kind`.
+enum class CallKind : std::int64_t {
+  Allreduce = 1,
+  Broadcast = 2,
+  Reduce = 3,
+  Barrier = 4,
+  Allgather = 5,
+  GradientBuckets = 6,   // the DistributedOptimizer's fused reduction (plan hash in `detail`)
+  CoalescedBroadcast = 7,  // synchronize_'s packed tensors
+  ObjectBroadcast = 8,     // pickled skeletons
+  PrintOrdered = 9,
+};
+
+const char* kind_name(CallKind k);
+
+// Exception class that a local error should become on every rank.
+enum class ErrorClass : std::int64_t { None = 0, Value = 1, Type = 2, Runtime = 3 };
+
+struct Signature {
+  CallKind kind = CallKind::Allreduce;
+  std::int64_t op = -1;      // ReduceOp, or -1 when not a reduction
+  std::int64_t root = -1;    // root rank, or -1
+  std::int64_t dtype = -1;   // c10::ScalarType, or -1
+  std::int64_t numel = 0;    // elements (or bytes, or tensors: whatever the call compares)
+  std::int64_t detail = 0;   // a hash of shapes / plan; compared, never interpreted
+  ErrorClass error = ErrorClass::None;
+};
+
+// A 63-bit FNV-1a hash, for Signature::detail.
+std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed = 0);
+
+// `what` names the call for messages ("fluxmpi_py.allreduce_"). `text` is this rank's error
+// message when sig.error != None, else a short description of its argument (shape, name)
+// that is shown only if the ranks disagree. Must run where collectives may run (inline on
+// the engine or on the engine thread). With one rank it only raises a local error.
+void agree(const Signature& sig, const std::string& what, const std::string& text);
+
+// Raise on this rank alone (for code paths where all ranks already agree the call is bad).
+[[noreturn]] void raise_error(ErrorClass cls, const std::string& msg);
+
+}  // namespace fluxmpi

@@ -1,0 +1,6 @@
+// Placeholder until the component that owns this file lands; it registers nothing yet.
+#include "bindings.h"
+
+namespace fluxmpi {
+void bind_gradients(pybind11::module_& m) {}
+}  // namespace fluxmpi

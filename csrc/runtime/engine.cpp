@@ -1,0 +1,120 @@
+#include "runtime/engine.h"
+
+namespace fluxmpi {
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [this] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::test() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    error_ = std::move(error);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+Engine& Engine::get() {
+  // Leaked on purpose: it must outlive Python's atexit handlers, which stop it first.
+  static Engine* engine = new Engine();
+  return *engine;
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::ensure_thread() {
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { loop(); });
+}
+
+std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn) {
+  auto work = std::make_shared<Work>(std::move(what));
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!stopping_) {
+      ensure_thread();
+      queue_.emplace_back(work, std::move(fn));
+      lk.unlock();
+      work_cv_.notify_one();
+      return work;
+    }
+  }
+  std::exception_ptr err;
+  try {
+    fn();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  work->finish(err);
+  return work;
+}
+
+void Engine::run_inline(const std::function<void()>& fn) {
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_cv_.wait(lk, [this] { return queue_.empty() && !busy_; });
+  busy_ = true;
+  lk.unlock();
+  try {
+    fn();
+  } catch (...) {
+    lk.lock();
+    busy_ = false;
+    lk.unlock();
+    work_cv_.notify_one();
+    idle_cv_.notify_all();
+    throw;
+  }
+  lk.lock();
+  busy_ = false;
+  bool more = !queue_.empty();
+  lk.unlock();
+  if (more) work_cv_.notify_one();
+  idle_cv_.notify_all();
+}
+
+void Engine::drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_cv_.wait(lk, [this] { return queue_.empty() && !busy_; });
+}
+
+void Engine::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    work_cv_.wait(lk, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
+    if (queue_.empty()) return;  // stopping, and nothing left to do
+    auto item = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      item.second();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    item.second = nullptr;  // drop captured tensors on this thread, before waking waiters
+    item.first->finish(err);
+    lk.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace fluxmpi

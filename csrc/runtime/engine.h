@@ -1,0 +1,69 @@
+// The communication engine: one background thread that owns asynchronous communication.
+// Work runs strictly in submission order (FIFO), which is what keeps every rank's sequence
+// of collectives identical. An idle engine sleeps on a condition variable; it never polls.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace fluxmpi {
+
+// A future-like handle to one item of engine work.
+class Work {
+ public:
+  explicit Work(std::string what) : what_(std::move(what)) {}
+  // Block until the work is done; rethrow its exception, if any. The caller releases the GIL.
+  void wait();
+  // True once done (an exception is raised by wait(), not here).
+  bool test();
+  const std::string& what() const { return what_; }
+  void finish(std::exception_ptr error);
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class Engine {
+ public:
+  static Engine& get();
+
+  // Queue `fn` to run on the engine thread after everything queued before it.
+  std::shared_ptr<Work> submit(std::string what, std::function<void()> fn);
+
+  // Run `fn` on the calling thread once all earlier work has finished, holding the engine so
+  // that nothing else communicates meanwhile. Lowest latency for blocking collectives.
+  void run_inline(const std::function<void()>& fn);
+
+  // Wait until the queue is empty and nothing runs.
+  void drain();
+
+  // Finish queued work and join the thread (at exit). submit() after stop() runs inline.
+  void stop();
+
+  ~Engine();
+
+ private:
+  Engine() = default;
+  void loop();
+  void ensure_thread();  // the thread starts on first submit(), so a world of one pays nothing
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // work arrived or stop requested
+  std::condition_variable idle_cv_;  // queue drained and nothing running
+  std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace fluxmpi

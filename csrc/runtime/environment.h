@@ -1,0 +1,57 @@
+// The MPI environment: initialize MPI (or adopt a communicator), node-local rank, and the
+// exit protocol that keeps a finished rank from blocking in MPI_Finalize while others wait.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fluxmpi {
+
+struct Environment {
+  MPI_Comm comm = MPI_COMM_NULL;     // the job's communicator (our own dup): all data traffic
+  MPI_Comm control = MPI_COMM_NULL;  // a second dup for exit notices, never blocked on data
+  int rank = 0;
+  int size = 1;
+  int node_rank = 0;  // rank among the ranks on this node (MPI_Comm_split_type SHARED)
+  int node_size = 1;
+  int thread_level = MPI_THREAD_SINGLE;
+  bool we_initialized_mpi = false;
+};
+
+// True once init() has run and shutdown() has not.
+bool initialized();
+
+// The environment; throws a c10::Error telling the user to call fluxmpi_py.Init() first.
+const Environment& env();
+
+// Initialize MPI if nobody has (asking for MPI_THREAD_MULTIPLE) and adopt `comm_handle`
+// (an MPI_Comm cast to an integer, as mpi4py's MPI._handleof returns; 0 means COMM_WORLD).
+// Idempotent for the same communicator.
+void init(std::intptr_t comm_handle);
+
+// Called at interpreter exit: tell every rank this one is leaving, wait until all have said
+// the same, free our communicators and finalize MPI if we initialized it. A rank blocked in a
+// collective sees the notice through its watchdog and aborts the job instead of hanging.
+void shutdown();
+
+// Print `why` prefixed with the rank to stderr and abort every rank of the job.
+[[noreturn]] void abort_job(const std::string& why, int code = 1);
+
+// Vendor and version string of the MPI library (MPI_Get_library_version, first line).
+std::string mpi_library_version();
+
+// RAII marker around every blocking MPI data call. Once a second the watchdog thread looks
+// whether a call is in flight and, if so, for exit notices from other ranks (a rank that has
+// left can never join this collective, so waiting would hang forever). Entering a call only
+// takes an uncontended mutex; it never wakes another thread.
+class BlockingCall {
+ public:
+  explicit BlockingCall(const char* what);
+  ~BlockingCall();
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+};
+
+}  // namespace fluxmpi

@@ -1,0 +1,158 @@
+"""Build fluxmpi_py._C against the installed torch and the machine's MPI.
+
+CUDA sources (csrc/cuda/*.cu, csrc/**/*_cuda.cpp) and NCCL join the build only when the
+installed torch has CUDA and nvcc is found; set FLUXMPI_PY_WITH_CUDA=0 to force a CPU build.
+"""
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:  # pragma: no cover - exercised only on broken installs
+    sys.exit(
+        "fluxmpi_py: torch is not installed in this environment.\n"
+        "Install it first (here: pip install torch==2.13.0), then build with\n"
+        "    pip install --no-build-isolation .\n"
+        "so that the extension is compiled against the torch that will run it."
+    )
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(cmd):
+    try:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.strip()
+
+
+def find_mpi():
+    """Return (include_dirs, library_dirs, libraries, vendor) for the machine's MPI."""
+    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    flags = None
+    if mpicc:
+        # Open MPI: --showme:compile/--showme:link; MPICH and Intel MPI: -compile_info/-link_info
+        for c, l in (("--showme:compile", "--showme:link"), ("-compile_info", "-link_info")):
+            cf, lf = _run([mpicc, c]), _run([mpicc, l])
+            if cf is not None and lf is not None:
+                flags = shlex.split(cf) + shlex.split(lf)
+                break
+    if flags is None:
+        for pkg in ("ompi", "mpich", "mpi"):
+            out = _run(["pkg-config", "--cflags", "--libs", pkg])
+            if out is not None:
+                flags = shlex.split(out)
+                break
+    if flags is None:
+        sys.exit(
+            "fluxmpi_py: no MPI found (looked for mpicc and pkg-config ompi/mpich).\n"
+            "Install Open MPI, e.g. `apt-get install libopenmpi-dev openmpi-bin`, or MPICH\n"
+            "(`apt-get install libmpich-dev mpich`), or point MPICC at your MPI compiler wrapper."
+        )
+    inc = [f[2:] for f in flags if f.startswith("-I")]
+    libdirs = [f[2:] for f in flags if f.startswith("-L")]
+    libs = [f[2:] for f in flags if f.startswith("-l")]
+    if "mpi" not in libs:
+        libs.append("mpi")
+    return inc, libdirs, libs
+
+
+def find_nccl():
+    """NCCL headers/libs: $NCCL_HOME, the nvidia-nccl-cu* wheel, or the CUDA toolkit."""
+    cands = []
+    if os.environ.get("NCCL_HOME"):
+        cands.append(os.environ["NCCL_HOME"])
+    try:
+        import nvidia.nccl  # the nvidia-nccl-cu1x wheel
+
+        cands.extend(list(nvidia.nccl.__path__))
+    except ImportError:
+        pass
+    if cpp_extension.CUDA_HOME:
+        cands.append(cpp_extension.CUDA_HOME)
+    for root in cands:
+        if os.path.exists(os.path.join(root, "include", "nccl.h")):
+            libdir = os.path.join(root, "lib")
+            extra = []
+            if not glob.glob(os.path.join(libdir, "libnccl.so")):
+                # wheels ship only libnccl.so.2: link to it by full name
+                so = glob.glob(os.path.join(libdir, "libnccl.so.*"))
+                if so:
+                    extra = ["-l:" + os.path.basename(so[0])]
+            return os.path.join(root, "include"), libdir, extra
+    return None
+
+
+def want_cuda():
+    if os.environ.get("FLUXMPI_PY_WITH_CUDA", "") == "0":
+        return False
+    return bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None and (
+        shutil.which("nvcc") or os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+    )
+
+
+def sources(with_cuda):
+    all_cpp = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+    cpu = [s for s in all_cpp if not s.endswith("_cuda.cpp") and "/cuda/" not in s]
+    if not with_cuda:
+        return cpu
+    gpu = [s for s in all_cpp if s not in cpu]
+    gpu += sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
+    return cpu + gpu
+
+
+def make_extension():
+    inc, libdirs, libs = find_mpi()
+    with_cuda = want_cuda()
+    # MPI C++ bindings are deprecated and would need libmpi_cxx: keep to the C API
+    define_macros = [("OMPI_SKIP_MPICXX", "1"), ("MPICH_SKIP_MPICXX", "1")]
+    extra_link = []
+    cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+    nvcc_flags = ["-O3", "-std=c++20"]
+    if with_cuda:
+        nccl = find_nccl()
+        if nccl is None:
+            sys.exit(
+                "fluxmpi_py: torch has CUDA and nvcc was found, but no NCCL (nccl.h).\n"
+                "Install the NCCL wheel matching your CUDA (e.g. pip install nvidia-nccl-cu13),\n"
+                "set NCCL_HOME, or build for CPU only with FLUXMPI_PY_WITH_CUDA=0."
+            )
+        inc.append(nccl[0])
+        libdirs.append(nccl[1])
+        if nccl[2]:
+            extra_link += nccl[2]
+        else:
+            libs.append("nccl")
+        extra_link.append("-Wl,-rpath," + nccl[1])
+        define_macros.append(("FLUXMPI_WITH_CUDA", "1"))
+        ext_cls = cpp_extension.CUDAExtension
+    else:
+        ext_cls = cpp_extension.CppExtension
+    extra_link += ["-Wl,-rpath," + d for d in libdirs]
+    args = dict(cxx=cxx_flags)
+    if with_cuda:
+        args["nvcc"] = nvcc_flags
+    return ext_cls(
+        name="fluxmpi_py._C",
+        sources=sources(with_cuda),
+        include_dirs=[os.path.join(HERE, "csrc")] + inc,
+        library_dirs=libdirs,
+        libraries=libs,
+        define_macros=define_macros,
+        extra_compile_args=args,
+        extra_link_args=extra_link,
+    )
+
+
+setup(
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+)

@@ -7,27 +7,24 @@
     data = fm.DistributedDataContainer(dataset, shuffle=True)
 
 Run with ``mpiexec -n N python train.py``; ``python train.py`` (or Jupyter) is a world of one.
+Each submodule lists its public names in ``__all__``; this package re-exports all of them.
 """
-from .runtime import (  # noqa: F401
-    Init,
-    Initialized,
-    barrier,
-    build_info,
-    cudampi_enabled,
-    disable_cudampi_support,
-    fluxmpi_print,
-    fluxmpi_println,
-    local_rank,
-    node_local_rank,
-    total_workers,
-)
-from .collectives import OPS, Iallreduce, Ibcast, Request, allreduce_, bcast_, reduce_  # noqa: F401
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Init", "Initialized", "local_rank", "total_workers", "node_local_rank", "barrier",
-    "build_info", "fluxmpi_print", "fluxmpi_println", "disable_cudampi_support",
-    "cudampi_enabled", "allreduce_", "bcast_", "reduce_", "Iallreduce", "Ibcast", "Request",
-    "OPS",
-]
+# One role per module; a module that is not there yet is simply not exported.
+_MODULES = ("runtime", "collectives", "optimizer", "sync", "data", "launch", "checkpoint", "logs")
+
+__all__ = []
+for _name in _MODULES:
+    try:
+        _mod = _importlib.import_module(f".{_name}", __name__)
+    except ModuleNotFoundError as _e:
+        if _e.name != f"{__name__}.{_name}":
+            raise
+        continue
+    for _sym in _mod.__all__:
+        globals()[_sym] = getattr(_mod, _sym)
+    __all__ += list(_mod.__all__)
+del _importlib, _name

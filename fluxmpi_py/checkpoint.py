@@ -1,0 +1,269 @@
+"""Checkpoints for data-parallel jobs: rank 0 writes and reads, every rank ends up identical.
+
+``save_checkpoint(path, model=model, optimizer=opt, epoch=e)`` stores ``state_dict()`` of
+every object that has one (modules, optimizers, DistributedOptimizer, LR schedulers,
+GradScaler, DistributedDataContainer) and everything else as it is. Only rank 0 writes, to a
+temporary file in the same directory that is then renamed over ``path``, so a crash never
+leaves a half-written checkpoint behind.
+
+``load_checkpoint(path, model=model, optimizer=opt)`` reads on rank 0, brings the contents to
+every rank through ``synchronize_`` and loads them into the objects passed by keyword.
+
+Both are collectives (every rank calls them). An error on any rank, such as a missing file on
+rank 0, raises the same exception on every rank instead of leaving the others waiting.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections import OrderedDict
+from typing import Any, List
+
+import torch
+
+from .collectives import allreduce_, bcast_
+from .runtime import local_rank, total_workers
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
+
+_FORMAT = "fluxmpi_py.checkpoint"
+_VERSION = 1
+# Errors that keep their type when raised on every rank; anything else becomes RuntimeError.
+_PORTABLE = {t.__name__: t for t in (ValueError, TypeError, KeyError, RuntimeError, OSError,
+                                     FileNotFoundError, PermissionError, IsADirectoryError,
+                                     NotADirectoryError, FileExistsError, pickle.UnpicklingError)}
+
+
+def _bcast_bytes(data: bytes, root: int) -> bytes:
+    n = torch.tensor([len(data)], dtype=torch.int64)
+    bcast_(n, root_rank=root)
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if local_rank() == root and data \
+        else torch.empty(int(n.item()), dtype=torch.uint8)
+    if buf.numel():
+        bcast_(buf, root_rank=root)
+    return buf.numpy().tobytes()
+
+
+def _agree(error: "BaseException | None", what: str) -> None:
+    """Collective: if any rank has an error, raise it (the lowest such rank's) on every rank."""
+    size = total_workers()
+    flag = torch.tensor([local_rank() if error is not None else size], dtype=torch.int64)
+    allreduce_(flag, op="min")
+    bad = int(flag.item())
+    if bad == size:
+        return
+    mine = b""
+    if local_rank() == bad:
+        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        mine = pickle.dumps((type(error).__name__, str(text)))
+    name, message = pickle.loads(_bcast_bytes(mine, bad))
+    exc = _PORTABLE.get(name, RuntimeError)
+    if name not in _PORTABLE:
+        message = f"{name}: {message}"
+    raised = exc(f"{message} (on rank {bad}, in {what})")
+    if local_rank() == bad:
+        raise raised from error
+    raise raised
+
+
+def _check_path(path, fn: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{fn}: path must be a str or os.PathLike, got {type(path).__name__} "
+                        f"on rank {local_rank()}")
+    return os.fspath(path)
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+
+
+def _write_atomic(path: str, payload: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable; not every file system lets a directory be opened
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def save_checkpoint(path, **objects) -> str:
+    """Save ``objects`` to ``path`` from rank 0, atomically; a collective. Returns the path.
+
+    Objects with a ``state_dict()`` (modules, optimizers, schedulers, ...) are stored as their
+    state dict, anything else (numbers, tensors, dicts of them) as it is. The file is written
+    to a temporary name in the same directory, fsynced and renamed over ``path``. No rank
+    returns before the file is complete, so any rank may read it right after.
+
+    >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> path = fm.save_checkpoint(os.path.join(tempfile.mkdtemp(), "ckpt.pt"), model=model, epoch=3)
+    >>> sorted(torch.load(path)["objects"])
+    ['epoch', 'model']
+    """
+    error = None
+    try:
+        path = _check_path(path, "save_checkpoint")
+        if not objects:
+            raise ValueError("save_checkpoint: nothing to save; pass objects by keyword, "
+                             "e.g. save_checkpoint(path, model=model, optimizer=opt)")
+        if local_rank() == 0:
+            payload = {"format": _FORMAT, "version": _VERSION, "world_size": total_workers(),
+                       "objects": {k: _state_of(v) for k, v in objects.items()}}
+            _write_atomic(path, payload)
+    except Exception as e:  # folded into the agreement below, so every rank raises it
+        error = e
+    _agree(error, f"save_checkpoint({path!r})")  # also keeps the others until rank 0 is done
+    return path
+
+
+class _Slot:
+    """Where a tensor was in the tree; the tensors travel separately, coalesced."""
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __reduce__(self):
+        return (_Slot, (self.index,))
+
+
+def _same_dict(tree: dict) -> dict:
+    # Keeps OrderedDict and its attributes: a module's state dict carries _metadata (the
+    # layers' versions), which load_state_dict reads.
+    if type(tree) is not OrderedDict:
+        return {}
+    out = OrderedDict()
+    out.__dict__.update(getattr(tree, "__dict__", {}))
+    return out
+
+
+def _split(tree: Any, tensors: List[torch.Tensor]) -> Any:
+    """Replace the tensors in a nested dict/list/tuple by _Slot markers, collecting them."""
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree.detach().contiguous())
+        return _Slot(len(tensors) - 1)
+    if isinstance(tree, dict):
+        out = _same_dict(tree)
+        for k, v in tree.items():
+            out[k] = _split(v, tensors)
+        return out
+    if isinstance(tree, list):
+        return [_split(v, tensors) for v in tree]
+    if type(tree) is tuple:
+        return tuple(_split(v, tensors) for v in tree)
+    return tree
+
+
+def _join(tree: Any, tensors: List[torch.Tensor]) -> Any:
+    if isinstance(tree, _Slot):
+        return tensors[tree.index]
+    if isinstance(tree, dict):
+        out = _same_dict(tree)
+        for k, v in tree.items():
+            out[k] = _join(v, tensors)
+        return out
+    if isinstance(tree, list):
+        return [_join(v, tensors) for v in tree]
+    if type(tree) is tuple:
+        return tuple(_join(v, tensors) for v in tree)
+    return tree
+
+
+def _sync_tensors(tensors: List[torch.Tensor]) -> None:
+    if not tensors:
+        return
+    try:
+        from .sync import synchronize_  # coalesced broadcast of every tensor, in place
+    except ModuleNotFoundError:  # TEMPORARY until issue 4 lands in main
+        for t in tensors:
+            bcast_(t, root_rank=0)
+        return
+    synchronize_(tensors, root_rank=0)
+
+
+def _read(path: str, weights_only: bool) -> dict:
+    with open(path, "rb") as f:
+        data = torch.load(f, map_location="cpu", weights_only=weights_only)
+    if isinstance(data, dict) and data.get("format") == _FORMAT:
+        return data["objects"]
+    if isinstance(data, dict):  # a plain torch.save of a dict: take it as it is
+        return data
+    raise ValueError(f"load_checkpoint: {path!r} holds a {type(data).__name__}, not a checkpoint "
+                     f"dict (write it with save_checkpoint)")
+
+
+def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
+    """Load a checkpoint on rank 0, bring it to every rank and return it; a collective.
+
+    Each keyword names an entry of the checkpoint and an object to restore in place:
+    ``load_state_dict`` is called on modules, optimizers and anything that has one, and
+    tensors are copied into. The returned dict holds every entry as stored (state dicts for
+    modules and optimizers), identical on every rank. ``weights_only`` is passed to
+    ``torch.load``; True accepts tensors, numbers, strings and containers of them.
+
+    >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> path = fm.save_checkpoint(os.path.join(tempfile.mkdtemp(), "ckpt.pt"), model=model, epoch=3)
+    >>> fresh = torch.nn.Linear(2, 1)
+    >>> fm.load_checkpoint(path, model=fresh)["epoch"]
+    3
+    >>> torch.equal(fresh.weight, model.weight)
+    True
+    """
+    error = None
+    skeleton, meta = None, None
+    tensors: List[torch.Tensor] = []
+    try:
+        path = _check_path(path, "load_checkpoint")
+        for name, obj in targets.items():
+            if not (callable(getattr(obj, "load_state_dict", None)) or isinstance(obj, torch.Tensor)):
+                raise TypeError(f"load_checkpoint: {name}= must have load_state_dict() or be a "
+                                f"tensor, got {type(obj).__name__} on rank {local_rank()}")
+        if local_rank() == 0:
+            objects = _read(path, weights_only)
+            missing = [k for k in targets if k not in objects]
+            if missing:
+                raise KeyError(f"load_checkpoint: {path!r} has no entry {missing[0]!r} "
+                               f"(it has {sorted(map(str, objects))})")
+            skeleton = _split(objects, tensors)
+            meta = [(tuple(t.shape), t.dtype) for t in tensors]
+    except Exception as e:
+        error = e
+    _agree(error, f"load_checkpoint({path!r})")
+
+    # The structure travels once as a pickle; the tensors follow, coalesced, by synchronize_.
+    blob = _bcast_bytes(pickle.dumps((skeleton, meta)) if local_rank() == 0 else b"", 0)
+    skeleton, meta = pickle.loads(blob)
+    if local_rank() != 0:
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in meta]
+    _sync_tensors(tensors)
+    objects = _join(skeleton, tensors)
+
+    error = None
+    try:
+        for name, obj in targets.items():
+            if isinstance(obj, torch.Tensor):
+                with torch.no_grad():
+                    obj.copy_(objects[name])
+            else:
+                obj.load_state_dict(objects[name])
+    except Exception as e:
+        error = e
+    _agree(error, f"load_checkpoint({path!r})")
+    return objects

@@ -1,0 +1,175 @@
+"""save_checkpoint / load_checkpoint on every rank; run by tests/test_checkpoint.py.
+
+CKPT_DIR (from the environment) is a directory every rank sees.
+"""
+import os
+import re
+from contextlib import contextmanager
+
+import torch
+
+import fluxmpi_py as fm
+
+DIR = os.environ["CKPT_DIR"]
+# A subdirectory per world size: the pytest test launches this worker at several sizes.
+_SUB = None
+
+
+def path_of(name):
+    global _SUB
+    if _SUB is None:
+        _SUB = os.path.join(DIR, f"np{fm.total_workers()}")
+        if fm.local_rank() == 0:
+            os.makedirs(_SUB, exist_ok=True)
+        fm.barrier()
+    return os.path.join(_SUB, name)
+
+
+@contextmanager
+def raises(exc, *needles):
+    try:
+        yield
+    except exc as e:
+        for n in needles:
+            assert re.search(n, str(e)), f"rank {fm.local_rank()}: {n!r} not in {e!r}"
+    else:
+        raise AssertionError(f"rank {fm.local_rank()}: {exc.__name__} was not raised")
+
+
+def flat(module_or_tensors):
+    ts = module_or_tensors.state_dict().values() if isinstance(module_or_tensors, torch.nn.Module) \
+        else module_or_tensors
+    return torch.cat([t.detach().double().reshape(-1) for t in ts])
+
+
+def same_on_all_ranks(vec):
+    hi, lo = vec.clone(), vec.clone()
+    fm.allreduce_(hi, op="max")
+    fm.allreduce_(lo, op="min")
+    return torch.equal(hi, lo)
+
+
+def make(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return model, opt, sched
+
+
+def train(model, opt, sched, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+
+def opt_tensors(opt):
+    sd = opt.state_dict()
+    return [t for pid in sorted(sd["state"]) for _, t in sorted(sd["state"][pid].items())]
+
+
+def case_round_trip_model_optimizer_scheduler():
+    rank = fm.local_rank()
+    model, opt, sched = make(seed=rank)  # every rank starts different
+    train(model, opt, sched, steps=3 + rank, seed=rank)
+    meta = {"name": "run-a", "losses": [1.0, 0.5], "t": torch.arange(5) * (rank + 1)}
+    path = fm.save_checkpoint(path_of("round.pt"), model=model, optimizer=opt, scheduler=sched,
+                              epoch=5 + rank, meta=meta)
+    assert os.path.exists(path)
+    assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp" in f]
+    if rank == 0:  # the file holds rank 0's objects
+        on_disk = torch.load(path)["objects"]
+        assert torch.equal(flat(on_disk["model"].values()), flat(model))
+        assert on_disk["epoch"] == 5 and on_disk["scheduler"]["last_epoch"] == sched.last_epoch
+
+    model2, opt2, sched2 = make(seed=100 + rank)  # fresh objects, different on every rank
+    assert not same_on_all_ranks(flat(model2)) or fm.total_workers() == 1
+    got = fm.load_checkpoint(path, model=model2, optimizer=opt2, scheduler=sched2)
+    assert got["epoch"] == 5 and got["meta"]["name"] == "run-a" and got["meta"]["losses"] == [1.0, 0.5]
+    assert torch.equal(got["meta"]["t"], torch.arange(5))
+    on_disk = torch.load(path)["objects"]
+    assert torch.equal(flat(model2), flat(on_disk["model"].values()))
+    assert same_on_all_ranks(flat(model2))
+    assert same_on_all_ranks(flat(opt_tensors(opt2)))
+    assert len(opt2.state) == len(list(model2.parameters()))  # Adam state created on every rank
+    assert sched2.last_epoch == on_disk["scheduler"]["last_epoch"]
+    assert opt2.param_groups[0]["lr"] == on_disk["optimizer"]["param_groups"][0]["lr"]
+    # Training on from the checkpoint: identical on every rank, and on rank 0 the same as
+    # continuing with the objects that were saved.
+    train(model2, opt2, sched2, steps=2, seed=77)
+    assert same_on_all_ranks(flat(model2))
+    if rank == 0:
+        train(model, opt, sched, steps=2, seed=77)
+        assert torch.equal(flat(model), flat(model2))
+
+
+def case_overwrite_is_atomic():
+    path = fm.save_checkpoint(path_of("atomic.pt"), step=1, w=torch.ones(3))
+    fm.save_checkpoint(path, step=2, w=torch.full((3,), 2.0))
+    assert fm.load_checkpoint(path)["step"] == 2
+
+    real_save = torch.save
+
+    def broken_save(obj, f, *a, **k):  # dies half-way through writing
+        f.write(b"partial garbage")
+        raise OSError("disk full (simulated)")
+
+    torch.save = broken_save
+    try:
+        with raises(OSError, "disk full", "on rank 0"):
+            fm.save_checkpoint(path, step=3, w=torch.zeros(3))
+    finally:
+        torch.save = real_save
+    got = fm.load_checkpoint(path)  # the previous checkpoint is untouched
+    assert got["step"] == 2 and torch.equal(got["w"], torch.full((3,), 2.0))
+    assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp" in f]
+
+
+def case_missing_file_raises_on_every_rank():
+    with raises(FileNotFoundError, "nope.pt", "rank 0"):
+        fm.load_checkpoint(path_of("nope.pt"))
+
+
+def case_missing_directory_raises_on_every_rank():
+    with raises(FileNotFoundError, "no_such_dir", "rank 0"):
+        fm.save_checkpoint(os.path.join(path_of("no_such_dir"), "x.pt"), step=1)
+
+
+def case_missing_entry_raises_on_every_rank():
+    path = fm.save_checkpoint(path_of("entries.pt"), step=1)
+    with raises(KeyError, "'model'", "entries.pt"):
+        fm.load_checkpoint(path, model=torch.nn.Linear(1, 1))
+
+
+def case_bad_arguments_on_one_rank_raise_on_every_rank():
+    last = fm.total_workers() - 1
+    with raises(TypeError, "path must be", f"rank {last}"):
+        fm.save_checkpoint(123 if fm.local_rank() == last else path_of("bad.pt"), step=1)
+    path = fm.save_checkpoint(path_of("bad.pt"), model=torch.nn.Linear(2, 2))
+    target = "not a module" if fm.local_rank() == last else torch.nn.Linear(2, 2)
+    with raises(TypeError, "model=", f"rank {last}"):
+        fm.load_checkpoint(path, model=target)
+    with raises(ValueError, "nothing to save"):
+        fm.save_checkpoint(path)
+    with raises(RuntimeError, "size mismatch|shape"):  # a model of another shape
+        fm.load_checkpoint(path, model=torch.nn.Linear(3, 2))
+
+
+def case_plain_torch_save_and_tensor_targets():
+    path = path_of("plain.pt")
+    if fm.local_rank() == 0:
+        torch.save({"w": torch.arange(6.0).reshape(2, 3), "step": 9}, path)
+    fm.barrier()
+    w = torch.zeros(2, 3)
+    got = fm.load_checkpoint(path, w=w)
+    assert got["step"] == 9 and torch.equal(w, torch.arange(6.0).reshape(2, 3))
+
+
+if __name__ == "__main__":
+    from harness import run_cases
+
+    run_cases(globals())

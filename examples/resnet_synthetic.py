@@ -13,6 +13,7 @@ runs it at 1..N ranks and draws the picture.
     mpiexec -n 2 python examples/resnet_synthetic.py --quick        # seconds, for tests
 """
 import argparse
+import gc
 import inspect
 import json
 import os
@@ -164,7 +165,13 @@ def main(argv=None):
         results[name] = {"step_ms": 1e3 * best, "images_per_s": world * args.batch_size / best,
                          "rounds_ms": [round(1e3 * v, 3) for v in t.tolist()]}
     if dist.is_initialized():
+        # Tear gloo down here, on every rank together: left to the garbage collector at exit,
+        # one rank could block in gloo's destructors while the other is already leaving MPI.
+        runners.clear()
+        del ddp, opt_ddp, step_ddp
+        dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
     if rank == 0:
         report = {"benchmark": "resnet_synthetic", "ranks": world, "batch_per_rank": args.batch_size,

@@ -54,12 +54,23 @@ def _check_range(value: Any, name: str, owner: str, lo: int, hi: int, hi_text: s
     return v
 
 
+def _check_u64(value: Any, name: str, owner: str) -> int:
+    # Seeds and epochs: any bad value (negative, too large, not an int) is a ValueError, so
+    # callers handle one exception class for "not a usable seed/epoch".
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}")
+    v = operator.index(value)
+    if not 0 <= v < _U64:
+        raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {v}")
+    return v
+
+
 def _check_seed(seed: Any, owner: str) -> int:
-    return _check_range(seed, "seed", owner, 0, _U64, "2**64")
+    return _check_u64(seed, "seed", owner)
 
 
 def _check_epoch(epoch: Any, owner: str) -> int:
-    return _check_range(epoch, "epoch", owner, 0, _U64, "2**64")
+    return _check_u64(epoch, "epoch", owner)
 
 
 def _dataset_length(data: Any, name: str, owner: str, allow_int: bool = False) -> int:

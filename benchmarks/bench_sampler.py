@@ -7,7 +7,7 @@ As rank 0 of 2 ranks, shuffled, at n = 1e6, 1e7 and 1e8, this measures for each 
     before (Linux: the peak is reset through /proc/self/clear_refs, read from VmHWM).
 Every measurement runs in a fresh Python process, so peaks and allocator state never mix.
 Prints one JSON line (ratios are torch / fluxmpi_py, higher is better for fluxmpi_py) and
-writes it to benchmarks/results/sampler.json (sampler.quick.json with --quick).
+writes it to benchmarks/results/bench_sampler.json (bench_sampler.quick.json with --quick).
 
     python benchmarks/bench_sampler.py            # full run (several minutes, ~5 GB peak)
     python benchmarks/bench_sampler.py --quick    # small sizes, seconds
@@ -142,7 +142,7 @@ def main():
     import torch
 
     record = {
-        "benchmark": "sampler",
+        "bench": "sampler",
         "setup": f"one rank's epoch as rank {RANK} of {WORLD}, shuffle=True, `for i in sampler` loop",
         "quick": bool(args.quick),
         "results": results,
@@ -156,7 +156,7 @@ def main():
     line = json.dumps(record)
     print(line)
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    name = "sampler.quick.json" if args.quick else "sampler.json"
+    name = "bench_sampler.quick.json" if args.quick else "bench_sampler.json"
     with open(os.path.join(HERE, "results", name), "w") as f:
         f.write(line + "\n")
 

@@ -48,9 +48,10 @@ def _as_int(value: Any, name: str, owner: str) -> int:
 
 
 def _check_range(value: Any, name: str, owner: str, lo: int, hi: int, hi_text: str) -> int:
+    """lo <= value < hi; ``hi_text`` ends the range in the message, e.g. "2**31]" or "5)"."""
     v = _as_int(value, name, owner)
     if not lo <= v < hi:
-        raise ValueError(f"{owner}: {name} must be an int in [{lo}, {hi_text}), got {v}")
+        raise ValueError(f"{owner}: {name} must be an int in [{lo}, {hi_text}, got {v}")
     return v
 
 
@@ -100,7 +101,7 @@ def _world(owner: str, rank: Any, world_size: Any, rank_name: str, size_name: st
         if rank is None:
             rank = runtime.local_rank()
     world_size = _check_range(world_size, size_name, owner, 1, (1 << 31) + 1, "2**31]")
-    rank = _check_range(rank, rank_name, owner, 0, world_size, f"{size_name}={world_size}")
+    rank = _check_range(rank, rank_name, owner, 0, world_size, f"{size_name}={world_size})")
     return rank, world_size
 
 

@@ -23,6 +23,23 @@ constexpr std::uint64_t mix64(std::uint64_t z) {
 // the Feistel structure makes each round a bijection whatever it returns.
 inline std::uint64_t round_fn(std::uint64_t half, std::uint64_t key) { return mix64(half + key); }
 
+// A hash mapped onto [0, m) by a multiply-high, which avoids a division (Lemire's reduction).
+inline std::uint64_t reduce(std::uint64_t h, std::uint64_t m) {
+  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(h) * m) >> 64);
+}
+
+// x + d (mod m) and x - d (mod m) for x, d in [0, m): a compare instead of a division.
+inline std::uint64_t add_mod(std::uint64_t x, std::uint64_t d, std::uint64_t m) {
+  x += d;
+  return x >= m ? x - m : x;
+}
+inline std::uint64_t sub_mod(std::uint64_t x, std::uint64_t d, std::uint64_t m) {
+  return x >= d ? x - d : x + m - d;
+}
+
+// Lanes encrypted side by side in apply_range.
+constexpr int kLanes = 8;
+
 }  // namespace
 
 ShardMode parse_shard_mode(const std::string& mode) {
@@ -62,27 +79,6 @@ ShardRange shard_range(std::int64_t n, std::int64_t world, std::int64_t rank, Sh
   }
   return r;
 }
-
-namespace {
-
-// A hash mapped onto [0, m) by a multiply-high, which avoids a division (Lemire's reduction).
-inline std::uint64_t reduce(std::uint64_t h, std::uint64_t m) {
-  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(h) * m) >> 64);
-}
-
-// x + d (mod m) and x - d (mod m) for x, d in [0, m): a compare instead of a division.
-inline std::uint64_t add_mod(std::uint64_t x, std::uint64_t d, std::uint64_t m) {
-  x += d;
-  return x >= m ? x - m : x;
-}
-inline std::uint64_t sub_mod(std::uint64_t x, std::uint64_t d, std::uint64_t m) {
-  return x >= d ? x - d : x + m - d;
-}
-
-// Lanes encrypted side by side in apply_range.
-constexpr int kLanes = 8;
-
-}  // namespace
 
 Permutation::Permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
   if (n_ <= 1) return;

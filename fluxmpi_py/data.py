@@ -105,6 +105,25 @@ def _world(owner: str, rank: Any, world_size: Any, rank_name: str, size_name: st
     return rank, world_size
 
 
+
+def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
+    """When rank and size come from Init, check (one small allreduce) that every rank built
+    the same shard spec: a different seed or length would silently overlap the shards."""
+    if explicit or not runtime.Initialized() or runtime.total_workers() == 1:
+        return
+    from .collectives import allreduce_
+
+    # seeds may use 64 bits: fold every value into 61 bits, enough to see a difference
+    vals = torch.tensor([(int(v) ^ (int(v) >> 61)) & ((1 << 61) - 1) for v in fields.values()], dtype=torch.int64)
+    both = allreduce_(torch.cat([vals, -vals]), "max")
+    hi, lo = both[: len(vals)], -both[len(vals):]
+    bad = [f"{k} differs (rank {runtime.local_rank()} has {int(v)})" if k == "seed" else
+           f"{k} ranges over [{int(a)}, {int(b)}] (rank {runtime.local_rank()} has {int(v)})"
+           for (k, v), a, b in zip(fields.items(), lo, hi) if a != b]
+    if bad:
+        raise ValueError(f"{owner}: ranks disagree: " + "; ".join(bad) +
+                         ". Every rank must pass the same data length, seed, shuffle, pad and drop_last.")
+
 def _mode(pad: Any, drop_last: Any) -> str:
     if bool(drop_last):
         return "drop_last"
@@ -169,6 +188,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         self._seed = _check_seed(seed, owner)
         self._shuffle = bool(shuffle)
         self._mode = _mode(pad, drop_last)
+        _agree_across_ranks(owner, rank is not None or world_size is not None, n=self._n,
+                            seed=self._seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
         self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
         self._epoch = 0
         self._start = 0      # resume offset into the shard for this epoch (load_state_dict)
@@ -334,6 +355,8 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.pad = bool(pad)
         self.epoch = 0
         self._mode = _mode(pad, drop_last)
+        _agree_across_ranks(owner, rank is not None or num_replicas is not None, n=self._n, seed=self.seed,
+                            shuffle=self.shuffle, mode=("pad", "drop_last", "even").index(self._mode))
         self.num_samples = C.shard_range(self._n, self.num_replicas, self.rank, self._mode)[1]
         # torch's attribute: positions dealt out over all ranks this epoch
         self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas

@@ -98,4 +98,25 @@ def case_resume_from_rank0_state():
     assert head + list(r) == want
 
 
+def case_ranks_that_disagree_raise_everywhere():
+    if fm.total_workers() == 1:
+        return
+    for kwargs in ({"seed": fm.local_rank()}, {"shuffle": fm.local_rank() == 0}):
+        for make in (lambda: fm.DistributedDataContainer(list(range(10)), **kwargs),
+                     lambda: fm.DistributedSampler(10, **kwargs)):
+            try:
+                make()
+            except ValueError as e:
+                assert "ranks disagree" in str(e) and next(iter(kwargs)) in str(e), str(e)
+            else:
+                raise AssertionError(f"rank {fm.local_rank()}: no error for {kwargs}")
+    # different lengths are caught too
+    try:
+        fm.DistributedDataContainer(list(range(10 + fm.local_rank())))
+    except ValueError as e:
+        assert "n ranges over [10, " in str(e), str(e)
+    else:
+        raise AssertionError("no error for different lengths")
+
+
 run_cases(globals())

@@ -37,16 +37,14 @@ fi
 'GPU available:', torch.cuda.is_available())"
 
 step "CUDA toolkit"
-# torch derives CUDA_HOME from `which nvcc`; a wrapper script in /usr/local/bin would make
-# that /usr/local, which has no CUDA headers. Point at the toolkit itself when we can.
-if [ -z "${CUDA_HOME:-}" ]; then
-  for d in /usr/local/cuda /usr/local/cuda-*; do
-    if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME=$d; break; fi
-  done
-fi
-[ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] || fail "no nvcc found; set CUDA_HOME"
-export PATH=$CUDA_HOME/bin:$PATH
-"$CUDA_HOME/bin/nvcc" --version | tail -n 2
+# setup.py finds the toolkit itself (CUDA_HOME if set, else torch's guess, corrected to
+# /usr/local/cuda when the guess has no headers); here we only show which nvcc that is.
+NVCC=""
+for d in ${CUDA_HOME:-} /usr/local/cuda /usr/local/cuda-*; do
+  if [ -x "$d/bin/nvcc" ]; then NVCC=$d/bin/nvcc; break; fi
+done
+[ -n "$NVCC" ] || NVCC=$(command -v nvcc) || fail "no nvcc found; install the CUDA toolkit or set CUDA_HOME"
+echo "$NVCC: $("$NVCC" --version | tail -n 1)"
 # Only nvcc-compiled .cu files use this; one architecture keeps a no-GPU check short.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0}
 
@@ -94,6 +92,35 @@ for src in $CUDA_SOURCES; do
   fi
 done
 grep -E "(warning|error)" build.log | grep -v "^ninja" | head -n 20 || true
+
+if ! grep -q '\.cu$' <<< "$CUDA_SOURCES"; then
+  # No .cu in the build yet: show that nvcc compiles a kernel against this torch's headers with
+  # the project's nvcc flags, as a future csrc/**/*.cu will be (about 1-2 minutes).
+  step "nvcc probe (no .cu in the build)"
+  mkdir -p nvcc_probe
+  cat > nvcc_probe/probe.cu <<'EOF'
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+__global__ void scale(float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+void launch(at::Tensor t, float a) {
+  int n = static_cast<int>(t.numel());
+  scale<<<(n + 255) / 256, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(t.data_ptr<float>(), a, n);
+}
+EOF
+  read -r -a PROBE_FLAGS <<< "$("$PY" - <<'EOF' 2>/dev/null
+from torch.utils import cpp_extension as c
+print(" ".join(["-I" + p for p in c.include_paths()] + c.COMMON_NVCC_FLAGS))
+EOF
+)"
+  ARCH=${TORCH_CUDA_ARCH_LIST%%;*}; ARCH=${ARCH//./}; ARCH=${ARCH%%+*}
+  "$NVCC" -c nvcc_probe/probe.cu -o nvcc_probe/probe.o -std=c++20 -O3 -Xcompiler -fPIC \
+    -gencode "arch=compute_$ARCH,code=sm_$ARCH" "${PROBE_FLAGS[@]}" -I"$(dirname "$(dirname "$NVCC")")/include" \
+    > nvcc_probe/log.txt 2>&1 || { tail -n 30 nvcc_probe/log.txt; fail "nvcc could not compile a kernel"; }
+  ok "nvcc compiled a kernel against torch's headers with -std=c++20 for sm_$ARCH"
+fi
 
 step "link"
 SO=$(ls fluxmpi_py/_C*.so)

@@ -19,10 +19,10 @@ CSRC = os.path.join(ROOT, "csrc")
 
 
 def _setup_function(name, namespace):
-    """Load one top-level function of setup.py without running setup() (which builds)."""
+    """Load setup.py's top-level functions without running setup() (which builds); return one."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), namespace)
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    exec(compile(ast.Module(body=fns, type_ignores=[]), "setup.py", "exec"), namespace)
     return namespace[name]
 
 
@@ -60,7 +60,8 @@ def test_cuda_switch_off_by_env_and_on_cpu_torch(monkeypatch):
     from torch.utils import cpp_extension
 
     want_cuda = _setup_function(
-        "want_cuda", {"os": os, "shutil": shutil, "torch": torch, "cpp_extension": cpp_extension})
+        "want_cuda", {"os": os, "glob": glob, "shutil": shutil, "torch": torch,
+                      "cpp_extension": cpp_extension})
     monkeypatch.setenv("FLUXMPI_PY_WITH_CUDA", "0")
     assert not want_cuda()
     monkeypatch.delenv("FLUXMPI_PY_WITH_CUDA")

@@ -185,7 +185,7 @@ Backend& nccl_backend() {
 
 std::string nccl_version_string() {
   int v = 0;
-  check_nccl(ncclGetVersion(&v), "ncclGetVersion");
+  FLUXMPI_NCCL_CHECK(ncclGetVersion(&v), nullptr);  // needs no GPU and no communicator
   // Since NCCL 2.9 the code is major*10000 + minor*100 + patch; before, major*1000 + ...
   int major = v >= 10000 ? v / 10000 : v / 1000;
   int minor = v >= 10000 ? (v % 10000) / 100 : (v % 1000) / 100;

@@ -29,7 +29,7 @@ inline void check_nccl(ncclResult_t rc, const char* what, ncclComm_t comm = null
 
 inline void check_cuda(cudaError_t rc, const char* what) {
   if (rc == cudaSuccess) return;
-  cudaGetLastError();  // clear the sticky-free error state so later calls start clean
+  cudaGetLastError();  // reset a non-sticky error so that the next CUDA call does not report it
   TORCH_CHECK(false, "fluxmpi_py: ", what, " failed on rank ", rank_for_message(), ": ",
               cudaGetErrorName(rc), ": ", cudaGetErrorString(rc));
 }

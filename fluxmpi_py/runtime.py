@@ -201,7 +201,7 @@ def build_info() -> dict:
     """Versions this process runs with: torch, MPI vendor and standard, CUDA and NCCL.
 
     >>> import fluxmpi_py as fm; sorted(fm.build_info())[:3]
-    ['compiled_torch', 'cuda', 'cuda_mpi_enabled']
+    ['compiled_torch', 'compiled_with_cuda', 'cuda']
     """
     return {
         "torch": torch.__version__,
@@ -243,20 +243,32 @@ def _write(text: str, file) -> None:
 def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool = False) -> None:
     """print() with a ``[rank / size] `` prefix, written atomically; no newline by default.
 
-    Not a collective: one rank alone may call it. ``ordered=True`` prints from every rank
-    in rank order and is a collective (every rank must call it).
+    Not a collective: one rank alone may call it. ``ordered=True`` is a collective (every
+    rank must call it): rank 0 gathers every rank's text and writes it in rank order, in one
+    write to its ``file`` (separate writes from each rank could reach the terminal in any
+    order, since mpiexec forwards each rank's output on its own).
 
     >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_print("loss", 0.5, end="\\n")
     [0 / 1] loss 0.5
     """
     text = _prefix() + sep.join(str(a) for a in args) + end
-    if not ordered:
+    if not ordered or C.size() == 1:
         _write(text, file)
         return
-    for r in range(C.size()):
-        if r == C.rank():
-            _write(text, file)
-        C.barrier()
+    from .collectives import allreduce_
+
+    data = bytearray(text.encode())
+    rank, size = C.rank(), C.size()
+    lengths = torch.zeros(size, dtype=torch.int64)
+    lengths[rank] = len(data)
+    allreduce_(lengths)
+    start = int(lengths[:rank].sum())
+    buf = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
+    if data:
+        buf[start : start + len(data)] = torch.frombuffer(data, dtype=torch.uint8)
+    allreduce_(buf)
+    if rank == 0:
+        _write(buf.numpy().tobytes().decode(errors="replace"), file)
 
 
 def fluxmpi_println(*args, sep: str = " ", file=None, ordered: bool = False) -> None:

@@ -74,7 +74,11 @@ def disable_cudampi_support(disable: bool = True) -> str:
 
 
 def cudampi_enabled() -> bool:
-    """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support)."""
+    """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support).
+
+    >>> import fluxmpi_py as fm; isinstance(fm.cudampi_enabled(), bool)
+    True
+    """
     return _CUDAMPI_ENABLED
 
 

@@ -23,19 +23,29 @@ __all__ = ["allreduce_", "bcast_", "reduce_", "Iallreduce", "Ibcast", "Request",
 OPS = ("sum", "average", "min", "max", "prod")
 
 
-def _tensor_arg(tensor, root_rank=0):
-    """(tensor or None, root as int, local error text). A wrong argument type is not raised
-    here, on this rank alone: it goes to the compiled core, which raises it on every rank."""
+_NO_ROOT = object()
+
+
+def _call(fn, tensor, *args, root_rank=_NO_ROOT):
+    """Call the compiled collective ``fn(tensor, *args[, root_rank])``. The common case
+    costs two type checks. A wrong argument type is not raised here, on this rank alone:
+    it is passed on as text, and the compiled core raises it on every rank together, so
+    that no rank is left waiting in the collective."""
+    has_root = root_rank is not _NO_ROOT
+    if isinstance(tensor, torch.Tensor) and (not has_root or type(root_rank) is int):
+        return fn(tensor, *args, root_rank) if has_root else fn(tensor, *args)
     errors = []
     if not isinstance(tensor, torch.Tensor):
         errors.append(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
         tensor = None
-    try:
-        root = operator.index(root_rank)
-    except TypeError:
-        errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
-        root = 0
-    return tensor, root, "; ".join(errors)
+    root = ()
+    if has_root:
+        try:
+            root = (operator.index(root_rank),)
+        except TypeError:
+            errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
+            root = (0,)
+    return fn(tensor, *args, *root, "; ".join(errors))
 
 
 def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -52,8 +62,10 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     >>> fm.allreduce_(t, op="sum").tolist() == [n * (n + 1) / 2, n * (n + 1)]
     True
     """
-    t, _, err = _tensor_arg(tensor)
-    C.allreduce_(t, str(op), err)
+    if isinstance(tensor, torch.Tensor) and type(op) is str:  # the fast path of a hot call
+        C.allreduce_(tensor, op)
+    else:
+        _call(C.allreduce_, tensor, str(op))
     return tensor
 
 
@@ -65,8 +77,10 @@ def bcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
     >>> fm.bcast_(torch.full((3,), float(fm.local_rank())), root_rank=0).tolist()
     [0.0, 0.0, 0.0]
     """
-    t, root, err = _tensor_arg(tensor, root_rank)
-    C.bcast_(t, root, err)
+    if isinstance(tensor, torch.Tensor) and type(root_rank) is int:
+        C.bcast_(tensor, root_rank)
+    else:
+        _call(C.bcast_, tensor, root_rank=root_rank)
     return tensor
 
 
@@ -79,8 +93,7 @@ def reduce_(tensor: torch.Tensor, op: str = "sum", root_rank: int = 0) -> torch.
     >>> t.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [1.0, 1.0])
     True
     """
-    t, root, err = _tensor_arg(tensor, root_rank)
-    C.reduce_(t, str(op), root, err)
+    _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
 
 
@@ -126,8 +139,7 @@ def Iallreduce(tensor: torch.Tensor, op: str = "sum") -> Request:
     >>> fm.Iallreduce(torch.ones(3), op="max").wait().tolist()
     [1.0, 1.0, 1.0]
     """
-    t, _, err = _tensor_arg(tensor)
-    return Request(C.iallreduce_(t, str(op), err), tensor)
+    return Request(_call(C.iallreduce_, tensor, op if type(op) is str else str(op)), tensor)
 
 
 def Ibcast(tensor: torch.Tensor, root_rank: int = 0) -> Request:
@@ -137,5 +149,4 @@ def Ibcast(tensor: torch.Tensor, root_rank: int = 0) -> Request:
     >>> fm.Ibcast(torch.full((2,), float(fm.local_rank())), root_rank=0).wait().tolist()
     [0.0, 0.0]
     """
-    t, root, err = _tensor_arg(tensor, root_rank)
-    return Request(C.ibcast_(t, root, err), tensor)
+    return Request(_call(C.ibcast_, tensor, root_rank=root_rank), tensor)

@@ -96,18 +96,25 @@ def _comm_handle(comm) -> int:
     return int(MPI._handleof(comm))
 
 
+_previous_excepthook = sys.excepthook
+
+
 def _excepthook(exc_type, exc, tb):
     # An uncaught exception on one rank would leave the others blocked in their next
-    # collective. Print it, then abort the whole job so that it ends within seconds.
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write(f"[rank {C.rank()} / {C.size()}] uncaught exception, aborting the job:\n{text}")
-    sys.stderr.flush()
-    C.abort(f"uncaught {exc_type.__name__} on rank {C.rank()}: {exc}", 1)
+    # collective. Show it as usual, then abort the whole job so that it ends within seconds.
+    try:
+        sys.stderr.write(f"[rank {C.rank()} / {C.size()}] uncaught exception, aborting the job:\n")
+        (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+        sys.stderr.flush()
+    finally:
+        C.abort(f"uncaught {exc_type.__name__} on rank {C.rank()}: {exc}", 1)
 
 
 def _thread_excepthook(args):
     if args.exc_type is SystemExit:
         return
+    name = args.thread.name if args.thread is not None else "?"
+    sys.stderr.write(f"[rank {C.rank()} / {C.size()}] in thread {name}:\n")
     _excepthook(args.exc_type, args.exc_value, args.exc_traceback)
 
 
@@ -128,7 +135,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
     >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
     (True, True)
     """
-    global _device
+    global _device, _previous_excepthook
     with _lock:
         first = not C.initialized()
         C.init(_comm_handle(comm))
@@ -136,6 +143,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
             return
         atexit.register(_at_exit)
         if C.size() > 1:
+            _previous_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             threading.excepthook = _thread_excepthook
         if torch.cuda.is_available():

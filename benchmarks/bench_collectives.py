@@ -6,7 +6,8 @@
 float32, op sum, one buffer per size used by both. Repetitions alternate between the two
 (ours, theirs, ours, ...) so that a change in machine load hits both alike; each repetition
 times a loop of calls between barriers and takes the slowest rank's time. Reported: the
-median over repetitions of the time per call (microseconds) and ours / mpi4py. Rank 0 prints
+median over repetitions of the time per call (microseconds), ours / mpi4py, and the fastest
+repetition of each (a hint of the noise on a shared machine). Rank 0 prints
 one JSON line and writes it to benchmarks/results/bench_collectives.json (--quick:
 bench_collectives.quick.json).
 """
@@ -74,12 +75,16 @@ def main():
         def theirs():
             comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
 
-        # About 20 ms of work per repetition, at least 2 calls; warm both paths up first.
-        t_one = timed(theirs, 3, comm)
-        iters = max(2, min(2000, int(0.02 / max(t_one, 1e-7))))
-        iters = comm.bcast(iters, root=0)
-        timed(ours, iters, comm)
-        timed(theirs, iters, comm)
+        # About 20 ms of work per repetition, at least 2 calls: double the loop until it takes
+        # 5 ms (this also warms both paths up), then scale.
+        iters = 1
+        while True:
+            elapsed = timed(theirs, iters, comm) * iters
+            timed(ours, iters, comm)
+            if elapsed >= 0.005 or iters >= 4096:
+                break
+            iters *= 2
+        iters = comm.bcast(max(2, min(4096, int(iters * 0.02 / max(elapsed, 1e-9)))), root=0)
         t_ours, t_theirs = [], []
         for _ in range(reps):
             t_ours.append(timed(ours, iters, comm))
@@ -91,6 +96,8 @@ def main():
             "ours_us": round(mo * 1e6, 2),
             "mpi4py_us": round(mt * 1e6, 2),
             "ratio": round(mo / mt, 3),
+            "ours_min_us": round(min(t_ours) * 1e6, 2),
+            "mpi4py_min_us": round(min(t_theirs) * 1e6, 2),
         })
 
     if rank == 0:

@@ -91,7 +91,23 @@ def find_nccl():
     return None
 
 
+def fix_cuda_home():
+    """torch takes CUDA_HOME from `which nvcc` when the variable is unset; a wrapper script such
+    as /usr/local/bin/nvcc then makes it /usr/local, which has no CUDA headers. In that case
+    use the toolkit in /usr/local/cuda(-*) instead (torch reads this module global lazily)."""
+    home = cpp_extension.CUDA_HOME
+    if not torch.version.cuda or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    if home and os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
+        return
+    for cand in ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True):
+        if os.path.exists(os.path.join(cand, "include", "cuda_runtime_api.h")):
+            cpp_extension.CUDA_HOME = cand
+            return
+
+
 def want_cuda():
+    fix_cuda_home()
     if os.environ.get("FLUXMPI_PY_WITH_CUDA", "") == "0":
         return False
     return bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None and (

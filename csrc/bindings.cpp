@@ -4,6 +4,8 @@
 
 #include <torch/version.h>
 
+#include <optional>
+
 #include "ops/collectives.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
@@ -64,27 +66,40 @@ void bind_collectives(py::module_& m) {
       .def("test", &Work::test)
       .def_property_readonly("what", &Work::what);
 
-  m.def("allreduce_", [](const at::Tensor& t, const std::string& op) {
+  // The tensor may be None: the Python wrapper passes None and a `local_error` for a
+  // non-tensor argument, so that every rank raises, not only the one that got it wrong.
+  using MaybeTensor = std::optional<at::Tensor>;
+  m.def("allreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
     env();
-    Engine::get().run_inline([&] { allreduce_checked(t, op); });
-  }, py::arg("tensor"), py::arg("op"), py::call_guard<py::gil_scoped_release>());
-  m.def("bcast_", [](const at::Tensor& t, std::int64_t root) {
-    env();
-    Engine::get().run_inline([&] { broadcast_checked(t, root); });
-  }, py::arg("tensor"), py::arg("root_rank"), py::call_guard<py::gil_scoped_release>());
-  m.def("reduce_", [](const at::Tensor& t, const std::string& op, std::int64_t root) {
-    env();
-    Engine::get().run_inline([&] { reduce_checked(t, op, root); });
-  }, py::arg("tensor"), py::arg("op"), py::arg("root_rank"),
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { allreduce_checked(x, op, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
      py::call_guard<py::gil_scoped_release>());
-  m.def("iallreduce_", [](const at::Tensor& t, const std::string& op) {
+  m.def("bcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
     env();
-    return Engine::get().submit("Iallreduce", [t, op] { allreduce_checked(t, op); });
-  }, py::arg("tensor"), py::arg("op"));
-  m.def("ibcast_", [](const at::Tensor& t, std::int64_t root) {
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { broadcast_checked(x, root, err); });
+  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+  m.def("reduce_", [](const MaybeTensor& t, const std::string& op, std::int64_t root,
+                      const std::string& err) {
     env();
-    return Engine::get().submit("Ibcast", [t, root] { broadcast_checked(t, root); });
-  }, py::arg("tensor"), py::arg("root_rank"));
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { reduce_checked(x, op, root, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+  m.def("iallreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    return Engine::get().submit("Iallreduce", [x, op, err] { allreduce_checked(x, op, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
+  m.def("ibcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    return Engine::get().submit("Ibcast", [x, root, err] { broadcast_checked(x, root, err); });
+  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace fluxmpi

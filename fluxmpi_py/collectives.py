@@ -3,8 +3,15 @@
 Every rank must call the same collectives in the same order. Before any data moves, the ranks
 compare (in one small allreduce) the call, op, root, dtype and shape; a difference, or a bad
 argument on any rank, raises the same exception on every rank instead of hanging.
+
+Supported dtypes: float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8 (and
+bool). Any strided tensor works, contiguous or not (a transposed view, a strided slice): the
+result is written back into it. Host tensors travel through MPI; CUDA tensors through NCCL in
+builds with CUDA.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -12,59 +19,97 @@ from ._loader import C
 
 __all__ = ["allreduce_", "bcast_", "reduce_", "Iallreduce", "Ibcast", "Request", "OPS"]
 
+#: The reduction ops every reducing collective accepts.
 OPS = ("sum", "average", "min", "max", "prod")
 
 
-def _check_tensor(t, name: str = "tensor") -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+_NO_ROOT = object()
+
+
+def _call(fn, tensor, *args, root_rank=_NO_ROOT):
+    """Call the compiled collective ``fn(tensor, *args[, root_rank])``. The common case
+    costs two type checks. A wrong argument type is not raised here, on this rank alone:
+    it is passed on as text, and the compiled core raises it on every rank together, so
+    that no rank is left waiting in the collective."""
+    has_root = root_rank is not _NO_ROOT
+    if isinstance(tensor, torch.Tensor) and (not has_root or type(root_rank) is int):
+        return fn(tensor, *args, root_rank) if has_root else fn(tensor, *args)
+    errors = []
+    if not isinstance(tensor, torch.Tensor):
+        errors.append(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        tensor = None
+    root = ()
+    if has_root:
+        try:
+            root = (operator.index(root_rank),)
+        except TypeError:
+            errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
+            root = (0,)
+    return fn(tensor, *args, *root, "; ".join(errors))
 
 
 def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks, in place, and return it.
+    """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
-    ``op`` is one of "sum", "average", "min", "max", "prod". float16 and bfloat16 combine in
-    fp32; "average" pre-scales them so that the sum cannot overflow. Integer "average" is the
-    floor of the mean.
+    ``op`` is one of "sum", "average", "min", "max", "prod". float16 and bfloat16 sums,
+    products and averages are computed in fp32 and rounded once (so 4 ranks averaging
+    40000.0 in float16 get 40000.0, not inf). Integer "average" is the floor of the mean,
+    summed in int64 so that it cannot wrap.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> fm.allreduce_(torch.tensor([1.0, 2.0]) * (fm.local_rank() + 1), op="sum").tolist()
-    [1.0, 2.0]
+    >>> t = torch.tensor([1.0, 2.0]) * (fm.local_rank() + 1)
+    >>> n = fm.total_workers()
+    >>> fm.allreduce_(t, op="sum").tolist() == [n * (n + 1) / 2, n * (n + 1)]
+    True
     """
-    _check_tensor(tensor)
-    C.allreduce_(tensor, str(op))
+    if isinstance(tensor, torch.Tensor) and type(op) is str:  # the fast path of a hot call
+        C.allreduce_(tensor, op)
+    else:
+        _call(C.allreduce_, tensor, str(op))
     return tensor
 
 
 def bcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with root_rank's values, in place; return it.
+    A collective: every rank passes a tensor of the same shape and dtype.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> fm.bcast_(torch.arange(3), root_rank=0).tolist()
-    [0, 1, 2]
+    >>> fm.bcast_(torch.full((3,), float(fm.local_rank())), root_rank=0).tolist()
+    [0.0, 0.0, 0.0]
     """
-    _check_tensor(tensor)
-    C.bcast_(tensor, int(root_rank))
+    if isinstance(tensor, torch.Tensor) and type(root_rank) is int:
+        C.bcast_(tensor, root_rank)
+    else:
+        _call(C.bcast_, tensor, root_rank=root_rank)
     return tensor
 
 
 def reduce_(tensor: torch.Tensor, op: str = "sum", root_rank: int = 0) -> torch.Tensor:
-    """Reduce ``tensor`` onto root_rank, in place there; other ranks' tensors are unchanged.
+    """Reduce ``tensor`` onto root_rank, in place there, and return it. Other ranks' tensors
+    are left unchanged. A collective; ``op`` as for :func:`allreduce_`.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> fm.reduce_(torch.ones(2), op="sum", root_rank=0).tolist()
-    [1.0, 1.0]
+    >>> t = fm.reduce_(torch.ones(2), op="sum", root_rank=0)
+    >>> t.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [1.0, 1.0])
+    True
     """
-    _check_tensor(tensor)
-    C.reduce_(tensor, str(op), int(root_rank))
+    _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
 
 
 class Request:
-    """A pending collective. ``wait()`` blocks (without the GIL) and returns the tensor;
-    ``test()`` says whether it is done. The engine thread makes progress on its own.
+    """A collective running in the background (made by :func:`Iallreduce`, :func:`Ibcast`).
 
-    Errors that the ranks detect together (a mismatch, a bad dtype) are raised by ``wait()``.
+    ``wait()`` blocks (without holding the GIL) until it is done and returns the tensor;
+    ``test()`` says whether it is done, without blocking. Requests complete in the order
+    they were started, and progress does not depend on calling either: one engine thread
+    runs them. Errors the ranks detect together (a mismatch, a bad dtype) are raised by
+    ``wait()``, on every rank.
+
+    >>> import torch, fluxmpi_py as fm; fm.Init()
+    >>> req = fm.Iallreduce(torch.ones(4))
+    >>> req.wait().tolist() == [float(fm.total_workers())] * 4, req.test()
+    (True, True)
     """
 
     __slots__ = ("_work", "_tensor")
@@ -74,10 +119,12 @@ class Request:
         self._tensor = tensor
 
     def wait(self) -> torch.Tensor:
+        """Block until done; return the tensor, which then holds the result."""
         self._work.wait()
         return self._tensor
 
     def test(self) -> bool:
+        """True once done (the result, or the error that wait() raises, is then ready)."""
         return bool(self._work.test())
 
     def __repr__(self) -> str:
@@ -85,23 +132,21 @@ class Request:
 
 
 def Iallreduce(tensor: torch.Tensor, op: str = "sum") -> Request:
-    """Start allreduce_ in the background and return a Request; the result is valid after
-    ``wait()``. Do not touch the tensor until then.
+    """Start :func:`allreduce_` in the background and return a :class:`Request`. The tensor
+    holds the result after ``wait()``; do not read or write it before then.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> fm.Iallreduce(torch.ones(3), op="max").wait().tolist()
     [1.0, 1.0, 1.0]
     """
-    _check_tensor(tensor)
-    return Request(C.iallreduce_(tensor, str(op)), tensor)
+    return Request(_call(C.iallreduce_, tensor, op if type(op) is str else str(op)), tensor)
 
 
 def Ibcast(tensor: torch.Tensor, root_rank: int = 0) -> Request:
-    """Start bcast_ in the background and return a Request.
+    """Start :func:`bcast_` in the background and return a :class:`Request`.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> fm.Ibcast(torch.zeros(2), root_rank=0).wait().tolist()
+    >>> fm.Ibcast(torch.full((2,), float(fm.local_rank())), root_rank=0).wait().tolist()
     [0.0, 0.0]
     """
-    _check_tensor(tensor)
-    return Request(C.ibcast_(tensor, int(root_rank)), tensor)
+    return Request(_call(C.ibcast_, tensor, root_rank=root_rank), tensor)

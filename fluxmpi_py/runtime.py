@@ -74,7 +74,11 @@ def disable_cudampi_support(disable: bool = True) -> str:
 
 
 def cudampi_enabled() -> bool:
-    """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support)."""
+    """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support).
+
+    >>> import fluxmpi_py as fm; isinstance(fm.cudampi_enabled(), bool)
+    True
+    """
     return _CUDAMPI_ENABLED
 
 
@@ -92,18 +96,25 @@ def _comm_handle(comm) -> int:
     return int(MPI._handleof(comm))
 
 
+_previous_excepthook = sys.excepthook
+
+
 def _excepthook(exc_type, exc, tb):
     # An uncaught exception on one rank would leave the others blocked in their next
-    # collective. Print it, then abort the whole job so that it ends within seconds.
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write(f"[rank {C.rank()} / {C.size()}] uncaught exception, aborting the job:\n{text}")
-    sys.stderr.flush()
-    C.abort(f"uncaught {exc_type.__name__} on rank {C.rank()}: {exc}", 1)
+    # collective. Show it as usual, then abort the whole job so that it ends within seconds.
+    try:
+        sys.stderr.write(f"[rank {C.rank()} / {C.size()}] uncaught exception, aborting the job:\n")
+        (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+        sys.stderr.flush()
+    finally:
+        C.abort(f"uncaught {exc_type.__name__} on rank {C.rank()}: {exc}", 1)
 
 
 def _thread_excepthook(args):
     if args.exc_type is SystemExit:
         return
+    name = args.thread.name if args.thread is not None else "?"
+    sys.stderr.write(f"[rank {C.rank()} / {C.size()}] in thread {name}:\n")
     _excepthook(args.exc_type, args.exc_value, args.exc_traceback)
 
 
@@ -124,7 +135,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
     >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
     (True, True)
     """
-    global _device
+    global _device, _previous_excepthook
     with _lock:
         first = not C.initialized()
         C.init(_comm_handle(comm))
@@ -132,6 +143,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
             return
         atexit.register(_at_exit)
         if C.size() > 1:
+            _previous_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             threading.excepthook = _thread_excepthook
         if torch.cuda.is_available():
@@ -201,7 +213,7 @@ def build_info() -> dict:
     """Versions this process runs with: torch, MPI vendor and standard, CUDA and NCCL.
 
     >>> import fluxmpi_py as fm; sorted(fm.build_info())[:3]
-    ['compiled_torch', 'cuda', 'cuda_mpi_enabled']
+    ['compiled_torch', 'compiled_with_cuda', 'cuda']
     """
     return {
         "torch": torch.__version__,
@@ -243,20 +255,32 @@ def _write(text: str, file) -> None:
 def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool = False) -> None:
     """print() with a ``[rank / size] `` prefix, written atomically; no newline by default.
 
-    Not a collective: one rank alone may call it. ``ordered=True`` prints from every rank
-    in rank order and is a collective (every rank must call it).
+    Not a collective: one rank alone may call it. ``ordered=True`` is a collective (every
+    rank must call it): rank 0 gathers every rank's text and writes it in rank order, in one
+    write to its ``file`` (separate writes from each rank could reach the terminal in any
+    order, since mpiexec forwards each rank's output on its own).
 
     >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_print("loss", 0.5, end="\\n")
     [0 / 1] loss 0.5
     """
     text = _prefix() + sep.join(str(a) for a in args) + end
-    if not ordered:
+    if not ordered or C.size() == 1:
         _write(text, file)
         return
-    for r in range(C.size()):
-        if r == C.rank():
-            _write(text, file)
-        C.barrier()
+    from .collectives import allreduce_
+
+    data = bytearray(text.encode())
+    rank, size = C.rank(), C.size()
+    lengths = torch.zeros(size, dtype=torch.int64)
+    lengths[rank] = len(data)
+    allreduce_(lengths)
+    start = int(lengths[:rank].sum())
+    buf = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
+    if data:
+        buf[start : start + len(data)] = torch.frombuffer(data, dtype=torch.uint8)
+    allreduce_(buf)
+    if rank == 0:
+        _write(buf.numpy().tobytes().decode(errors="replace"), file)
 
 
 def fluxmpi_println(*args, sep: str = " ", file=None, ordered: bool = False) -> None:

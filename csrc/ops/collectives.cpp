@@ -1,6 +1,8 @@
 #include "ops/collectives.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/GradMode.h>
 
 #include <sstream>
 
@@ -23,8 +25,9 @@ bool supported_dtype(c10::ScalarType t) {
 }
 
 std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "no tensor";
   std::ostringstream s;
-  s << "tensor of shape " << t.sizes() << ", dtype " << t.scalar_type();
+  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type());
   return s.str();
 }
 
@@ -46,6 +49,56 @@ Signature signature_of(CallKind kind, const at::Tensor& t) {
 
 bool is_half(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
+bool is_narrow_int(c10::ScalarType t) {
+  return t == c10::kChar || t == c10::kShort || t == c10::kInt || t == c10::kByte;
+}
+
+// The dtype a reduction travels in: fp32 for 16-bit float sums, products and averages (see
+// HalfReduction), int64 for averages of narrower integers (the sum must not wrap).
+c10::ScalarType wire_dtype(c10::ScalarType dt, ReduceOp op, HalfReduction half) {
+  if (is_half(dt) && half == HalfReduction::Fp32 && op != ReduceOp::Min && op != ReduceOp::Max)
+    return c10::kFloat;
+  if (op == ReduceOp::Average && is_narrow_int(dt)) return c10::kLong;
+  return dt;
+}
+
+// Average is not a backend op. For bool, the floor of the mean of 0/1 values is "all of them".
+ReduceOp wire_op(ReduceOp op, c10::ScalarType dt) {
+  if (op != ReduceOp::Average) return op;
+  return dt == c10::kBool ? ReduceOp::Min : ReduceOp::Sum;
+}
+
+// Turn a sum over `world` ranks into the average: the floor of the mean for integers.
+void divide_by(const at::Tensor& x, int world) {
+  if (world == 1 || x.scalar_type() == c10::kBool) return;
+  if (c10::isFloatingType(x.scalar_type())) {
+    x.div_(world);
+  } else {
+    x.div_(world, "floor");
+  }
+}
+
+// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
+at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
+  if (t.scalar_type() == dt && t.is_contiguous()) return t;
+  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
+}
+
+// Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
+// in-place op would (a saved tensor modified by a collective then fails loudly in backward).
+void bump_version(const at::Tensor& t) {
+  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+
+// The reduced buffer `c` back into `t`.
+void write_back(const at::Tensor& c, const at::Tensor& t) {
+  if (c.is_same(t)) {
+    bump_version(t);
+  } else {
+    t.copy_(c);
+  }
+}
+
 }  // namespace
 
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
@@ -61,11 +114,10 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
     return ErrorClass::Type;
   }
   if (!supported_dtype(t.scalar_type())) {
-    std::ostringstream s;
-    s << "tensor dtype " << t.scalar_type()
-      << " is not supported; expected one of float16, bfloat16, float32, float64, int8, "
-         "int16, int32, int64, uint8, bool";
-    msg = s.str();
+    msg = "tensor dtype " + dtype_name(t.scalar_type()) +
+          " is not supported; expected one of torch.float16, torch.bfloat16, torch.float32, "
+          "torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, "
+          "torch.bool";
     return ErrorClass::Type;
   }
   if (!device_supported(t)) {
@@ -74,64 +126,51 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
     msg = s.str();
     return ErrorClass::Type;
   }
+  if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+    msg = "tensor has elements that share memory (e.g. made by expand()), so it cannot hold "
+          "a result in place; pass a .clone() of it";
+    return ErrorClass::Value;
+  }
   return ErrorClass::None;
 }
 
-void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world) {
+void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
+                    HalfReduction half) {
   if (t.numel() == 0) return;
-  at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  auto dt = c.scalar_type();
-  if (op == ReduceOp::Average) {
-    if (is_half(dt)) {
-      c.mul_(1.0 / world);  // computed in fp32 per element, so the sum cannot overflow
-      b.allreduce(c.data_ptr(), c.numel(), dt, ReduceOp::Sum);
-    } else {
-      b.allreduce(c.data_ptr(), c.numel(), dt, ReduceOp::Sum);
-      if (world > 1) {
-        if (c10::isFloatingType(dt)) {
-          c.div_(world);
-        } else if (dt != c10::kBool) {
-          c.div_(world, "floor");
-        }
-      }
-    }
-  } else {
-    b.allreduce(c.data_ptr(), c.numel(), dt, op);
-  }
-  if (!c.is_same(t)) t.copy_(c);
+  c10::AutoGradMode no_grad(false);  // a collective is not a step of any autograd graph
+  const auto dt = t.scalar_type();
+  const auto wire = wire_dtype(dt, op, half);
+  at::Tensor c = staging(t, wire);
+  // 16 bits on the wire: pre-scale (computed in fp32, rounded once) so the sum cannot overflow.
+  const bool prescale = op == ReduceOp::Average && is_half(wire);
+  if (prescale) c.mul_(1.0 / world);
+  b.allreduce(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
+  if (op == ReduceOp::Average && !prescale) divide_by(c, world);
+  write_back(c, t);
 }
 
 void broadcast_data(Backend& b, const at::Tensor& t, int root) {
   if (t.numel() == 0) return;
-  at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+  c10::AutoGradMode no_grad(false);
+  at::Tensor c = staging(t, t.scalar_type());
   b.broadcast(c.data_ptr(), c.numel(), c.scalar_type(), root);
-  if (!c.is_same(t)) t.copy_(c);
+  if (env().rank != root) write_back(c, t);  // the root's values do not change
 }
 
 void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int rank, int world) {
   if (t.numel() == 0) return;
-  bool is_root = rank == root;
-  auto dt = t.scalar_type();
-  bool prescale = op == ReduceOp::Average && is_half(dt);
-  // Non-root buffers stay unchanged: they send from a copy whenever we must modify the data.
-  at::Tensor send;
-  if (is_root) {
-    send = t.is_contiguous() ? t : t.contiguous();
-    if (prescale) send.mul_(1.0 / world);
-  } else {
-    send = prescale ? t.mul(1.0 / world).contiguous() : t.contiguous();
-  }
-  b.reduce(send.data_ptr(), is_root ? send.data_ptr() : nullptr, send.numel(), dt,
-           op == ReduceOp::Average ? ReduceOp::Sum : op, root);
+  c10::AutoGradMode no_grad(false);
+  const bool is_root = rank == root;
+  const auto dt = t.scalar_type();
+  const auto wire = wire_dtype(dt, op, HalfReduction::Fp32);
+  // A non-root rank only sends: from t itself when it is already a contiguous buffer of the
+  // wire dtype, else from a copy. Either way its tensor is left unchanged.
+  at::Tensor c = staging(t, wire);
+  b.reduce(c.data_ptr(), is_root ? c.data_ptr() : nullptr, c.numel(), wire, wire_op(op, dt),
+           root);
   if (!is_root) return;
-  if (op == ReduceOp::Average && !prescale && world > 1) {
-    if (c10::isFloatingType(dt)) {
-      send.div_(world);
-    } else if (dt != c10::kBool) {
-      send.div_(world, "floor");
-    }
-  }
-  if (!send.is_same(t)) t.copy_(send);
+  if (op == ReduceOp::Average) divide_by(c, world);
+  write_back(c, t);
 }
 
 namespace {
@@ -158,42 +197,51 @@ void check_root(std::int64_t root, int size, Signature& s, std::string& msg) {
   }
 }
 
-void validate_into(const at::Tensor& t, Signature& s, std::string& msg) {
+// This rank's part of the agreement for tensor `t`: a local error (the caller's first, then
+// the tensor's own) or none. `msg` gets the error's text.
+void validate_into(const at::Tensor& t, const std::string& local_error, Signature& s,
+                   std::string& msg) {
   if (s.error != ErrorClass::None) return;
+  if (!local_error.empty()) {
+    s.error = ErrorClass::Type;
+    msg = local_error;
+    return;
+  }
   s.error = validate_tensor(t, msg);
-  if (s.error == ErrorClass::None) msg = describe(t);
 }
 
 }  // namespace
 
-void allreduce_checked(const at::Tensor& t, const std::string& opname) {
+void allreduce_checked(const at::Tensor& t, const std::string& opname,
+                       const std::string& local_error) {
   const auto& e = env();
   Signature s = signature_of(CallKind::Allreduce, t);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
-  validate_into(t, s, msg);
-  agree(s, "fluxmpi_py.allreduce_", msg);
+  validate_into(t, local_error, s, msg);
+  agree(s, "fluxmpi_py.allreduce_", msg, [&] { return describe(t); });
   allreduce_data(backend_for(t), t, op, e.size);
 }
 
-void broadcast_checked(const at::Tensor& t, std::int64_t root) {
+void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string& local_error) {
   const auto& e = env();
   Signature s = signature_of(CallKind::Broadcast, t);
   std::string msg;
+  validate_into(t, local_error, s, msg);
   check_root(root, e.size, s, msg);
-  validate_into(t, s, msg);
-  agree(s, "fluxmpi_py.bcast_", msg);
+  agree(s, "fluxmpi_py.bcast_", msg, [&] { return describe(t); });
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }
 
-void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t root) {
+void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t root,
+                    const std::string& local_error) {
   const auto& e = env();
   Signature s = signature_of(CallKind::Reduce, t);
   std::string msg;
+  validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
   check_root(root, e.size, s, msg);
-  validate_into(t, s, msg);
-  agree(s, "fluxmpi_py.reduce_", msg);
+  agree(s, "fluxmpi_py.reduce_", msg, [&] { return describe(t); });
   reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank, e.size);
 }
 

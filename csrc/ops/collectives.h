@@ -12,19 +12,34 @@
 
 namespace fluxmpi {
 
-// Local checks shared by every tensor collective: supported dtype, strided layout, device.
+// Local checks shared by every tensor collective: supported dtype, strided layout, device,
+// no internal overlap (an expand()ed tensor cannot take a result in place).
 // Returns the error class and fills `msg`, or ErrorClass::None.
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg);
 
-// Data movement only, no agreement: `t` any layout of a supported dtype; in place.
-// Average is a sum then a division (16-bit floats: a pre-scale, so the sum cannot overflow).
-void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world);
+// How float16 / bfloat16 sums, products and averages travel.
+//  Fp32: widened to fp32, reduced, rounded once (twice the bytes; exact fp32 accumulation,
+//        e.g. 2048 + 1 + 1 + 1 gives 2052, where rounding to fp16 after each add gives 2048).
+//  Wire16: in 16 bits, each pairwise combine computed in fp32 and rounded (half the bytes:
+//        for deliberate compression); average pre-scales by 1/world so the sum cannot overflow.
+enum class HalfReduction { Fp32, Wire16 };
+
+// Data movement only, no agreement: `t` any strided layout of a supported dtype; in place,
+// without autograd (the version counter is bumped as for any in-place op). Average is a sum
+// then a division; for integers the floor of the mean, summed in int64 so it cannot wrap.
+void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
+                    HalfReduction half = HalfReduction::Fp32);
 void broadcast_data(Backend& b, const at::Tensor& t, int root);
 void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int rank, int world);
 
 // Full collectives: agree, then move. Must run inline on the engine or on its thread.
-void allreduce_checked(const at::Tensor& t, const std::string& op);
-void broadcast_checked(const at::Tensor& t, std::int64_t root);
-void reduce_checked(const at::Tensor& t, const std::string& op, std::int64_t root);
+// `local_error`, when not empty, is a TypeError found by the caller (the Python wrapper: "not
+// a tensor", "root_rank is not an int"); it is raised on every rank like any other.
+void allreduce_checked(const at::Tensor& t, const std::string& op,
+                       const std::string& local_error = {});
+void broadcast_checked(const at::Tensor& t, std::int64_t root,
+                       const std::string& local_error = {});
+void reduce_checked(const at::Tensor& t, const std::string& op, std::int64_t root,
+                    const std::string& local_error = {});
 
 }  // namespace fluxmpi

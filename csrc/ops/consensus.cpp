@@ -65,7 +65,7 @@ std::string field_value(int field, std::int64_t v) {
   switch (field) {
     case 0: return kind_name(static_cast<CallKind>(v));
     case 1: return v < 0 ? "none" : op_name(static_cast<ReduceOp>(v));
-    case 3: return v < 0 ? "none" : c10::toString(static_cast<c10::ScalarType>(v));
+    case 3: return v < 0 ? "none" : dtype_name(static_cast<c10::ScalarType>(v));
     default: return std::to_string(v);
   }
 }
@@ -123,10 +123,19 @@ const char* field_name(int field) {
 
 }  // namespace
 
+std::string dtype_name(c10::ScalarType t) {
+  return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
 void agree(const Signature& sig, const std::string& what, const std::string& text) {
+  agree(sig, what, text, [&] { return text; });
+}
+
+void agree(const Signature& sig, const std::string& what, const std::string& error_text,
+           const std::function<std::string()>& describe) {
   const auto& e = env();
   if (e.size == 1) {
-    if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": " + text);
+    if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": rank 0: " + error_text);
     return;
   }
   std::int64_t v[2 * kFields];
@@ -141,6 +150,7 @@ void agree(const Signature& sig, const std::string& what, const std::string& tex
   pack(sig, mine);
   std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size);
   mpi_backend().allgather(mine, sigs.data(), kFields, c10::kLong);
+  const std::string text = sig.error != ErrorClass::None ? error_text : describe();
   std::vector<char> mytext(kTextBytes, 0), texts(kTextBytes * e.size);
   std::memcpy(mytext.data(), text.data(), std::min(text.size(), kTextBytes - 1));
   mpi_backend().allgather(mytext.data(), texts.data(), kTextBytes, c10::kByte);

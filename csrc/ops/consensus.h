@@ -6,7 +6,10 @@
 // rank leaves agree() together, so a bad input can never leave a rank waiting in a collective.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace fluxmpi {
@@ -47,6 +50,14 @@ std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed = 0);
 // that is shown only if the ranks disagree. Must run where collectives may run (inline on
 // the engine or on the engine thread). With one rank it only raises a local error.
 void agree(const Signature& sig, const std::string& what, const std::string& text);
+
+// The same, but the description is made only when the ranks disagree (formatting a shape on
+// every call costs more than the check itself). `error_text` is used when sig.error != None.
+void agree(const Signature& sig, const std::string& what, const std::string& error_text,
+           const std::function<std::string()>& describe);
+
+// "torch.float32" for c10::kFloat: dtype names as Python users write them.
+std::string dtype_name(c10::ScalarType t);
 
 // Raise on this rank alone (for code paths where all ranks already agree the call is bad).
 [[noreturn]] void raise_error(ErrorClass cls, const std::string& msg);

@@ -2,6 +2,21 @@
 
 namespace fluxmpi {
 
+namespace {
+// True on the engine thread, so that run_inline() from inside submitted work does not wait
+// for the very work it is part of.
+thread_local bool t_on_engine_thread = false;
+
+std::exception_ptr run_catching(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+}  // namespace
+
 void Work::wait() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [this] { return done_; });
@@ -38,7 +53,7 @@ std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn)
   auto work = std::make_shared<Work>(std::move(what));
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!stopping_) {
+    if (!stopping_ && !synchronous_) {
       ensure_thread();
       queue_.emplace_back(work, std::move(fn));
       lk.unlock();
@@ -46,17 +61,16 @@ std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn)
       return work;
     }
   }
-  std::exception_ptr err;
-  try {
-    fn();
-  } catch (...) {
-    err = std::current_exception();
-  }
-  work->finish(err);
+  // Stopped (at exit) or synchronous: run now, in order after everything queued before.
+  run_inline([&] { work->finish(run_catching(fn)); });
   return work;
 }
 
 void Engine::run_inline(const std::function<void()>& fn) {
+  if (t_on_engine_thread) {
+    fn();
+    return;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   idle_cv_.wait(lk, [this] { return queue_.empty() && !busy_; });
   busy_ = true;
@@ -85,6 +99,7 @@ void Engine::drain() {
 }
 
 void Engine::loop() {
+  t_on_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     work_cv_.wait(lk, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
@@ -93,18 +108,18 @@ void Engine::loop() {
     queue_.pop_front();
     busy_ = true;
     lk.unlock();
-    std::exception_ptr err;
-    try {
-      item.second();
-    } catch (...) {
-      err = std::current_exception();
-    }
+    std::exception_ptr err = run_catching(item.second);
     item.second = nullptr;  // drop captured tensors on this thread, before waking waiters
     item.first->finish(err);
     lk.lock();
     busy_ = false;
     if (queue_.empty()) idle_cv_.notify_all();
   }
+}
+
+void Engine::set_synchronous(bool on) {
+  std::lock_guard<std::mutex> lk(mu_);
+  synchronous_ = on;
 }
 
 void Engine::stop() {

@@ -42,6 +42,8 @@ class Engine {
 
   // Run `fn` on the calling thread once all earlier work has finished, holding the engine so
   // that nothing else communicates meanwhile. Lowest latency for blocking collectives.
+  // Called from work already running on the engine thread, it simply runs `fn` (waiting for
+  // the engine there would wait for itself).
   void run_inline(const std::function<void()>& fn);
 
   // Wait until the queue is empty and nothing runs.
@@ -49,6 +51,10 @@ class Engine {
 
   // Finish queued work and join the thread (at exit). submit() after stop() runs inline.
   void stop();
+
+  // With `on`, submit() runs its work at once on the calling thread (as run_inline does) and
+  // returns a finished Work: for MPI libraries that allow calls from one thread only.
+  void set_synchronous(bool on);
 
   ~Engine();
 
@@ -63,6 +69,7 @@ class Engine {
   std::deque<std::pair<std::shared_ptr<Work>, std::function<void()>>> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  bool synchronous_ = false;
   std::thread thread_;
 };
 

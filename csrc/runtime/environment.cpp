@@ -2,12 +2,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -20,58 +21,68 @@ constexpr int kExitTag = 7001;
 Environment g_env;
 bool g_initialized = false;
 
-// Watchdog state: the number of live BlockingCall objects and what the newest one is.
+// Watchdog state, all under g_wd_mu: the calls this rank has entered, whether one is in
+// flight and what it is, and the exit notices received so far (-1: none from that rank).
 std::mutex g_wd_mu;
 std::condition_variable g_wd_cv;
-int g_wd_active = 0;
-std::uint64_t g_wd_gen = 0;  // bumped by every BlockingCall, to tell one call from the next
+std::int64_t g_calls_started = 0;
+int g_calls_active = 0;
 const char* g_wd_what = "";
+std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;
 
-// A peer's exit notice while we wait means the call can never complete, except for a call
-// the peer had already finished its side of (a broadcast root returns early). So the call
-// must still be the same one after a grace period before the job is aborted.
-constexpr auto kGrace = std::chrono::seconds(3);
+// MPI_Comm is a pointer in Open MPI and an int in MPICH; mpi4py hands us either as an integer.
+template <typename Comm>
+Comm comm_from_handle(std::intptr_t h) {
+  if constexpr (std::is_pointer_v<Comm>) {
+    return reinterpret_cast<Comm>(h);
+  } else {
+    return static_cast<Comm>(h);
+  }
+}
+
+// Receive every pending exit notice (called with g_wd_mu held; each call is microseconds).
+void receive_exit_notices() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, g_env.control, &flag, &st);
+    if (!flag) return;
+    std::int64_t count = 0;
+    MPI_Recv(&count, 1, MPI_INT64_T, st.MPI_SOURCE, kExitTag, g_env.control, MPI_STATUS_IGNORE);
+    g_exit_count[st.MPI_SOURCE] = count;
+  }
+}
 
 void watchdog_loop() {
   std::unique_lock<std::mutex> lk(g_wd_mu);
-  bool suspect = false;
-  std::uint64_t suspect_gen = 0;
-  int suspect_rank = -1;
-  auto suspect_since = std::chrono::steady_clock::now();
   while (!g_wd_stop) {
     // One wake-up a second (measured cost: none visible in the step benchmarks). Waking the
     // watchdog from every BlockingCall instead would put a futex call on each collective.
     g_wd_cv.wait_for(lk, std::chrono::seconds(1));
     if (g_wd_stop) break;
-    if (g_wd_active == 0) {
-      suspect = false;
-      continue;
-    }
-    if (suspect && suspect_gen == g_wd_gen) {
-      if (std::chrono::steady_clock::now() - suspect_since >= kGrace) {
-        std::string what = g_wd_what;
-        lk.unlock();
-        abort_job("rank " + std::to_string(suspect_rank) +
-                  " has exited while this rank waits in " + what +
-                  "; it can never complete, so the job is aborted");
-      }
-      continue;
-    }
-    int flag = 0;
-    MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, g_env.control, &flag, &st);
-    if (flag) {
-      suspect = true;
-      suspect_gen = g_wd_gen;
-      suspect_rank = st.MPI_SOURCE;
-      suspect_since = std::chrono::steady_clock::now();
+    receive_exit_notices();
+    if (g_calls_active == 0) continue;
+    // The call in flight is number g_calls_started - 1 (counting from 0) on every rank. A
+    // rank that completed no more calls than that never entered it and never will.
+    const std::int64_t current = g_calls_started - 1;
+    for (int r = 0; r < g_env.size; ++r) {
+      std::int64_t done = g_exit_count[r];
+      if (done < 0 || done > current) continue;
+      std::string what = g_wd_what;
+      lk.unlock();
+      abort_job("rank " + std::to_string(r) + " has exited (after " + std::to_string(done) +
+                " collective calls) while this rank waits in " + what + " (call " +
+                std::to_string(current + 1) + "), which it can never join; aborting the job");
     }
   }
 }
 
 void start_watchdog() {
+  g_exit_count.assign(g_env.size, -1);
+  g_calls_started = 0;
+  g_calls_active = 0;
   if (g_env.size <= 1 || g_env.thread_level < MPI_THREAD_MULTIPLE) return;
   g_wd_stop = false;
   g_wd_thread = std::thread(watchdog_loop);
@@ -86,20 +97,49 @@ void stop_watchdog() {
   if (g_wd_thread.joinable()) g_wd_thread.join();
 }
 
+// Tell every rank that this one is leaving (with the number of calls it completed), then
+// wait for every rank's notice. After that no rank can still be inside one of our
+// collectives, so MPI_Finalize cannot block on a straggler. The wait polls and sleeps rather
+// than spinning in MPI_Waitall, so a rank that finished early does not take a core from the
+// ranks still working.
+void exchange_exit_notices() {
+  std::int64_t done = g_calls_started;
+  std::vector<MPI_Request> reqs;
+  for (int r = 0; r < g_env.size; ++r) {
+    if (r == g_env.rank) continue;
+    reqs.emplace_back();
+    MPI_Isend(&done, 1, MPI_INT64_T, r, kExitTag, g_env.control, &reqs.back());
+  }
+  std::vector<std::int64_t> in(g_env.size);
+  for (int r = 0; r < g_env.size; ++r) {
+    if (r == g_env.rank || g_exit_count[r] >= 0) continue;  // the watchdog already has it
+    reqs.emplace_back();
+    MPI_Irecv(&in[r], 1, MPI_INT64_T, r, kExitTag, g_env.control, &reqs.back());
+  }
+  auto nap = std::chrono::microseconds(50);
+  for (;;) {
+    int all_done = 0;
+    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &all_done, MPI_STATUSES_IGNORE);
+    if (all_done) return;
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(20));
+  }
+}
+
 }  // namespace
 
 BlockingCall::BlockingCall(const char* what) {
   if (g_env.size <= 1) return;
   std::lock_guard<std::mutex> lk(g_wd_mu);
-  ++g_wd_gen;
+  ++g_calls_started;
   g_wd_what = what;
-  ++g_wd_active;
+  ++g_calls_active;
 }
 
 BlockingCall::~BlockingCall() {
   if (g_env.size <= 1) return;
   std::lock_guard<std::mutex> lk(g_wd_mu);
-  --g_wd_active;
+  --g_calls_active;
 }
 
 bool initialized() { return g_initialized; }
@@ -112,7 +152,8 @@ const Environment& env() {
 }
 
 void init(std::intptr_t comm_handle) {
-  MPI_Comm requested = comm_handle == 0 ? MPI_COMM_WORLD : reinterpret_cast<MPI_Comm>(comm_handle);
+  MPI_Comm requested =
+      comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
   if (g_initialized) {
     int cmp = MPI_UNEQUAL;
     MPI_Comm_compare(g_env.comm, requested, &cmp);
@@ -132,6 +173,8 @@ void init(std::intptr_t comm_handle) {
     g_env.we_initialized_mpi = true;
   }
   MPI_Query_thread(&g_env.thread_level);
+  // Below SERIALIZED only the thread that initialized MPI may call it: no engine thread then.
+  Engine::get().set_synchronous(g_env.thread_level < MPI_THREAD_SERIALIZED);
   TORCH_CHECK(requested != MPI_COMM_NULL,
               "fluxmpi_py.Init: comm is MPI.COMM_NULL; call Init only on ranks inside the "
               "communicator");
@@ -154,30 +197,14 @@ void shutdown() {
   if (!g_initialized) return;
   Engine::get().stop();
   stop_watchdog();
-  if (g_env.size > 1) {
-    // Tell everyone we are leaving, then wait for everyone's notice: after this no rank can
-    // still be inside one of our collectives, so MPI_Finalize cannot block on a straggler.
-    char byte = 0;
-    std::vector<MPI_Request> reqs;
-    for (int r = 0; r < g_env.size; ++r) {
-      if (r == g_env.rank) continue;
-      reqs.emplace_back();
-      MPI_Isend(&byte, 1, MPI_CHAR, r, kExitTag, g_env.control, &reqs.back());
-    }
-    std::vector<char> in(g_env.size);
-    for (int r = 0; r < g_env.size; ++r) {
-      if (r == g_env.rank) continue;
-      reqs.emplace_back();
-      MPI_Irecv(&in[r], 1, MPI_CHAR, r, kExitTag, g_env.control, &reqs.back());
-    }
-    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-  }
-  MPI_Comm_free(&g_env.comm);
-  MPI_Comm_free(&g_env.control);
-  g_initialized = false;
   int fin = 0;
   MPI_Finalized(&fin);
-  if (g_env.we_initialized_mpi && !fin) MPI_Finalize();
+  g_initialized = false;
+  if (fin) return;  // somebody finalized MPI under us; there is nothing left to free
+  if (g_env.size > 1) exchange_exit_notices();
+  MPI_Comm_free(&g_env.comm);
+  MPI_Comm_free(&g_env.control);
+  if (g_env.we_initialized_mpi) MPI_Finalize();
 }
 
 void abort_job(const std::string& why, int code) {

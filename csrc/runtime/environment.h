@@ -42,10 +42,14 @@ void shutdown();
 // Vendor and version string of the MPI library (MPI_Get_library_version, first line).
 std::string mpi_library_version();
 
-// RAII marker around every blocking MPI data call. Once a second the watchdog thread looks
-// whether a call is in flight and, if so, for exit notices from other ranks (a rank that has
-// left can never join this collective, so waiting would hang forever). Entering a call only
-// takes an uncontended mutex; it never wakes another thread.
+// RAII marker around every blocking collective. Contract: one BlockingCall per collective on
+// env().comm (or a communicator of the same ranks), entered by every rank in the same order,
+// so that "calls completed" counts the same thing on every rank. A rank that leaves sends
+// that count in its exit notice. Once a second the watchdog thread of a rank inside a call
+// reads the notices: a rank that left before entering this call can never join it, so the
+// job is aborted with a message naming it; a rank that left after finishing its part (a
+// broadcast root returns early) is no reason to abort. Entering a call only takes an
+// uncontended mutex; it never wakes another thread.
 class BlockingCall {
  public:
   explicit BlockingCall(const char* what);

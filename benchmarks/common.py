@@ -1,0 +1,52 @@
+"""Shared pieces of the benchmarks: ResNet-50's parameter shapes, timing, JSON output."""
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def resnet50_param_shapes():
+    """The 161 parameter shapes of torchvision's ResNet-50 (25.6M floats), in registration order."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
+                       (planes, planes, 3, 3), (planes,), (planes,),
+                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            if b == 0:
+                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
+            inplanes = planes * 4
+    shapes += [(1000, 2048), (1000,)]
+    assert len(shapes) == 161
+    return shapes
+
+
+def median_time(fn, reps, warmup=2, sync=None):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def emit(name, record, rank):
+    if rank != 0:
+        return
+    line = json.dumps(record, sort_keys=False)
+    print(line, flush=True)
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        f.write(line + "\n")
+
+
+def set_threads():
+    torch.set_num_threads(1)

@@ -1,0 +1,31 @@
+// The NCCL backend for CUDA memory (compiled only when FLUXMPI_WITH_CUDA is defined; the code
+// lives in csrc/cuda/). Same contract as every Backend: flat contiguous buffers, calls made in
+// the same order on all ranks, and each call returns only once the data has moved, exactly
+// like the MPI backend, so the ops layer and the engine treat both alike.
+//
+// Communicators: one per CUDA device, created on the first collective that touches a buffer on
+// that device. Creating one is itself collective (rank 0's ncclUniqueId travels over MPI), so
+// every rank must use its devices in the same order; in the usual setup each rank has exactly
+// one device (fluxmpi_py.Init picks it) and this holds by construction.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+
+namespace fluxmpi {
+
+// The process-wide NCCL backend. The device of each call is the device of its buffer.
+Backend& nccl_backend();
+
+// Version of the NCCL library loaded at run time, "major.minor.patch". Needs no GPU.
+std::string nccl_version_string();
+
+// Destroy every NCCL communicator. Collective over the ranks that created them: call it on
+// every rank while all ranks are still alive, before MPI is finalized (e.g. from shutdown()
+// after the exit handshake). Never called from a static destructor: at exit the
+// communicators are left to the operating system instead, because by then MPI is finalized
+// and the CUDA runtime may already be unloading. A later collective creates new ones.
+void nccl_shutdown();
+
+}  // namespace fluxmpi

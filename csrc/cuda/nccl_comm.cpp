@@ -1,0 +1,184 @@
+#include "cuda/nccl_comm.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "cuda/nccl_check.h"
+#include "runtime/environment.h"
+
+namespace fluxmpi::nccl {
+namespace {
+
+// Owns one ncclComm_t. Destroying is collective in spirit (NCCL flushes work the peers take
+// part in), so it happens only through destroy_all_comms(), on every rank alike.
+class Communicator {
+ public:
+  explicit Communicator(ncclComm_t comm) : comm_(comm) {}
+  ~Communicator() {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);  // nothing to report to at teardown
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+
+  // After an asynchronous error the communicator cannot be flushed: abort it (local, never
+  // waits for peers) so that the destructor has nothing left to do.
+  void abort() {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  ncclComm_t comm_;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::map<int, std::unique_ptr<Communicator>> comms;  // by CUDA device index
+};
+
+Registry& registry() {
+  // Deliberately never destroyed: a static destructor would run after Python's atexit has
+  // finalized MPI and possibly while the CUDA runtime unloads, where ncclCommDestroy can
+  // hang or crash. The operating system reclaims leftover communicators at exit;
+  // destroy_all_comms() is the orderly way.
+  static Registry& r = *std::make_unique<Registry>().release();
+  return r;
+}
+
+// Rank 0's unique id together with the status of making it, so that a failure on rank 0
+// becomes the same exception on every rank instead of leaving the others in MPI_Bcast.
+struct IdMessage {
+  ncclResult_t status;
+  ncclUniqueId id;
+};
+static_assert(std::is_trivially_copyable_v<IdMessage>, "IdMessage travels as bytes");
+
+ncclComm_t create_comm(int device) {
+  const auto& e = env();
+  IdMessage msg{};
+  msg.status = ncclSuccess;
+  if (e.rank == 0) msg.status = ncclGetUniqueId(&msg.id);
+  {
+    BlockingCall guard("NCCL communicator setup (MPI_Bcast of the unique id)");
+    int rc = MPI_Bcast(&msg, static_cast<int>(sizeof(msg)), MPI_BYTE, 0, e.comm);
+    TORCH_CHECK(rc == MPI_SUCCESS, "fluxmpi_py: MPI_Bcast of the NCCL unique id failed on rank ",
+                e.rank, " with MPI error code ", rc);
+  }
+  check_nccl(msg.status, "ncclGetUniqueId on rank 0");
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  ncclComm_t comm = nullptr;
+  {
+    BlockingCall guard("ncclCommInitRank");
+    check_nccl(ncclCommInitRank(&comm, e.size, msg.id, e.rank), "ncclCommInitRank", comm);
+  }
+  return comm;
+}
+
+// A cudaEvent_t without timing, recorded once, polled until done.
+class DoneEvent {
+ public:
+  DoneEvent() { FLUXMPI_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~DoneEvent() { cudaEventDestroy(event_); }
+  DoneEvent(const DoneEvent&) = delete;
+  DoneEvent& operator=(const DoneEvent&) = delete;
+
+  void record(cudaStream_t stream) { FLUXMPI_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  bool done() const {
+    cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    check_cuda(rc, "cudaEventQuery after an NCCL collective");
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// An asynchronous NCCL error (a peer's connection broke, a remote rank failed) would leave the
+// kernel spinning forever; NCCL reports it here instead.
+void check_async(const char* what, ncclComm_t comm, int device) {
+  ncclResult_t async = ncclSuccess;
+  check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
+  if (async == ncclSuccess || async == ncclInProgress) return;
+  std::string message;
+  try {
+    check_nccl(async, what, comm);
+  } catch (const c10::Error& err) {
+    message = err.what_without_backtrace();
+  }
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    auto it = r.comms.find(device);
+    if (it != r.comms.end() && it->second->get() == comm) {
+      it->second->abort();
+      r.comms.erase(it);
+    }
+  }
+  TORCH_CHECK(false, message, "; the NCCL communicator of cuda:", device, " was aborted");
+}
+
+}  // namespace
+
+ncclComm_t comm_for(int device) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.comms.find(device);
+  if (it != r.comms.end()) return it->second->get();
+  auto owned = std::make_unique<Communicator>(create_comm(device));
+  ncclComm_t comm = owned->get();
+  r.comms.emplace(device, std::move(owned));
+  return comm;
+}
+
+void destroy_all_comms() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  // std::map iterates in device order, the same on every rank that made the same calls.
+  BlockingCall guard("ncclCommDestroy");
+  r.comms.clear();
+}
+
+void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream) {
+  DoneEvent done;
+  done.record(stream.stream());
+  BlockingCall guard(what);
+  // Small collectives finish within microseconds: spin (yielding) first, then sleep in short
+  // steps so that a long wait does not hold a core. NCCL's async error state is read about
+  // once a millisecond; it is a cheap atomic read inside NCCL.
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto last_check = start;
+  while (!done.done()) {
+    const auto now = clock::now();
+    if (comm != nullptr && now - last_check >= std::chrono::milliseconds(1)) {
+      last_check = now;
+      check_async(what, comm, device);
+    }
+    if (now - start < std::chrono::microseconds(100)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+int device_of(const void* ptr) {
+  cudaPointerAttributes attr{};
+  check_cuda(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
+  TORCH_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+              "fluxmpi_py: the NCCL backend got a buffer that is not CUDA device memory on rank ",
+              rank_for_message(), " (host tensors go through the MPI backend)");
+  return attr.device;
+}
+
+}  // namespace fluxmpi::nccl

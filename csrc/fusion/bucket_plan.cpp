@@ -1,0 +1,47 @@
+#include "fusion/bucket_plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace fluxmpi {
+
+std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts) {
+  TORCH_CHECK_VALUE(opts.cap_bytes > 0, "bucket cap must be positive, got ", opts.cap_bytes,
+                    " bytes");
+  std::vector<Bucket> out;
+  // One open fused bucket per (dtype, device); it is closed into `out` when full.
+  std::map<std::pair<int, std::string>, Bucket> open;
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(tensors.size()); ++i) {
+    const auto& t = tensors[i];
+    const auto esz = static_cast<std::int64_t>(c10::elementSize(t.dtype));
+    if (t.numel * esz >= opts.direct_min_bytes) {
+      out.push_back(Bucket{{i}, {0}, t.dtype, t.device, t.numel, true});
+      continue;
+    }
+    auto key = std::make_pair(static_cast<int>(t.dtype), t.device.str());
+    auto it = open.find(key);
+    if (it == open.end()) it = open.emplace(key, Bucket{{}, {}, t.dtype, t.device, 0, false}).first;
+    Bucket& b = it->second;
+    if (!b.members.empty() && (b.numel + t.numel) * esz > opts.cap_bytes) {
+      out.push_back(std::move(b));
+      b = Bucket{{}, {}, t.dtype, t.device, 0, false};
+    }
+    b.members.push_back(i);
+    b.offsets.push_back(b.numel);
+    b.numel += t.numel;
+  }
+  // Flush the still-open buckets in the order of their first member, for a stable plan.
+  std::vector<Bucket*> rest;
+  for (auto& kv : open)
+    if (!kv.second.members.empty()) rest.push_back(&kv.second);
+  std::sort(rest.begin(), rest.end(),
+            [](const Bucket* a, const Bucket* b) { return a->members[0] < b->members[0]; });
+  for (auto* b : rest) out.push_back(std::move(*b));
+  return out;
+}
+
+}  // namespace fluxmpi

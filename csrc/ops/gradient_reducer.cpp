@@ -1,0 +1,223 @@
+#include "ops/gradient_reducer.h"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+
+#include "backend/select.h"
+#include "ops/collectives.h"
+#include "ops/consensus.h"
+#include "runtime/environment.h"
+
+namespace fluxmpi {
+
+GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts)
+    : params_(std::move(params)), opts_(opts) {
+  env();  // "call Init first"
+  std::vector<TensorMeta> metas;
+  metas.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    std::string msg;
+    auto err = validate_tensor(p, msg);
+    if (err != ErrorClass::None) raise_error(err, "parameter " + std::to_string(i) + ": " + msg);
+    metas.push_back({p.scalar_type(), p.device(), p.numel()});
+  }
+  if (opts_.compression) {
+    TORCH_CHECK_VALUE(*opts_.compression == c10::kHalf || *opts_.compression == c10::kBFloat16,
+                      "compression must be float16 or bfloat16");
+  }
+  buckets_ = plan_buckets(metas, opts_.plan);
+  bucket_of_.assign(params_.size(), -1);
+  state_.resize(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const auto& bk = buckets_[b];
+    for (auto i : bk.members) bucket_of_[i] = static_cast<std::int64_t>(b);
+    if (bk.direct) continue;
+    auto& st = state_[b];
+    st.flat = at::zeros({bk.numel}, at::TensorOptions().dtype(bk.dtype).device(bk.device));
+    for (std::size_t k = 0; k < bk.members.size(); ++k) {
+      const auto& p = params_[bk.members[k]];
+      st.slots.push_back(st.flat.narrow(0, bk.offsets[k], p.numel()).view(p.sizes()));
+    }
+  }
+  present_.assign(params_.size(), 0);
+  ready_.assign(params_.size(), 0);
+  zeros_.resize(params_.size());
+}
+
+void GradientReducer::open_step() {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    state_[b].pending = static_cast<int>(buckets_[b].members.size());
+    state_[b].launched = false;
+    state_[b].work.reset();
+  }
+  std::fill(present_.begin(), present_.end(), 0);
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& z : zeros_) z.reset();
+  next_launch_ = 0;
+  launched_early_ = 0;
+  failed_ = std::make_shared<std::atomic<bool>>(false);
+  // Before any bucket moves, the ranks agree that they reduce the same parameter list with
+  // the same op: a rank that diverged (a different model, or another collective) fails here.
+  Signature s;
+  s.kind = CallKind::GradientBuckets;
+  s.op = static_cast<std::int64_t>(opts_.op);
+  s.numel = static_cast<std::int64_t>(params_.size());
+  s.detail = opts_.plan_hash;
+  auto failed = failed_;
+  std::string text = std::to_string(params_.size()) + " parameters in " +
+                     std::to_string(buckets_.size()) + " buckets";
+  agree_work_ = Engine::get().submit("gradient agreement", [s, failed, text] {
+    try {
+      agree(s, "fluxmpi_py.DistributedOptimizer", text);
+    } catch (...) {
+      failed->store(true);
+      throw;
+    }
+  });
+  step_open_ = true;
+}
+
+void GradientReducer::prepare(std::int64_t i) {
+  auto& p = params_[i];
+  const auto& bk = buckets_[bucket_of_[i]];
+  at::Tensor g = p.grad();
+  if (g.defined()) {
+    TORCH_CHECK(g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() &&
+                    g.layout() == c10::kStrided,
+                "parameter ", i, ": its .grad has shape ", g.sizes(), " and dtype ",
+                g.scalar_type(), ", expected a dense gradient of shape ", p.sizes(), " and dtype ",
+                p.scalar_type());
+  }
+  if (bk.direct) {
+    if (!g.defined()) {
+      zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
+    } else if (!g.is_contiguous()) {
+      p.mutable_grad() = g.contiguous();
+    }
+    return;
+  }
+  auto& st = state_[bucket_of_[i]];
+  std::size_t k = 0;
+  while (bk.members[k] != i) ++k;
+  at::Tensor& slot = st.slots[k];
+  if (!g.defined()) {
+    slot.zero_();  // missing here: contribute zeros
+  } else if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
+    slot.copy_(g);  // a fresh gradient: copy it in once and keep it there
+    p.mutable_grad() = slot;
+  }
+}
+
+at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
+  const auto& bk = buckets_[b];
+  if (!bk.direct) return state_[b].flat;
+  auto i = bk.members[0];
+  return zeros_[i].defined() ? zeros_[i] : params_[i].grad();
+}
+
+void GradientReducer::launch(std::int64_t b) {
+  at::Tensor t = bucket_tensor(b);
+  auto op = opts_.op;
+  auto comp = opts_.compression;
+  int world = env().size;
+  auto failed = failed_;
+  state_[b].launched = true;
+  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed] {
+    if (failed->load()) return;  // the step's agreement failed: move no data
+    try {
+      Backend& be = backend_for(t);
+      if (comp && *comp != t.scalar_type()) {
+        // Travel in 16 bits; average pre-scales in full precision so the sum cannot overflow.
+        at::Tensor h = (op == ReduceOp::Average ? t.mul(1.0 / world) : t).to(*comp);
+        allreduce_data(be, h, op == ReduceOp::Average ? ReduceOp::Sum : op, world);
+        t.copy_(h);
+      } else {
+        allreduce_data(be, t, op, world);
+      }
+    } catch (...) {
+      failed->store(true);
+      throw;
+    }
+  });
+}
+
+void GradientReducer::launch_ready() {
+  while (next_launch_ < num_buckets() && state_[next_launch_].pending == 0) launch(next_launch_++);
+}
+
+void GradientReducer::mark_ready(std::int64_t i) {
+  std::lock_guard<std::mutex> lk(mu_);
+  TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()),
+                    "parameter index ", i, " out of range");
+  if (!step_open_) open_step();
+  TORCH_CHECK(!ready_[i], "DistributedOptimizer: the gradient of parameter ", i,
+              " was produced twice before step(); run the extra backward passes inside "
+              "no_sync(), or set backward_passes_per_step");
+  ready_[i] = 1;
+  present_[i] = 1;
+  prepare(i);
+  auto b = bucket_of_[i];
+  if (--state_[b].pending == 0) {
+    auto before = next_launch_;
+    launch_ready();
+    launched_early_ += next_launch_ - before;
+  }
+}
+
+void GradientReducer::finalize() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (params_.empty()) return;
+  if (!step_open_) open_step();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    ready_[i] = 1;
+    present_[i] = params_[i].grad().defined() ? 1 : 0;
+    prepare(static_cast<std::int64_t>(i));
+    --state_[bucket_of_[i]].pending;
+  }
+  launch_ready();
+  TORCH_INTERNAL_ASSERT(next_launch_ == num_buckets(), "every bucket must be launched");
+  step_open_ = false;
+  // Wait for everything, even after an error, so no work still uses these tensors.
+  std::exception_ptr first;
+  auto wait = [&](const std::shared_ptr<Work>& w) {
+    try {
+      if (w) w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
+  wait(agree_work_);
+  for (auto& st : state_) wait(st.work);
+  if (first) std::rethrow_exception(first);
+  // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
+  // missing on all -> None, as in one process (the optimizer then skips the parameter).
+  std::vector<std::uint8_t> anywhere = present_;
+  if (env().size > 1) {
+    Engine::get().run_inline([&] {
+      mpi_backend().allreduce(anywhere.data(), static_cast<std::int64_t>(anywhere.size()),
+                              c10::kByte, ReduceOp::Max);
+    });
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    const auto& bk = buckets_[bucket_of_[i]];
+    if (!anywhere[i]) {
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+      continue;
+    }
+    if (present_[i]) continue;
+    if (bk.direct) {
+      p.mutable_grad() = zeros_[i];
+    } else {
+      std::size_t k = 0;
+      while (bk.members[k] != static_cast<std::int64_t>(i)) ++k;
+      p.mutable_grad() = state_[bucket_of_[i]].slots[k];
+    }
+  }
+  for (auto& z : zeros_) z.reset();
+}
+
+}  // namespace fluxmpi

@@ -1,0 +1,83 @@
+// The fused gradient allreduce behind DistributedOptimizer and allreduce_gradients.
+//
+// Per step: a cheap agreement (same parameter plan on every rank), then one collective per
+// bucket in plan order, each launched on the engine thread as soon as its gradients are ready
+// and every earlier bucket has been launched (so all ranks issue the same sequence even when
+// some rank lacks a gradient), then at finalize() the rest, and one small allreduce of which
+// parameters had gradients anywhere, so that a gradient missing on some ranks reduces with
+// zeros and a gradient missing on every rank stays None.
+//
+// Zero copy: a large gradient (a direct bucket) is reduced in its own storage; small gradients
+// live as views of their fused bucket's flat buffer (p.grad is re-pointed there the first time
+// and stays there while the user zeroes in place; after zero_grad(set_to_none=True) the new
+// gradient is copied in once).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "fusion/bucket_plan.h"
+#include "runtime/engine.h"
+
+namespace fluxmpi {
+
+struct ReducerOptions {
+  PlanOptions plan;
+  ReduceOp op = ReduceOp::Average;
+  std::optional<c10::ScalarType> compression;  // kHalf or kBFloat16: buckets travel in 16 bits
+  std::int64_t plan_hash = 0;                  // identity of the parameter list, checked per step
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts);
+
+  // The gradient of params[i] is final for this step (a post-accumulate hook calls this).
+  void mark_ready(std::int64_t i);
+  // Finish the step: launch what is left (zeros for missing grads), wait for everything,
+  // settle which grads exist. Blocks; the caller releases the GIL. Rethrows the first error.
+  void finalize();
+
+  std::int64_t num_buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
+  const std::vector<Bucket>& plan() const { return buckets_; }
+  // Buckets launched before finalize() in the last step: the overlap with backward.
+  std::int64_t launched_early() const { return launched_early_; }
+
+ private:
+  struct BucketState {
+    at::Tensor flat;                   // fused buckets: the flat buffer that grads view
+    std::vector<at::Tensor> slots;     // fused: a view per member, shaped like the param
+    int pending = 0;                   // members not yet ready this step
+    bool launched = false;
+    std::shared_ptr<Work> work;
+  };
+
+  void open_step();
+  void prepare(std::int64_t i);  // put params_[i]'s grad where its bucket reduces it
+  void launch(std::int64_t b);
+  void launch_ready();
+  at::Tensor bucket_tensor(std::int64_t b);
+
+  std::vector<at::Tensor> params_;
+  ReducerOptions opts_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
+  std::vector<BucketState> state_;
+  std::vector<std::uint8_t> present_;    // this rank had a gradient for param i this step
+  std::vector<std::uint8_t> ready_;      // mark_ready seen for param i this step
+  std::vector<at::Tensor> zeros_;        // direct params missing here: reduced from zeros
+  std::int64_t next_launch_ = 0;
+  std::int64_t launched_early_ = 0;
+  bool step_open_ = false;
+  std::shared_ptr<Work> agree_work_;
+  std::shared_ptr<std::atomic<bool>> failed_;
+  std::mutex mu_;
+};
+
+}  // namespace fluxmpi

@@ -1,0 +1,20 @@
+"""A harness worker whose assertion fails on rank 1 only: its launch must be reported as a
+failure (this proves that a multi-rank test can fail at all)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fluxmpi_py as fm  # noqa: E402
+from harness import run_cases  # noqa: E402
+
+
+def case_passes():
+    assert fm.total_workers() >= 1
+
+
+def case_fails_on_rank_1():
+    assert fm.local_rank() != 1, "deliberate assertion failure on rank 1"
+
+
+if __name__ == "__main__":
+    run_cases(globals())

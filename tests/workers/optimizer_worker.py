@@ -1,0 +1,267 @@
+"""DistributedOptimizer on N ranks equals one process with N times the batch."""
+import contextlib
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+
+B = 4  # per-rank batch
+STEPS = 4
+
+
+class Net(nn.Module):
+    """Conv, linear and embedding layers, an fp64 parameter, a branch no rank uses and a
+    branch only samples flagged 1 reach (all of them live on rank 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3)
+        self.emb = nn.Embedding(10, 6)
+        self.fc = nn.Linear(4 * 4 + 6, 64)
+        self.head = nn.Linear(64, 3)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+        self.only_flagged = nn.Linear(64, 3)
+        self.unused = nn.Linear(5, 5)
+        self.frozen = nn.Linear(3, 3)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x, tok, flag):
+        h = torch.cat([self.conv(x).flatten(1), self.emb(tok)], 1)
+        h = torch.relu(self.fc(h))
+        out = self.head(h) * self.scale.float()
+        if bool(flag.any()):
+            out = out + self.only_flagged(h) * flag[:, None]
+        return out
+
+
+def make_data(n):
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(n, 2, 6, generator=g)
+    tok = torch.randint(0, 10, (n,), generator=g)
+    y = torch.randn(n, 3, generator=g)
+    flag = torch.zeros(n)
+    flag[: B // 2] = 1.0  # the first samples, all inside rank 0's shard
+    return x, tok, y, flag
+
+
+def shard(t, r):
+    return t[r * B:(r + 1) * B]
+
+
+def make_model():
+    torch.manual_seed(7)
+    return Net()
+
+
+def assert_identical_across_ranks(model):
+    for name, p in model.named_parameters():
+        hi = fm.allreduce_(p.detach().clone(), "max")
+        lo = fm.allreduce_(p.detach().clone(), "min")
+        assert torch.equal(hi, lo), f"{name} differs across ranks on rank {fm.local_rank()}"
+
+
+def train(opt_factory, distributed, steps=STEPS, set_to_none=True, wrap=None, closure=False):
+    n, r = fm.total_workers(), fm.local_rank()
+    model = make_model()
+    x, tok, y, flag = make_data(n * B)
+    if distributed:
+        x, tok, y, flag = (shard(t, r) for t in (x, tok, y, flag))
+    base = opt_factory(model.parameters())
+    opt = fm.DistributedOptimizer(base, **(wrap or {})) if distributed else base
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=set_to_none)
+        if closure:
+            def f():
+                opt.zero_grad()
+                loss = F.mse_loss(model(x, tok, flag), y)
+                loss.backward()
+                return loss
+            opt.step(f)
+        else:
+            F.mse_loss(model(x, tok, flag), y).backward()
+            opt.step()
+        if distributed:
+            assert_identical_across_ranks(model)
+    return model, opt
+
+
+def check_equivalent(opt_factory, rtol=1e-5, atol=1e-6, **kw):
+    dist, _ = train(opt_factory, True, **kw)
+    ref, _ = train(opt_factory, False, **{k: v for k, v in kw.items() if k != "wrap"})
+    for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+    # the branch nobody uses kept grad None, so weight decay never touched it
+    assert dist.unused.weight.grad is None
+    torch.testing.assert_close(dist.unused.weight, make_model().unused.weight, rtol=0, atol=0)
+    return dist
+
+
+SGD = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-2)  # noqa: E731
+ADAMW = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=1e-2)  # noqa: E731
+
+
+def case_sgd_equivalence():
+    check_equivalent(SGD)
+
+
+def case_adamw_equivalence():
+    check_equivalent(ADAMW)
+
+
+def case_small_buckets_and_direct_paths():
+    # tiny caps: many fused buckets, every tensor >= 256 bytes direct
+    check_equivalent(SGD, wrap=dict(bucket_cap_mb=0.0005, direct_min_bytes=256))
+    check_equivalent(ADAMW, wrap=dict(bucket_cap_mb=1000, direct_min_bytes=1 << 40))
+
+
+def case_zero_grad_in_place():
+    check_equivalent(SGD, set_to_none=False)
+
+
+def case_other_optimizers():
+    for f in (lambda ps: torch.optim.Adam(ps, lr=1e-2), lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
+              lambda ps: torch.optim.Adagrad(ps, lr=1e-2)):
+        check_equivalent(f)
+
+
+def case_lbfgs_closure():
+    check_equivalent(lambda ps: torch.optim.LBFGS(ps, lr=0.5, max_iter=4), steps=2, closure=True, rtol=1e-4, atol=1e-5)
+
+
+def case_sum_gives_n_times_the_gradient():
+    n = fm.total_workers()
+    model = make_model()
+    x, tok, y, flag = make_data(B)  # the same data on every rank
+    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op="sum")
+    F.mse_loss(model(x, tok, flag), y).backward()
+    local = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    opt.synchronize()
+    for k, p in model.named_parameters():
+        if k in local:
+            torch.testing.assert_close(p.grad, local[k] * n, rtol=1e-6, atol=1e-7)
+
+
+def case_accumulation_equals_double_batch():
+    n, r = fm.total_workers(), fm.local_rank()
+    for mode in ("passes", "no_sync"):
+        model = make_model()
+        x, tok, y, flag = make_data(2 * n * B)
+        kw = {"backward_passes_per_step": 2} if mode == "passes" else {}
+        opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), **kw)
+        ref = make_model()
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(2):
+            opt.zero_grad()
+            for half in range(2):  # rank r's two micro-batches
+                sl = slice((2 * r + half) * B, (2 * r + half + 1) * B)
+                ctx = opt.no_sync() if (mode == "no_sync" and half == 0) else contextlib.nullcontext()
+                with ctx:
+                    (F.mse_loss(model(x[sl], tok[sl], flag[sl]), y[sl]) / 2).backward()
+            opt.step()
+            ropt.zero_grad()
+            F.mse_loss(ref(x, tok, flag), y).backward()
+            ropt.step()
+        for (k, a), b in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{mode} {k}: {m}")
+
+
+def case_compression():
+    exact, _ = train(SGD, True, steps=2)
+    for comp, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
+        m, _ = train(SGD, True, steps=2, wrap=dict(compression=comp))
+        for (k, a), b in zip(m.named_parameters(), exact.parameters()):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda msg: f"{comp} {k}: {msg}")
+
+
+def case_clip_after_synchronize_and_scheduler():
+    n, r = fm.total_workers(), fm.local_rank()
+    results = []
+    for distributed in (True, False):
+        model = make_model()
+        x, tok, y, flag = make_data(n * B)
+        if distributed:
+            x, tok, y, flag = (shard(t, r) for t in (x, tok, y, flag))
+        base = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = fm.DistributedOptimizer(base) if distributed else base
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for _ in range(3):
+            opt.zero_grad()
+            F.mse_loss(model(x, tok, flag), y).backward()
+            if distributed:
+                opt.synchronize()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            if distributed:
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            sched.step()
+        assert abs(base.param_groups[0]["lr"] - 0.1 * 0.5 ** 3) < 1e-12
+        results.append(model)
+    for a, b in zip(results[0].parameters(), results[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def case_state_dict_roundtrip():
+    model, opt = train(ADAMW, True, steps=2)
+    sd = opt.state_dict()
+    fresh = fm.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2))
+    fresh.load_state_dict(sd)
+    assert fresh.state_dict()["state"].keys() == sd["state"].keys()
+    assert len(fresh.param_groups) == 1 and fresh.param_groups is fresh.optimizer.param_groups
+
+
+def case_mismatched_parameters_raise_everywhere():
+    r = fm.local_rank()
+    if fm.total_workers() == 1:
+        return
+    model = nn.Sequential(nn.Linear(4, 5 if r == 0 else 6), nn.Linear(5 if r == 0 else 6, 1))
+    try:
+        fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    except ValueError as e:
+        msg = str(e)
+        assert "param_groups[0][" in msg and "shape" in msg and "rank 0 has" in msg, msg
+    else:
+        raise AssertionError(f"rank {r}: no error for mismatched parameters")
+    extra = [nn.Parameter(torch.zeros(3)) for _ in range(2 if r == 1 else 1)]
+    try:
+        fm.DistributedOptimizer(torch.optim.SGD(extra, lr=0.1))
+    except ValueError as e:
+        assert "differ across ranks" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {r}: no error for different parameter counts")
+
+
+def case_overlap_launches_during_backward():
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), direct_min_bytes=1 << 16)
+    model(torch.randn(4, 256)).sum().backward()
+    early = opt._reducer.launched_early
+    opt.step()
+    assert early == len(opt.buckets) and early >= 6, (early, opt.buckets)
+
+
+def case_allreduce_gradients_function():
+    n, r = fm.total_workers(), fm.local_rank()
+    model = make_model()
+    x, tok, y, flag = make_data(n * B)
+    F.mse_loss(model(*(shard(t, r) for t in (x, tok, flag))), shard(y, r)).backward()
+    fm.allreduce_gradients(model)
+    ref = make_model()
+    F.mse_loss(ref(x, tok, flag), y).backward()
+    for (k, a), b in zip(model.named_parameters(), ref.parameters()):
+        if b.grad is None:
+            assert a.grad is None, k
+        else:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+if __name__ == "__main__":
+    run_cases(globals())

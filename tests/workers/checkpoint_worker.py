@@ -169,6 +169,47 @@ def case_plain_torch_save_and_tensor_targets():
     assert got["step"] == 9 and torch.equal(w, torch.arange(6.0).reshape(2, 3))
 
 
+def _resumable_run(model, opt, data, first_epoch, epochs, stop=None):
+    """Train; with stop=(epoch, batches), return the state to resume from at that point."""
+    for epoch in range(first_epoch, epochs):
+        data.set_epoch(epoch)  # the same epoch again keeps a loaded position
+        consumed = 0
+        for i, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=4)):
+            if stop == (epoch, i):
+                return data.state_dict(consumed=consumed)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            consumed += len(y)
+    return None
+
+
+def case_resume_with_distributed_optimizer_and_data():
+    g = torch.Generator().manual_seed(5)
+    dataset = torch.utils.data.TensorDataset(torch.randn(40, 3, generator=g), torch.randn(40, 1, generator=g))
+
+    def fresh():
+        torch.manual_seed(11)  # same start on every rank
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = fm.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.05))
+        return model, opt, fm.DistributedDataContainer(dataset, shuffle=True, seed=3)
+
+    model, opt, data = fresh()  # the run that is never interrupted
+    _resumable_run(model, opt, data, 0, 2)
+    reference = flat(model)
+
+    model, opt, data = fresh()  # interrupted in epoch 1 after 2 steps, checkpointed
+    state = _resumable_run(model, opt, data, 0, 2, stop=(1, 2))
+    path = fm.save_checkpoint(path_of("resume.pt"), model=model, optimizer=opt, data=state, epoch=1)
+
+    model, opt, data = fresh()  # a new job: load and carry on
+    got = fm.load_checkpoint(path, model=model, optimizer=opt, data=data)
+    assert data.state_dict(consumed=0)["position"] == 8 and got["epoch"] == 1
+    _resumable_run(model, opt, data, got["epoch"], 2)
+    assert torch.equal(flat(model), reference)
+    assert same_on_all_ranks(flat(model))
+
+
 if __name__ == "__main__":
     from harness import run_cases
 

@@ -4,7 +4,7 @@
 Runs examples/resnet_synthetic.py (both modes in each launch) under mpiexec at each rank
 count, or re-reads the results of an earlier run (--from-json), and draws two panels with
 matplotlib: step time (ms) and throughput (images/s, with the ideal line n x one rank's).
-Writes benchmarks/results/scaling.json and scaling.png (scaling_quick.* with --quick) and
+Writes benchmarks/results/scaling.json and scaling.png (scaling.quick.* with --quick) and
 prints one JSON line with the throughputs and scaling efficiencies.
 
     python benchmarks/plot_scaling.py --max-ranks 4              # the full run (minutes)
@@ -34,12 +34,12 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny model and steps: checks the pipeline")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per launch")
     p.add_argument("--from-json", metavar="PATH", help="plot these results instead of measuring")
-    p.add_argument("--out", metavar="PNG", help="default benchmarks/results/scaling[_quick].png")
+    p.add_argument("--out", metavar="PNG", help="default benchmarks/results/scaling[.quick].png")
     p.add_argument("--json-out", metavar="PATH", help="default next to the PNG, .json")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="after --, arguments for resnet_synthetic.py (e.g. -- --batch-size 64)")
     args = p.parse_args(argv)
-    stem = "scaling_quick" if args.quick else "scaling"
+    stem = "scaling.quick" if args.quick else "scaling"
     args.out = args.out or os.path.join(RESULTS, stem + ".png")
     args.json_out = args.json_out or os.path.splitext(args.out)[0] + ".json"
     args.ranks = args.ranks or list(range(1, args.max_ranks + 1))

@@ -147,13 +147,23 @@ class _Flattener:
         return ("V", x)
 
     def module(self, m, path: str):
+        # The hot loop of synchronize_(model): leaf() inlined, since a model may have
+        # thousands of parameters and this walk is part of every call.
         first = len(self.tensors)
-        names = []
-        self.tokens.append("M")
+        prefix = f"{path}." if path else ""
+        names, tensors, paths, tokens = [], self.tensors, self.paths, self.tokens
+        tokens.append("M")
+        strided = torch.strided
         for named in (m.named_parameters(), m.named_buffers()):
             for name, t in named:
+                p = prefix + name
+                if t.layout is not strided or not (t.is_cpu or t.is_cuda):
+                    self.leaf(t, p)  # raises, naming the path
                 names.append(name)
-                self.leaf(t, _attr_path(path, name))
+                tensors.append(t)
+                paths.append(p)
+                tokens.append(p)
+        self.strict.extend([self._strict] * len(names))
         return ("M", first, names)
 
     def optimizer(self, opt, path: str):

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -59,6 +60,21 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const Broa
     }
     off += align_up(nbytes_of(t));
   }
+}
+
+// Host staging kept between calls: fresh memory costs a page fault per 4 KiB on first touch,
+// which for a few MiB takes as long as the broadcast itself. Only the engine uses it (one
+// caller at a time). Buffers above kKeepBytes are not kept, to bound the memory held.
+constexpr std::int64_t kKeepBytes = std::int64_t(32) << 20;
+
+at::Tensor host_staging(std::int64_t bytes) {
+  // Leaked on purpose, like the engine: freeing it during static destruction could run
+  // after the allocator is gone.
+  static auto* kept = new at::Tensor();
+  if (kept->defined() && kept->numel() >= bytes) return *kept;
+  auto buf = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  if (bytes <= kKeepBytes) *kept = buf;
+  return buf;
 }
 
 std::string describe_error(std::size_t i, const at::Tensor& t, const std::string& why) {
@@ -144,13 +160,18 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
   bool is_root = e.rank == root;
   auto steps = plan_broadcast(tensors, opts);
   // One staging buffer per device type, as large as its largest bucket, reused by all.
+  std::map<c10::DeviceType, std::int64_t> need;
+  for (const auto& s : steps) {
+    if (!s.direct) need[s.device] = std::max(need[s.device], s.bytes);
+  }
   std::map<c10::DeviceType, at::Tensor> staging;
   for (const auto& s : steps) {
-    if (s.direct) continue;
-    auto& buf = staging[s.device];
-    if (!buf.defined() || buf.numel() < s.bytes) {
-      buf = at::empty({s.bytes}, tensors[s.members[0]].options().dtype(at::kByte));
-    }
+    if (s.direct || staging.count(s.device)) continue;
+    std::int64_t bytes = need[s.device];
+    staging[s.device] =
+        s.device == c10::DeviceType::CPU
+            ? host_staging(bytes)
+            : at::empty({bytes}, tensors[s.members[0]].options().dtype(at::kByte));
   }
   for (const auto& s : steps) {
     const auto& first = tensors[s.members[0]];

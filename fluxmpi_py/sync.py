@@ -28,8 +28,9 @@ __all__ = ["synchronize_"]
 
 #: Small tensors are packed into flat buffers of at most this many bytes.
 DEFAULT_BUCKET_BYTES = 64 << 20
-#: Tensors of at least this many bytes are broadcast alone, from and into their own memory.
-DEFAULT_DIRECT_BYTES = 1 << 20
+#: Tensors of at least this many bytes are broadcast alone, from and into their own memory:
+#: above it one more call costs less than copying the bytes in and out of a packed buffer.
+DEFAULT_DIRECT_BYTES = 64 << 10
 
 
 def _root_index(root_rank):

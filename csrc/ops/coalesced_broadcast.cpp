@@ -64,8 +64,8 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const Broa
 
 // Host staging kept between calls: fresh memory costs a page fault per 4 KiB on first touch,
 // which for a few MiB takes as long as the broadcast itself. Only the engine uses it (one
-// caller at a time). Buffers above kKeepBytes are not kept, to bound the memory held.
-constexpr std::int64_t kKeepBytes = std::int64_t(32) << 20;
+// caller at a time). It holds at most one default bucket (64 MiB); larger ones are not kept.
+constexpr std::int64_t kKeepBytes = std::int64_t(64) << 20;
 
 at::Tensor host_staging(std::int64_t bytes) {
   // Leaked on purpose, like the engine: freeing it during static destruction could run

@@ -33,33 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpi4py import MPI  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-
-
-def resnet50_shapes(width_div=1):
-    """ResNet-50's 161 parameter shapes (convs without bias, batch-norm weight and bias)."""
-    shapes = []
-
-    def conv(cout, cin, k):
-        shapes.append((cout, cin, k, k))
-
-    def bn(c):
-        shapes.extend([(c,), (c,)])
-
-    w0 = 64 // width_div
-    conv(w0, 3, 7)
-    bn(w0)
-    cin = w0
-    for blocks, width in zip((3, 4, 6, 3), (64, 128, 256, 512)):
-        width //= width_div
-        for b in range(blocks):
-            conv(width, cin, 1), bn(width)
-            conv(width, width, 3), bn(width)
-            conv(4 * width, width, 1), bn(4 * width)
-            if b == 0:
-                conv(4 * width, cin, 1), bn(4 * width)
-            cin = 4 * width
-    shapes.extend([(1000, cin), (1000,)])
-    return shapes
+from common import resnet50_param_shapes  # noqa: E402
 
 
 def module_of(shapes, rank):
@@ -127,7 +101,7 @@ def main():
     comm = MPI.COMM_WORLD
     reps = args.reps or (3 if args.quick else 9)
     results = {
-        "resnet50": bench("resnet50", resnet50_shapes(4 if args.quick else 1), comm, reps),
+        "resnet50": bench("resnet50", resnet50_param_shapes(4 if args.quick else 1), comm, reps),
         "many_small": bench("many_small", [(1024,)] * 1000, comm, reps),
     }
     if comm.Get_rank() == 0:

@@ -28,9 +28,7 @@ def main():
 
     comm = MPI.COMM_WORLD
     rank = fm.local_rank()
-    shapes = resnet50_param_shapes()
-    if args.quick:
-        shapes = [tuple(max(1, d // 4) for d in s) for s in shapes]
+    shapes = resnet50_param_shapes(4 if args.quick else 1)
     lists = {"resnet50": shapes, "1000x1024": [(1024,)] * (100 if args.quick else 1000)}
     reps = 3 if args.quick else 20
     result = {"bench": "allreduce_grads", "ranks": fm.total_workers(), "lists": {}}

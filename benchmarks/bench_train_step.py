@@ -49,9 +49,7 @@ def wide_mlp():
 
 
 def workloads(quick):
-    shapes = resnet50_param_shapes()
-    if quick:
-        shapes = [tuple(max(1, d // 4) for d in s) for s in shapes]
+    shapes = resnet50_param_shapes(4 if quick else 1)
     return {
         "resnet50_shapes": (lambda: ShapesModel(shapes), lambda: torch.ones(2), None),
         "small_convnet": (SmallConvNet, lambda: torch.randn(32, 3, 32, 32), lambda: torch.randint(0, 10, (32,))),

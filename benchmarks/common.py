@@ -7,11 +7,14 @@ import time
 import torch
 
 
-def resnet50_param_shapes():
-    """The 161 parameter shapes of torchvision's ResNet-50 (25.6M floats), in registration order."""
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
+def resnet50_param_shapes(width_div=1):
+    """The 161 parameter shapes of torchvision's ResNet-50 (25.6M floats at width_div=1), in
+    registration order: convs without bias, batch-norm weight and bias, then the classifier."""
+    w = lambda c: max(1, c // width_div)  # noqa: E731
+    shapes = [(w(64), 3, 7, 7), (w(64),), (w(64),)]
+    inplanes = w(64)
     for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        planes = w(planes)
         for b in range(blocks):
             shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
                        (planes, planes, 3, 3), (planes,), (planes,),
@@ -19,7 +22,7 @@ def resnet50_param_shapes():
             if b == 0:
                 shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
             inplanes = planes * 4
-    shapes += [(1000, 2048), (1000,)]
+    shapes += [(1000, inplanes), (1000,)]
     assert len(shapes) == 161
     return shapes
 

@@ -27,13 +27,18 @@ bool supported_dtype(c10::ScalarType t) {
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "no tensor";
   std::ostringstream s;
-  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type());
+  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
+    << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
   return s.str();
 }
 
+// Shape and device type: a CPU tensor on one rank and a CUDA tensor on another would go to
+// different backends (MPI and NCCL) and wait for each other forever.
 std::int64_t shape_hash(const at::Tensor& t) {
   auto sizes = t.sizes();
-  return hash_bytes(sizes.data(), sizes.size() * sizeof(std::int64_t), static_cast<int>(sizes.size()));
+  const auto seed = static_cast<std::int64_t>(sizes.size()) +
+                    (static_cast<std::int64_t>(t.device().type()) << 8);
+  return hash_bytes(sizes.data(), sizes.size() * sizeof(std::int64_t), seed);
 }
 
 Signature signature_of(CallKind kind, const at::Tensor& t) {

@@ -131,7 +131,8 @@ void GradientReducer::launch(std::int64_t b) {
       if (comp && *comp != t.scalar_type()) {
         // Travel in 16 bits; average pre-scales in full precision so the sum cannot overflow.
         at::Tensor h = (op == ReduceOp::Average ? t.mul(1.0 / world) : t).to(*comp);
-        allreduce_data(be, h, op == ReduceOp::Average ? ReduceOp::Sum : op, world);
+        allreduce_data(be, h, op == ReduceOp::Average ? ReduceOp::Sum : op, world,
+                       HalfReduction::Wire16);
         t.copy_(h);
       } else {
         allreduce_data(be, t, op, world);

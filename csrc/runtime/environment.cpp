@@ -13,6 +13,10 @@
 
 #include "runtime/engine.h"
 
+#ifdef FLUXMPI_WITH_CUDA
+#include "backend/nccl_backend.h"
+#endif
+
 namespace fluxmpi {
 namespace {
 
@@ -202,6 +206,9 @@ void shutdown() {
   g_initialized = false;
   if (fin) return;  // somebody finalized MPI under us; there is nothing left to free
   if (g_env.size > 1) exchange_exit_notices();
+#ifdef FLUXMPI_WITH_CUDA
+  nccl_shutdown();  // every rank is here (after the exit handshake): collective teardown is safe
+#endif
   MPI_Comm_free(&g_env.comm);
   MPI_Comm_free(&g_env.control);
   if (g_env.we_initialized_mpi) MPI_Finalize();

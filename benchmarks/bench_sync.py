@@ -1,0 +1,134 @@
+"""synchronize_ of two modules against the limit and against one broadcast per tensor.
+
+    mpiexec -n 2 python benchmarks/bench_sync.py           # full size, 9 repetitions
+    mpiexec -n 2 python benchmarks/bench_sync.py --quick   # ResNet-50 widths / 4, 3 repetitions
+
+Modules (float32 parameters, built from shape lists, no torchvision):
+  resnet50    161 tensors with ResNet-50's parameter shapes, 25.6M floats (102 MB)
+  many_small  1000 tensors of 1024 floats (4 MB)
+Peers, timed in the same run on the same bytes:
+  limit              one mpi4py Bcast of a pre-made buffer holding all the bytes
+  per_tensor_mpi4py  one mpi4py Bcast per tensor, straight from the parameters' memory
+  per_tensor_bcast_  one fluxmpi_py.bcast_ per tensor (each with its cross-rank check)
+Repetitions alternate between the methods so that a change in machine load hits all alike;
+each repetition is the slowest rank's time between barriers. Reported: medians (ms), ours /
+limit and per-tensor / ours, and the same from the fastest repetitions. Goals: ours <= 1.2x the limit on both modules, and per-tensor
+(mpi4py) >= 3x ours on many_small. Rank 0 prints one JSON line and writes it to
+benchmarks/results/bench_sync.json (--quick: bench_sync.quick.json).
+
+mpi4py and fluxmpi_py share one MPI: mpi4py is imported first and initializes it (thread
+level "multiple"); fluxmpi_py.Init adopts it. The reverse order works too.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpi4py import MPI  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+from common import resnet50_param_shapes  # noqa: E402
+
+
+def module_of(shapes, rank):
+    m = nn.Module()
+    m.params = nn.ParameterList(nn.Parameter(torch.full(s, float(rank + 1))) for s in shapes)
+    return m
+
+
+def timed(fn, comm):
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+def bench(name, shapes, comm, reps):
+    rank = comm.Get_rank()
+    model = module_of(shapes, rank)
+    params = list(model.parameters())
+    arrays = [p.detach().numpy() for p in params]  # the parameters' own memory
+    numel = sum(p.numel() for p in params)
+    flat = torch.full((numel,), float(rank + 1)).numpy()
+
+    # Correctness first: every rank ends with the root's values.
+    fm.synchronize_(model, root_rank=0)
+    assert all(bool((p == 1.0).all()) for p in params), f"{name}: synchronize_ gave wrong values"
+
+    methods = {
+        "synchronize_": lambda: fm.synchronize_(model, root_rank=0),
+        "limit": lambda: comm.Bcast(flat, root=0),
+        "per_tensor_mpi4py": lambda: [comm.Bcast(a, root=0) for a in arrays],
+        "per_tensor_bcast_": lambda: [fm.bcast_(p.detach(), root_rank=0) for p in params],
+    }
+    for fn in methods.values():  # warm up
+        timed(fn, comm)
+    times = {k: [] for k in methods}
+    for _ in range(reps):
+        for k, fn in methods.items():
+            times[k].append(timed(fn, comm))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    low = {k: min(v) for k, v in times.items()}
+    return {
+        "tensors": len(params),
+        "floats": numel,
+        "bytes": numel * 4,
+        **{f"{k}_ms": round(v * 1e3, 3) for k, v in med.items()},
+        "ratio_to_limit": round(med["synchronize_"] / med["limit"], 3),
+        "per_tensor_mpi4py_over_ours": round(med["per_tensor_mpi4py"] / med["synchronize_"], 2),
+        "per_tensor_bcast__over_ours": round(med["per_tensor_bcast_"] / med["synchronize_"], 2),
+        # Fastest repetitions: on a loaded machine the medians mostly measure the scheduler.
+        "min_ms": {k: round(v * 1e3, 3) for k, v in low.items()},
+        "min_ratio_to_limit": round(low["synchronize_"] / low["limit"], 3),
+        "min_per_tensor_mpi4py_over_ours": round(low["per_tensor_mpi4py"] / low["synchronize_"], 2),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="ResNet-50 widths / 4, 3 repetitions")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 9, quick 3)")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    fm.Init()
+    comm = MPI.COMM_WORLD
+    reps = args.reps or (3 if args.quick else 9)
+    results = {
+        "resnet50": bench("resnet50", resnet50_param_shapes(4 if args.quick else 1), comm, reps),
+        "many_small": bench("many_small", [(1024,)] * 1000, comm, reps),
+    }
+    if comm.Get_rank() == 0:
+        r, s = results["resnet50"], results["many_small"]
+        line = json.dumps({
+            "benchmark": "bench_sync",
+            "what": "synchronize_(module) vs one mpi4py Bcast of all bytes (limit) and one "
+                    "broadcast per tensor; median ms, slowest rank",
+            "world_size": comm.Get_size(),
+            "quick": bool(args.quick),
+            "reps": reps,
+            "mpi_library": fm.build_info()["mpi_library"],
+            "torch": torch.__version__,
+            **results,
+            "goals": {
+                "resnet50_le_1.2x_limit": r["ratio_to_limit"] <= 1.2,
+                "many_small_le_1.2x_limit": s["ratio_to_limit"] <= 1.2,
+                "many_small_ge_3x_faster_than_per_tensor": s["per_tensor_mpi4py_over_ours"] >= 3,
+            },
+        })
+        print(line, flush=True)
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "bench_sync.quick.json" if args.quick else "bench_sync.json"),
+                  "w") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

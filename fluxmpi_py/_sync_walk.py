@@ -1,0 +1,243 @@
+"""The object walk of synchronize_, run on every rank: one object becomes a tree of tagged
+tuples (picklable, so the root's tree can travel) plus its tensor leaves, in a fixed order.
+Also the helpers both sides share: paths, error classes, and the kinds of stateful objects.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pickle
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+# Error classes understood by the compiled agreement (ops/consensus.h: ErrorClass).
+_NONE, _VALUE, _TYPE, _RUNTIME = 0, 1, 2, 3
+_MISSING = object()
+
+
+class _SyncError(Exception):
+    """A local problem, carried into the next agreement so that every rank raises it."""
+
+    def __init__(self, cls: int, msg: str):
+        super().__init__(msg)
+        self.cls = cls
+        self.msg = msg
+
+
+def _show(path: str) -> str:
+    return path or "obj"
+
+
+def _key_path(path: str, key) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _attr_path(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _type_name(x) -> str:
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_optimizer(x) -> bool:
+    # torch optimizers and wrappers that look like them (fluxmpi_py's DistributedOptimizer).
+    return isinstance(x, torch.optim.Optimizer) or (
+        hasattr(x, "param_groups") and callable(getattr(x, "state_dict", None))
+        and callable(getattr(x, "load_state_dict", None)) and hasattr(x, "state")
+    )
+
+
+def _is_stateful(x) -> bool:
+    # LR schedulers, GradScaler and anything else that saves and loads its state.
+    return not isinstance(x, type) and callable(getattr(x, "state_dict", None)) and callable(
+        getattr(x, "load_state_dict", None))
+
+
+def _scaler_enabled(x):
+    return x.is_enabled() if isinstance(x, torch.amp.GradScaler) else None
+
+
+class _Flattener:
+    """Walks one rank's object into (tree, tensor leaves). Runs on every rank.
+
+    Tree nodes are tuples tagged by their first item:
+      ("T", i)                      tensor leaf i
+      ("G", i)                      torch.Generator whose state is leaf i
+      ("M", first, names)           nn.Module: leaves first.. first+len(names)-1
+      ("O", sd, param_meta, sizes)  optimizer: its state_dict's tree, params' shapes and dtypes
+      ("S", sd, scaler_enabled)     object with state_dict/load_state_dict (scheduler, scaler)
+      ("D", cls, default_factory, [(key, node)])   dict and subclasses
+      ("L", [node]) list; ("U", [node]) tuple; ("N", cls, fields, [node]) namedtuple
+      ("C", cls, frozen, [(field, node)])          dataclass instance
+      ("V", value)                  anything else: the root's value wins (pickled)
+    """
+
+    def __init__(self):
+        self.tensors = []
+        self.paths = []
+        self.strict = []     # leaf must be updated in place (its shape must match the root's)
+        self.tokens = []     # structure, for the cross-rank hash
+        self.generators = []
+        self.pure = True     # no non-tensor value needs the root's copy
+        self._strict = True
+        self._active = set()
+
+    def leaf(self, t, path: str):
+        if t.layout is not torch.strided:
+            raise _SyncError(_TYPE, f"{_show(path)}: tensors with layout {t.layout} cannot be "
+                             "synchronized; only dense (strided) tensors can")
+        if not (t.is_cpu or t.is_cuda):
+            raise _SyncError(_TYPE, f"{_show(path)}: tensors on {t.device} cannot be "
+                             "synchronized; expected a CPU or CUDA tensor")
+        i = len(self.tensors)
+        self.tensors.append(t)
+        self.paths.append(path)
+        self.strict.append(self._strict)
+        self.tokens.append(path)
+        return ("T", i)
+
+    def visit(self, x, path: str = ""):
+        if isinstance(x, torch.Tensor):
+            return self.leaf(x, path)
+        if isinstance(x, nn.Module):
+            return self.module(x, path)
+        if isinstance(x, torch.Generator):
+            node = self.leaf(x.get_state(), path)
+            self.generators.append((x, node[1]))
+            self.tokens.append("G")
+            return ("G", node[1])
+        if _is_optimizer(x):
+            return self.optimizer(x, path)
+        if _is_stateful(x):
+            return self.stateful(x, path)
+        t = type(x)
+        namedtuple = isinstance(x, tuple) and hasattr(t, "_fields")
+        dataclass = dataclasses.is_dataclass(x) and not isinstance(x, type)
+        if isinstance(x, dict) or t is list or t is tuple or namedtuple or dataclass:
+            return self.container(x, path)
+        self.pure = False
+        return ("V", x)
+
+    def module(self, m, path: str):
+        # The hot loop of synchronize_(model): leaf() inlined, since a model may have
+        # thousands of parameters and this walk is part of every call.
+        first = len(self.tensors)
+        prefix = f"{path}." if path else ""
+        names, tensors, paths, tokens = [], self.tensors, self.paths, self.tokens
+        tokens.append("M")
+        strided = torch.strided
+        for named in (m.named_parameters(), m.named_buffers()):
+            for name, t in named:
+                p = prefix + name
+                if t.layout is not strided or not (t.is_cpu or t.is_cuda):
+                    self.leaf(t, p)  # raises, naming the path
+                names.append(name)
+                tensors.append(t)
+                paths.append(p)
+                tokens.append(p)
+        self.strict.extend([self._strict] * len(names))
+        return ("M", first, names)
+
+    def optimizer(self, opt, path: str):
+        self.pure = False
+        params = [p for g in opt.param_groups for p in g["params"]]
+        meta = [(tuple(p.shape), p.dtype) for p in params]
+        sizes = [len(g["params"]) for g in opt.param_groups]
+        self.tokens.append("O")
+        return ("O", self.visit(opt.state_dict(), path), meta, sizes)
+
+    def stateful(self, x, path: str):
+        self.pure = False
+        self.tokens.append("S")
+        # A scheduler's or scaler's state_dict is a fresh copy that load_state_dict reads:
+        # its tensors need not keep their shape, so they may be replaced.
+        strict, self._strict = self._strict, False
+        try:
+            node = self.visit(x.state_dict(), path)
+        finally:
+            self._strict = strict
+        return ("S", node, _scaler_enabled(x))
+
+    def container(self, x, path: str):
+        if id(x) in self._active:
+            raise _SyncError(_TYPE, f"{_show(path)}: a {_type_name(x)} that contains itself "
+                             "cannot be synchronized")
+        self._active.add(id(x))
+        try:
+            t = type(x)
+            if isinstance(x, dict):
+                self.tokens.append(f"D:{t.__module__}.{t.__qualname__}:{list(x)!r}")
+                factory = x.default_factory if isinstance(x, defaultdict) else None
+                return ("D", t, factory,
+                        [(k, self.visit(v, _key_path(path, k))) for k, v in x.items()])
+            if t is list or t is tuple:
+                self.tokens.append(f"{t.__name__}:{len(x)}")
+                return ("L" if t is list else "U",
+                        [self.visit(v, f"{path}[{i}]") for i, v in enumerate(x)])
+            if isinstance(x, tuple):  # namedtuple
+                self.tokens.append(f"N:{t.__module__}.{t.__qualname__}")
+                return ("N", t, t._fields,
+                        [self.visit(v, _attr_path(path, f)) for f, v in zip(t._fields, x)])
+            self.tokens.append(f"C:{t.__module__}.{t.__qualname__}")
+            fields = [f.name for f in dataclasses.fields(x)]
+            return ("C", t, t.__dataclass_params__.frozen,
+                    [(f, self.visit(getattr(x, f), _attr_path(path, f))) for f in fields])
+        finally:
+            self._active.discard(id(x))
+
+    def structure_hash(self) -> int:
+        digest = hashlib.blake2b("\x1f".join(self.tokens).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little", signed=True)
+
+    def leaf_meta(self):
+        return [(p, tuple(t.shape), t.dtype, t.device.type, s, isinstance(t, nn.Parameter),
+                 t.requires_grad)
+                for p, t, s in zip(self.paths, self.tensors, self.strict)]
+
+
+def _children(node, path: str):
+    """(path, child) pairs of a tree node, for walking the tree again (root only)."""
+    tag = node[0]
+    if tag == "D":
+        return [(_key_path(path, k), c) for k, c in node[3]]
+    if tag in ("L", "U"):
+        return [(f"{path}[{i}]", c) for i, c in enumerate(node[1])]
+    if tag == "N":
+        return [(_attr_path(path, f), c) for f, c in zip(node[2], node[3])]
+    if tag == "C":
+        return [(_attr_path(path, f), c) for f, c in node[3]]
+    if tag in ("O", "S"):
+        return [(path, node[1])]
+    return []
+
+
+def _pickle_error(node, path: str, err: Exception) -> _SyncError:
+    """Find the first part of the root's tree that does not pickle, to name it."""
+    def bad(x):
+        try:
+            pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+            return None
+        except Exception as e:  # noqa: BLE001 - any pickling failure is the answer
+            return e
+
+    stack = [(path, node)]
+    while stack:
+        p, n = stack.pop()
+        tag = n[0]
+        # Values, and the classes and default factories that rebuild containers, are pickled.
+        parts = [n[1]] if tag in ("V", "N", "C") else [n[1], n[2]] if tag == "D" else []
+        for what in parts:
+            e = bad(what)
+            if e is not None:
+                kind = (f"class {what.__module__}.{what.__qualname__}" if isinstance(what, type)
+                        else f"an object of type {_type_name(what)}")
+                return _SyncError(_TYPE, f"{_show(p)}: cannot synchronize {kind}: it is not a "
+                                  f"tensor, module, optimizer, container or picklable value ({e})")
+        stack.extend(reversed(_children(n, p)))
+    return _SyncError(_TYPE, f"{_show(path)}: cannot pickle the root's objects: {err}")

@@ -1,0 +1,53 @@
+"""synchronize_: the broadcast plan (pure, no MPI) and the worker at 1, 2 and 3 ranks."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import run_cases_on  # noqa: E402
+
+from fluxmpi_py._loader import C  # noqa: E402
+
+
+def plan(sizes, bucket, direct, dtype=torch.float32):
+    return [(d, list(m), b) for d, m, b in
+            C.sync_plan([torch.empty(n, dtype=dtype) for n in sizes], bucket, direct)]
+
+
+def test_plan_packs_small_tensors_in_order_at_aligned_offsets():
+    # 4-byte floats; offsets are aligned to 64 bytes, so each small tensor takes 64 bytes
+    assert plan([1, 3, 16], bucket=1024, direct=1024) == [(False, [0, 1, 2], 192)]
+    assert plan([17], bucket=1024, direct=1024) == [(False, [0], 128)]
+
+
+def test_plan_skips_empty_tensors_and_handles_no_tensors():
+    assert plan([], 1024, 1024) == []
+    assert plan([0, 0], 1024, 1024) == []
+    assert plan([0, 1, 0], 1024, 1024) == [(False, [1], 64)]
+
+
+def test_plan_closes_a_bucket_at_the_cap():
+    # three tensors of 64 aligned bytes with a 128-byte cap: two buckets
+    assert plan([16, 16, 16], bucket=128, direct=1 << 20) == [
+        (False, [0, 1], 128), (False, [2], 64)]
+
+
+def test_plan_sends_large_tensors_alone():
+    # at the direct threshold (64 bytes) or beyond the cap a tensor goes alone, in place
+    assert plan([15, 16, 1, 40], bucket=128, direct=64) == [
+        (False, [0, 2], 128), (True, [1], 64), (True, [3], 160)]
+    assert plan([40], bucket=128, direct=1 << 20) == [(True, [0], 160)]
+
+
+def test_plan_mixes_dtypes_in_one_byte_buffer():
+    ts = [torch.empty(3, dtype=torch.float64), torch.empty(5, dtype=torch.int8),
+          torch.empty(2, dtype=torch.bool)]
+    assert [(d, list(m), b) for d, m, b in C.sync_plan(ts, 1024, 1024)] == [
+        (False, [0, 1, 2], 192)]
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_sync_worker(np):
+    run_cases_on("sync_worker.py", np, timeout=240)

@@ -23,6 +23,7 @@ import torch
 
 from .collectives import allreduce_, bcast_
 from .runtime import local_rank, total_workers
+from .sync import synchronize_
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -188,13 +189,7 @@ def _join(tree: Any, tensors: List[torch.Tensor]) -> Any:
 def _sync_tensors(tensors: List[torch.Tensor]) -> None:
     if not tensors:
         return
-    try:
-        from .sync import synchronize_  # coalesced broadcast of every tensor, in place
-    except ModuleNotFoundError:  # TEMPORARY until issue 4 lands in main
-        for t in tensors:
-            bcast_(t, root_rank=0)
-        return
-    synchronize_(tensors, root_rank=0)
+    synchronize_(tensors, root_rank=0)  # coalesced broadcast, in place
 
 
 def _read(path: str, weights_only: bool) -> dict:

@@ -57,7 +57,12 @@ _TAIL_LINES = 60
 class LaunchError(RuntimeError):
     """A rank of :func:`launch` failed. ``rank`` is the failing rank (or None when the job
     died without a Python exception), ``remote_traceback`` its traceback text and
-    ``exc_type`` the name of the exception it raised."""
+    ``exc_type`` the name of the exception it raised.
+
+    >>> import fluxmpi_py as fm
+    >>> issubclass(fm.LaunchError, RuntimeError)
+    True
+    """
 
     def __init__(self, message: str, rank: Optional[int] = None, exc_type: Optional[str] = None,
                  remote_traceback: str = ""):

@@ -11,11 +11,11 @@ How the function travels to the ranks (the choice is automatic):
    by the ranks, so its source text (``inspect.getsource``) is sent and executed there; it
    must then do its own imports and may only use its arguments, not other notebook globals.
 
-The ranks run under ``mpiexec --oversubscribe`` with the parent's ``sys.path`` and working
-directory; each rank calls ``Init()`` before ``fn``. Their output is streamed as it comes.
-``launch`` returns rank 0's return value, or raises :class:`LaunchError` carrying the
-traceback of the rank that failed first. A timeout, an error or Ctrl-C (a Jupyter interrupt)
-kills the whole process group, so no rank outlives the call.
+The ranks run under ``mpiexec`` (with ``--oversubscribe`` for Open MPI) with the parent's
+``sys.path`` and working directory; each rank calls ``Init()`` before ``fn``. Their output is
+streamed as it comes. ``launch`` returns rank 0's return value, or raises :class:`LaunchError`
+carrying the traceback of the rank that failed first. A timeout, an error or Ctrl-C (a Jupyter
+interrupt) kills every process of the job, so no rank outlives the call.
 """
 from __future__ import annotations
 
@@ -211,6 +211,28 @@ def _stream(proc: subprocess.Popen, deadline: Optional[float], tail: deque) -> b
         sel.close()
 
 
+_MPIEXEC = None
+
+
+def _mpiexec() -> list:
+    """mpiexec, with --oversubscribe when it is Open MPI's (MPICH's has no such flag and no
+    such limit): more ranks than cores is the normal case on a laptop or a notebook server."""
+    global _MPIEXEC
+    if _MPIEXEC is None:
+        path = shutil.which("mpiexec") or shutil.which("mpirun")
+        if path is None:
+            raise RuntimeError("launch: mpiexec is not on PATH; install Open MPI "
+                               "(apt-get install openmpi-bin) or MPICH")
+        try:
+            version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                     timeout=30, stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            version = ""
+        openmpi = "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version
+        _MPIEXEC = [path, "--oversubscribe"] if openmpi else [path]
+    return _MPIEXEC
+
+
 def _first_failure(workdir: str, np: int) -> Optional[dict]:
     found = []
     for r in range(np):
@@ -246,9 +268,7 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
         raise ValueError(f"launch: np must be an int >= 1 (the number of ranks), got {np!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"launch: timeout must be a positive number of seconds or None, got {timeout!r}")
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
-    if mpiexec is None:
-        raise RuntimeError("launch: mpiexec is not on PATH; install Open MPI (apt-get install openmpi-bin)")
+    mpiexec = _mpiexec()
     name = getattr(fn, "__qualname__", repr(fn))
     payload = {"fn": _encode_callable(fn), "args": _dumps((args, kwargs))}
 
@@ -256,7 +276,7 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
     try:
         with open(os.path.join(workdir, "call.pkl"), "wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-        cmd = [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, "-u", "-c", _CHILD_CODE, workdir]
+        cmd = [*mpiexec, "-n", str(np), sys.executable, "-u", "-c", _CHILD_CODE, workdir]
         deadline = None if timeout is None else time.monotonic() + timeout
         tail: deque = deque(maxlen=_TAIL_LINES)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

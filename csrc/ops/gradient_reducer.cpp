@@ -90,12 +90,18 @@ void GradientReducer::prepare(std::int64_t i) {
                 g.scalar_type(), ", expected a dense gradient of shape ", p.sizes(), " and dtype ",
                 p.scalar_type());
   }
+  // "average" pre-scales every contribution by 1/world here, on every rank alike, so the
+  // bucket is summed with no division pass afterwards: a fresh gradient is scaled while it is
+  // copied into its slot, for free.
+  const int world = env().size;
+  const bool scale = opts_.op == ReduceOp::Average && world > 1;
   if (bk.direct) {
     if (!g.defined()) {
       zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
-    } else if (!g.is_contiguous()) {
-      p.mutable_grad() = g.contiguous();
+      return;
     }
+    if (!g.is_contiguous()) p.mutable_grad() = g = g.contiguous();
+    if (scale) g.mul_(1.0 / world);
     return;
   }
   auto& st = state_[bucket_of_[i]];
@@ -105,8 +111,15 @@ void GradientReducer::prepare(std::int64_t i) {
   if (!g.defined()) {
     slot.zero_();  // missing here: contribute zeros
   } else if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
-    slot.copy_(g);  // a fresh gradient: copy it in once and keep it there
+    // A fresh gradient: copy it in once (scaled) and keep it there.
+    if (scale) {
+      at::mul_out(slot, g, at::scalar_tensor(1.0 / world, g.options().device(c10::kCPU)));
+    } else {
+      slot.copy_(g);
+    }
     p.mutable_grad() = slot;
+  } else if (scale) {
+    slot.mul_(1.0 / world);  // accumulated in place in its slot
   }
 }
 
@@ -128,14 +141,15 @@ void GradientReducer::launch(std::int64_t b) {
     if (failed->load()) return;  // the step's agreement failed: move no data
     try {
       Backend& be = backend_for(t);
+      // Contributions are pre-scaled for "average" (see prepare), so the bucket is summed.
+      const ReduceOp wire_op = op == ReduceOp::Average ? ReduceOp::Sum : op;
       if (comp && *comp != t.scalar_type()) {
-        // Travel in 16 bits; average pre-scales in full precision so the sum cannot overflow.
-        at::Tensor h = (op == ReduceOp::Average ? t.mul(1.0 / world) : t).to(*comp);
-        allreduce_data(be, h, op == ReduceOp::Average ? ReduceOp::Sum : op, world,
-                       HalfReduction::Wire16);
+        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+        at::Tensor h = t.to(*comp);
+        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
         t.copy_(h);
       } else {
-        allreduce_data(be, t, op, world);
+        allreduce_data(be, t, wire_op, world);
       }
     } catch (...) {
       failed->store(true);

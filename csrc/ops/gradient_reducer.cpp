@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "backend/select.h"
@@ -40,6 +41,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
       const auto& p = params_[bk.members[k]];
       st.slots.push_back(st.flat.narrow(0, bk.offsets[k], p.numel()).view(p.sizes()));
     }
+    st.scaled.assign(bk.members.size(), 0);
   }
   present_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
@@ -108,6 +110,7 @@ void GradientReducer::prepare(std::int64_t i) {
   std::size_t k = 0;
   while (bk.members[k] != i) ++k;
   at::Tensor& slot = st.slots[k];
+  st.scaled[k] = 1;
   if (!g.defined()) {
     slot.zero_();  // missing here: contribute zeros
   } else if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
@@ -118,8 +121,8 @@ void GradientReducer::prepare(std::int64_t i) {
       slot.copy_(g);
     }
     p.mutable_grad() = slot;
-  } else if (scale) {
-    slot.mul_(1.0 / world);  // accumulated in place in its slot
+  } else {
+    st.scaled[k] = 0;  // accumulated in place in its slot: scaled at launch, with its bucket
   }
 }
 
@@ -132,14 +135,29 @@ at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
 
 void GradientReducer::launch(std::int64_t b) {
   at::Tensor t = bucket_tensor(b);
+  // "average": members that accumulated in place still need their 1/world. One op over the
+  // whole buffer when none carries it yet (per-member ops cost ~4 us each on small tensors).
+  std::vector<at::Tensor> to_scale;
+  const auto& bk = buckets_[b];
+  if (!bk.direct && opts_.op == ReduceOp::Average && env().size > 1) {
+    auto& st = state_[b];
+    std::size_t unscaled = std::count(st.scaled.begin(), st.scaled.end(), 0);
+    if (unscaled == st.scaled.size()) {
+      to_scale.push_back(st.flat);
+    } else {
+      for (std::size_t k = 0; k < st.scaled.size(); ++k)
+        if (!st.scaled[k]) to_scale.push_back(st.slots[k]);
+    }
+  }
   auto op = opts_.op;
   auto comp = opts_.compression;
   int world = env().size;
   auto failed = failed_;
   state_[b].launched = true;
-  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed] {
+  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale] {
     if (failed->load()) return;  // the step's agreement failed: move no data
     try {
+      for (const auto& s : to_scale) s.mul_(1.0 / world);
       Backend& be = backend_for(t);
       // Contributions are pre-scaled for "average" (see prepare), so the bucket is summed.
       const ReduceOp wire_op = op == ReduceOp::Average ? ReduceOp::Sum : op;

@@ -53,6 +53,7 @@ class GradientReducer {
   struct BucketState {
     at::Tensor flat;                   // fused buckets: the flat buffer that grads view
     std::vector<at::Tensor> slots;     // fused: a view per member, shaped like the param
+    std::vector<std::uint8_t> scaled;  // fused, "average": member already carries its 1/world
     int pending = 0;                   // members not yet ready this step
     bool launched = false;
     std::shared_ptr<Work> work;

@@ -10,4 +10,5 @@ from mpi_util import run_cases_on  # noqa: E402
 
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_checkpoint_round_trip_and_errors(np, tmp_path):
-    run_cases_on("checkpoint_worker.py", np, timeout=180, env={"CKPT_DIR": str(tmp_path)})
+    out = run_cases_on("checkpoint_worker.py", np, timeout=180, env={"CKPT_DIR": str(tmp_path)})
+    assert f"on {np} ranks" in out

@@ -386,4 +386,5 @@ def test_dataloader_with_workers():
 # --- several ranks ------------------------------------------------------------------------------
 @pytest.mark.parametrize("np_", [1, 2, 4])
 def test_multirank(np_):
-    run_cases_on("data_worker.py", np_, timeout=240)
+    out = run_cases_on("data_worker.py", np_, timeout=240)
+    assert f"on {np_} ranks" in out

@@ -10,7 +10,8 @@ from mpi_util import run_cases_on  # noqa: E402
 
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_optimizer_multirank(np):
-    run_cases_on("optimizer_worker.py", np, timeout=300)
+    out = run_cases_on("optimizer_worker.py", np, timeout=300)
+    assert f"on {np} ranks" in out
 
 
 def test_planner_buckets():

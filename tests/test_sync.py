@@ -50,4 +50,5 @@ def test_plan_mixes_dtypes_in_one_byte_buffer():
 
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_sync_worker(np):
-    run_cases_on("sync_worker.py", np, timeout=240)
+    out = run_cases_on("sync_worker.py", np, timeout=240)
+    assert f"on {np} ranks" in out

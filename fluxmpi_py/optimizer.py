@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import pickle
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -283,25 +284,27 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
     >>> m = torch.nn.Linear(3, 1); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)
     """
-    if isinstance(model_or_params, torch.nn.Module):
-        named = [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
-    else:
-        plist = list(model_or_params)
-        if not all(isinstance(p, torch.Tensor) for p in plist):
-            raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
-        named = [(f"params[{i}]", p) for i, p in enumerate(plist) if p.requires_grad]
     if op not in ("sum", "average", "avg", "mean"):
         raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
-    names, params = [n for n, _ in named], [p for _, p in named]
-    params, names = _plan_inputs(params, names)
     direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
-    key = (tuple(id(p) for p in params), op, bucket_cap_mb, direct)
+    is_module = isinstance(model_or_params, torch.nn.Module)
+    given = list(model_or_params.parameters()) if is_module else list(model_or_params)
+    # The same parameters as last time (checked by identity, at C speed): reuse the reducer,
+    # its plan and its buffers; per call that leaves only the reduction itself.
+    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
     hit = _reducer_cache.get(key)
-    if hit is None or any(a is not b for a, b in zip(hit[0], params)):
+    if hit is None or not all(map(operator.is_, hit[0], given)):
+        if is_module:
+            named = [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
+        else:
+            if not all(isinstance(p, torch.Tensor) for p in given):
+                raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
+            named = [(f"params[{i}]", p) for i, p in enumerate(given) if p.requires_grad]
+        params, names = _plan_inputs([p for _, p in named], [n for n, _ in named])
         descs = [_describe(n, p) for n, p in zip(names, params)]
         h = _check_same_parameters(descs, "allreduce_gradients")
         if len(_reducer_cache) > 8:
             _reducer_cache.clear()
-        hit = (params, C.GradientReducer(params, int(bucket_cap_mb * _MiB), direct, op, "", h))
+        hit = (given, C.GradientReducer(params, int(bucket_cap_mb * _MiB), direct, op, "", h))
         _reducer_cache[key] = hit
     hit[1].finalize()

@@ -32,7 +32,7 @@ $(VENV)/.deps: requirements-dev.txt | mpi
 # changes rebuild incrementally in place (ninja keeps the objects in build/).
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
 	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	touch $@ $(VENV)/.built
+	touch $@ && touch -r $@ $(VENV)/.built  # same mtime: no second build
 
 $(VENV)/.built: $(VENV)/.installed $(CSRC)
 	MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace

@@ -21,7 +21,8 @@ from typing import Any, List
 
 import torch
 
-from .collectives import allreduce_, bcast_
+from ._loader import C
+from .collectives import allreduce_
 from .runtime import local_rank, total_workers
 from .sync import synchronize_
 
@@ -36,13 +37,8 @@ _PORTABLE = {t.__name__: t for t in (ValueError, TypeError, KeyError, RuntimeErr
 
 
 def _bcast_bytes(data: bytes, root: int) -> bytes:
-    n = torch.tensor([len(data)], dtype=torch.int64)
-    bcast_(n, root_rank=root)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if local_rank() == root and data \
-        else torch.empty(int(n.item()), dtype=torch.uint8)
-    if buf.numel():
-        bcast_(buf, root_rank=root)
-    return buf.numpy().tobytes()
+    # synchronize_'s agreement-checked bytes broadcast; other ranks' data is ignored
+    return C.broadcast_bytes(data if local_rank() == root else None, root)
 
 
 def _agree(error: "BaseException | None", what: str) -> None:

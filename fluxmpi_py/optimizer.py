@@ -16,7 +16,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ._loader import C
-from .collectives import allreduce_, bcast_
+from .collectives import allreduce_
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
@@ -33,16 +33,6 @@ def _hash64(items: Sequence[str]) -> int:
     return int.from_bytes(h, "little") >> 1  # keep it a positive int64
 
 
-def _bcast_bytes(data: Optional[bytes], root: int) -> bytes:
-    n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-    bcast_(n, root)
-    buf = torch.empty(int(n.item()), dtype=torch.uint8)
-    if C.rank() == root:
-        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    bcast_(buf, root)
-    return bytes(buf.numpy())
-
-
 def _check_same_parameters(descs: List[str], what: str) -> int:
     """Collective: verify every rank holds the same parameter list; return its hash.
 
@@ -56,7 +46,7 @@ def _check_same_parameters(descs: List[str], what: str) -> int:
     allreduce_(v, "max")
     if v[0] == -v[2] and v[1] == -v[3]:
         return h
-    ref = pickle.loads(_bcast_bytes(pickle.dumps(descs) if C.rank() == 0 else None, 0))
+    ref = pickle.loads(C.broadcast_bytes(pickle.dumps(descs) if C.rank() == 0 else None, 0))
     first = next((i for i, (a, b) in enumerate(zip(descs, ref)) if a != b), min(len(descs), len(ref)))
     if first == len(descs) == len(ref):
         first = 1 << 40  # same as rank 0
@@ -64,7 +54,7 @@ def _check_same_parameters(descs: List[str], what: str) -> int:
     allreduce_(key, "min")
     idx, rank = divmod(int(key.item()), C.size())
     mine = (descs[idx] if idx < len(descs) else "nothing (it has only %d parameters)" % len(descs)) if C.rank() == rank else None
-    theirs = _bcast_bytes(mine.encode() if mine is not None else None, rank).decode()
+    theirs = C.broadcast_bytes(mine.encode() if mine is not None else None, rank).decode()
     ref0 = ref[idx] if idx < len(ref) else f"nothing (it has only {len(ref)} parameters)"
     raise ValueError(
         f"{what}: the parameters differ across ranks; first difference at parameter {idx}: "

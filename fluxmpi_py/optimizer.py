@@ -22,6 +22,8 @@ __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
 _MiB = 1 << 20
 _NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent fused buffer
+#: Gradients of at least this many bytes are reduced in their own storage, without a copy.
+DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
 def _describe(name: str, p: torch.Tensor) -> str:
@@ -74,10 +76,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Buckets of gradients (at most ``bucket_cap_mb`` MiB each, per dtype and device) are reduced
     on the engine thread while backward is still running; ``step()`` waits for the rest, then
-    steps the wrapped optimizer. Gradients live as views of their bucket's persistent flat
-    buffer (like DDP's gradient_as_bucket_view): no pack/unpack copies. ``direct_min_bytes``
-    instead reduces gradients of that size and up in their own storage (no flat buffer at all;
-    slower with Open MPI, which reduces freshly allocated memory 2-5x slower than reused).
+    steps the wrapped optimizer. No gradient is packed or unpacked. A gradient of at least
+    ``direct_min_bytes`` (1 MiB) is reduced in its own storage, the tensor autograd made: no
+    copy and no second buffer ("average" divides inside the reduction). Smaller gradients live
+    as views of their bucket's persistent flat buffer (like DDP's gradient_as_bucket_view), so
+    one call reduces many of them; a fresh one is copied in once. ``direct_min_bytes=None`` puts
+    every gradient in flat buffers.
 
     ``op="average"`` (default) averages like DDP and Horovod; ``op="sum"`` is FluxMPI's
     semantics (then scale the loss by ``1 / total_workers()`` yourself). ``compression`` is
@@ -101,7 +105,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         bucket_cap_mb: float = 25,
         compression: Optional[str] = None,
         backward_passes_per_step: int = 1,
-        direct_min_bytes: Optional[int] = None,
+        direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES,
         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -263,7 +267,8 @@ _reducer_cache: dict = {}
 
 
 def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.Tensor]], op: str = "average",
-                        *, bucket_cap_mb: float = 25, direct_min_bytes: Optional[int] = None) -> None:
+                        *, bucket_cap_mb: float = 25,
+                        direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES) -> None:
     """Reduce the ``.grad`` of every parameter over all ranks in one fused call (FluxMPI's
     ``allreduce_gradients``), for training loops without DistributedOptimizer.
 

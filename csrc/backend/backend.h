@@ -27,6 +27,14 @@ class Backend {
   virtual void allreduce(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
     unsupported("allreduce");
   }
+  // In place: every rank's `buf` ends holding (sum of all ranks' buffers) / divisor, for
+  // float and double. Backends that can fold the division into the reduction (no extra pass
+  // over memory) say so with fuses_division(); the ops layer divides after allreduce otherwise.
+  virtual bool fuses_division() const { return false; }
+  virtual void allreduce_divided(void* buf, std::int64_t count, c10::ScalarType dtype,
+                                 int divisor) {
+    unsupported("allreduce_divided");
+  }
   virtual void broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) {
     unsupported("broadcast");
   }

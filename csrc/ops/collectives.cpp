@@ -149,8 +149,13 @@ void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
   // 16 bits on the wire: pre-scale (computed in fp32, rounded once) so the sum cannot overflow.
   const bool prescale = op == ReduceOp::Average && is_half(wire);
   if (prescale) c.mul_(1.0 / world);
-  b.allreduce(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
-  if (op == ReduceOp::Average && !prescale) divide_by(c, world);
+  if (op == ReduceOp::Average && !prescale && b.fuses_division() &&
+      (wire == c10::kFloat || wire == c10::kDouble)) {
+    b.allreduce_divided(c.data_ptr(), c.numel(), wire, world);  // no separate division pass
+  } else {
+    b.allreduce(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
+    if (op == ReduceOp::Average && !prescale) divide_by(c, world);
+  }
   write_back(c, t);
 }
 

@@ -102,8 +102,8 @@ void GradientReducer::prepare(std::int64_t i) {
       zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
       return;
     }
-    if (!g.is_contiguous()) p.mutable_grad() = g = g.contiguous();
-    if (scale) g.mul_(1.0 / world);
+    // Reduced in its own storage; "average" divides inside the reduction (allreduce_data).
+    if (!g.is_contiguous()) p.mutable_grad() = g.contiguous();
     return;
   }
   auto& st = state_[bucket_of_[i]];
@@ -154,13 +154,16 @@ void GradientReducer::launch(std::int64_t b) {
   int world = env().size;
   auto failed = failed_;
   state_[b].launched = true;
-  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale] {
+  const bool direct = bk.direct;
+  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale,
+                                                            direct] {
     if (failed->load()) return;  // the step's agreement failed: move no data
     try {
       for (const auto& s : to_scale) s.mul_(1.0 / world);
       Backend& be = backend_for(t);
-      // Contributions are pre-scaled for "average" (see prepare), so the bucket is summed.
-      const ReduceOp wire_op = op == ReduceOp::Average ? ReduceOp::Sum : op;
+      // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
+      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
       if (comp && *comp != t.scalar_type()) {
         // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
         at::Tensor h = t.to(*comp);

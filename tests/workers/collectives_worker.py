@@ -105,6 +105,30 @@ def case_allreduce_large_buffer():
         check_equal(t, want, f"large sum {dtype}")
 
 
+def case_ring_allreduce_sizes_and_identical_bits():
+    # float32/float64 sums of >= 1 MiB take fluxmpi's own ring (reduce-scatter, then
+    # allgather); "average" divides inside its last reduction step. Sizes that do not split
+    # evenly over the ranks, just below and above the threshold, and several segments.
+    n, r = world(), rank()
+    for dtype in (torch.float32, torch.float64):
+        esz = torch.tensor([], dtype=dtype).element_size()
+        for numel in ((1 << 20) // esz - 1, (1 << 20) // esz, 300_007, 2_000_003):
+            base = torch.arange(numel, dtype=torch.float64).remainder(13)
+            t = (base * (r + 1) + r).to(dtype)
+            fm.allreduce_(t)
+            want = (base * (n * (n + 1) // 2) + n * (n - 1) // 2).to(dtype)
+            check_equal(t, want, f"ring sum {dtype} [{numel}]")
+            # Values whose average is inexact: every rank must still hold the same bits.
+            a = (torch.rand(numel, generator=torch.Generator().manual_seed(r)) * 3).to(dtype)
+            mine = a.clone()
+            fm.allreduce_(a, op="average")
+            total = fm.allreduce_(mine.to(torch.float64), op="sum")
+            assert torch.allclose(a.to(torch.float64), total / n, rtol=1e-6, atol=1e-6), dtype
+            first = a.clone()
+            fm.bcast_(first, root_rank=0)
+            assert torch.equal(first, a), f"ring average {dtype} [{numel}]: ranks differ"
+
+
 def case_bcast_every_dtype_root_size():
     n, r = world(), rank()
     for dtype in DTYPES:

@@ -1,19 +1,25 @@
 """synchronize_ of two modules against the limit and against one broadcast per tensor.
 
-    mpiexec -n 2 python benchmarks/bench_sync.py           # full size, 9 repetitions
-    mpiexec -n 2 python benchmarks/bench_sync.py --quick   # ResNet-50 widths / 4, 3 repetitions
+    mpiexec -n 2 python benchmarks/bench_sync.py           # full size, 20 repetitions
+    mpiexec -n 2 python benchmarks/bench_sync.py --quick   # ResNet-50 widths / 4, 4 repetitions
 
 Modules (float32 parameters, built from shape lists, no torchvision):
   resnet50    161 tensors with ResNet-50's parameter shapes, 25.6M floats (102 MB)
   many_small  1000 tensors of 1024 floats (4 MB)
 Peers, timed in the same run on the same bytes:
+  synchronize_       ours, after its first call moved small parameters into flat storage
+  synchronize__no_relocate   ours with relocate=False: small tensors packed on every call
   limit              one mpi4py Bcast of a pre-made buffer holding all the bytes
   per_tensor_mpi4py  one mpi4py Bcast per tensor, straight from the parameters' memory
   per_tensor_bcast_  one fluxmpi_py.bcast_ per tensor (each with its cross-rank check)
-Repetitions alternate between the methods so that a change in machine load hits all alike;
-each repetition is the slowest rank's time between barriers. Reported: medians (ms), ours /
-limit and per-tensor / ours, and the same from the fastest repetitions. Goals: ours <= 1.2x the limit on both modules, and per-tensor
-(mpi4py) >= 3x ours on many_small. Rank 0 prints one JSON line and writes it to
+Repetitions alternate between the methods, in a rotating order, so that a change in machine
+load hits all alike;
+each repetition is the slowest rank's time between barriers. Where memory lands changes a
+broadcast's time here by up to 1.5x (the module built first is slowest), so the repetitions
+are spread over 4 rounds that rebuild every method's memory in a rotated order. Reported: medians (ms), ours /
+limit and per-tensor / ours, and the same from the fastest repetitions; first_call_ms is
+synchronize_'s first call on a module (the one that relocates). Goals: ours <= 1.2x the limit
+on both modules, and per-tensor (mpi4py) >= 3x ours on many_small. Rank 0 prints one JSON line and writes it to
 benchmarks/results/bench_sync.json (--quick: bench_sync.quick.json).
 
 mpi4py and fluxmpi_py share one MPI: mpi4py is imported first and initializes it (thread
@@ -21,6 +27,7 @@ level "multiple"); fluxmpi_py.Init adopts it. The reverse order works too.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,30 +56,67 @@ def timed(fn, comm):
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+def build(kind, shapes, rank, numel):
+    """The memory one method works on. Each method has its own, so that no method's numpy views
+    alias another's parameters (synchronize_ never relocates a parameter that another tensor
+    shares)."""
+    if kind == "limit":
+        return torch.full((numel,), float(rank + 1)).numpy()
+    model = module_of(shapes, rank)
+    if kind == "per_tensor":
+        params = list(model.parameters())
+        return params, [p.detach().numpy() for p in params]  # the parameters' own memory
+    return model
+
+
 def bench(name, shapes, comm, reps):
     rank = comm.Get_rank()
-    model = module_of(shapes, rank)
-    params = list(model.parameters())
-    arrays = [p.detach().numpy() for p in params]  # the parameters' own memory
-    numel = sum(p.numel() for p in params)
-    flat = torch.full((numel,), float(rank + 1)).numpy()
+    numel = sum(math.prod(s) for s in shapes)
+    kinds = ["ours", "ours_kept", "limit", "per_tensor"]
+    times, first = {}, []
+    # Where a buffer lands in memory changes its broadcast time by up to 1.5x here (the module
+    # built first is the slowest), so every round rebuilds all memory in a rotated order: each
+    # method is built first once. Repetitions within a round alternate between the methods.
+    rounds = len(kinds)
+    for rnd in range(rounds):
+        order = kinds[rnd:] + kinds[:rnd]
+        mem = {k: build(k, shapes, rank, numel) for k in order}
+        model, kept, flat = mem["ours"], mem["ours_kept"], mem["limit"]
+        peer_params, arrays = mem["per_tensor"]
 
-    # Correctness first: every rank ends with the root's values.
-    fm.synchronize_(model, root_rank=0)
-    assert all(bool((p == 1.0).all()) for p in params), f"{name}: synchronize_ gave wrong values"
+        # Correctness first: every rank ends with the root's values. This first call is also
+        # the one that relocates small parameters into flat storage: timed on its own.
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fm.synchronize_(model, root_rank=0)
+        first.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        assert all(bool((p == 1.0).all()) for p in model.parameters()), f"{name}: wrong values"
+        # The same without relocation (every small tensor packed and unpacked on every call).
+        fm.synchronize_(kept, root_rank=0, relocate=False)
+        assert all(bool((p == 1.0).all()) for p in kept.parameters()), f"{name}: relocate=False"
 
-    methods = {
-        "synchronize_": lambda: fm.synchronize_(model, root_rank=0),
-        "limit": lambda: comm.Bcast(flat, root=0),
-        "per_tensor_mpi4py": lambda: [comm.Bcast(a, root=0) for a in arrays],
-        "per_tensor_bcast_": lambda: [fm.bcast_(p.detach(), root_rank=0) for p in params],
-    }
-    for fn in methods.values():  # warm up
-        timed(fn, comm)
-    times = {k: [] for k in methods}
-    for _ in range(reps):
-        for k, fn in methods.items():
-            times[k].append(timed(fn, comm))
+        methods = {
+            "synchronize_": lambda: fm.synchronize_(model, root_rank=0),
+            "synchronize__no_relocate": lambda: fm.synchronize_(kept, root_rank=0, relocate=False),
+            "limit": lambda: comm.Bcast(flat, root=0),
+            "per_tensor_mpi4py": lambda: [comm.Bcast(a, root=0) for a in arrays],
+            "per_tensor_bcast_": lambda: [fm.bcast_(p.detach(), root_rank=0) for p in peer_params],
+        }
+        for fn in methods.values():  # warm up
+            timed(fn, comm)
+        names = list(methods)
+        for i in range(max(1, reps // rounds)):
+            # Rotated too: a large broadcast right after a thousand small ones runs slower
+            # here, so no method may always follow the per-tensor ones.
+            for k in names[i % len(names):] + names[:i % len(names)]:
+                times.setdefault(k, []).append(timed(methods[k], comm))
+        if os.environ.get("BENCH_DEBUG") and rank == 0:
+            ps = list(model.parameters())
+            print(name, order, "relocated:", ps[0].untyped_storage().data_ptr() == ps[-1].untyped_storage().data_ptr(),
+                  {k: round(statistics.median(v[-max(1, reps // rounds):]) * 1e3, 3) for k, v in times.items()}, flush=True)
+        del mem, model, kept, flat, peer_params, arrays, methods
+    first_ms = statistics.median(first) * 1e3
+    params = shapes
     med = {k: statistics.median(v) for k, v in times.items()}
     low = {k: min(v) for k, v in times.items()}
     return {
@@ -80,7 +124,9 @@ def bench(name, shapes, comm, reps):
         "floats": numel,
         "bytes": numel * 4,
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in med.items()},
+        "first_call_ms": round(first_ms, 3),
         "ratio_to_limit": round(med["synchronize_"] / med["limit"], 3),
+        "no_relocate_ratio_to_limit": round(med["synchronize__no_relocate"] / med["limit"], 3),
         "per_tensor_mpi4py_over_ours": round(med["per_tensor_mpi4py"] / med["synchronize_"], 2),
         "per_tensor_bcast__over_ours": round(med["per_tensor_bcast_"] / med["synchronize_"], 2),
         # Fastest repetitions: on a loaded machine the medians mostly measure the scheduler.
@@ -92,14 +138,15 @@ def bench(name, shapes, comm, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="ResNet-50 widths / 4, 3 repetitions")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 9, quick 3)")
+    ap.add_argument("--quick", action="store_true", help="ResNet-50 widths / 4, 4 repetitions")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="repetitions, spread over 4 rounds (default 20, quick 4)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
     fm.Init()
     comm = MPI.COMM_WORLD
-    reps = args.reps or (3 if args.quick else 9)
+    reps = args.reps or (4 if args.quick else 20)
     results = {
         "resnet50": bench("resnet50", resnet50_param_shapes(4 if args.quick else 1), comm, reps),
         "many_small": bench("many_small", [(1024,)] * 1000, comm, reps),

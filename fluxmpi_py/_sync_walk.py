@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pickle
+import weakref
 from collections import defaultdict
 
 import torch
 from torch import nn
+
+from ._loader import C
 
 # Error classes understood by the compiled agreement (ops/consensus.h: ErrorClass).
 _NONE, _VALUE, _TYPE, _RUNTIME = 0, 1, 2, 3
@@ -84,6 +87,7 @@ class _Flattener:
         self.strict = []     # leaf must be updated in place (its shape must match the root's)
         self.tokens = []     # structure, for the cross-rank hash
         self.generators = []
+        self.walks = []      # the module walks whose tensors are among the leaves
         self.pure = True     # no non-tensor value needs the root's copy
         self._strict = True
         self._active = set()
@@ -125,22 +129,16 @@ class _Flattener:
         return ("V", x)
 
     def module(self, m, path: str):
-        # The hot loop of synchronize_(model): leaf() inlined, since a model may have
-        # thousands of parameters and this walk is part of every call.
         first = len(self.tensors)
+        walk = _module_walk(m)
+        self.walks.append(walk)
         prefix = f"{path}." if path else ""
-        names, tensors, paths, tokens = [], self.tensors, self.paths, self.tokens
-        tokens.append("M")
-        strided = torch.strided
-        for named in (m.named_parameters(), m.named_buffers()):
-            for name, t in named:
-                p = prefix + name
-                if t.layout is not strided or not (t.is_cpu or t.is_cuda):
-                    self.leaf(t, p)  # raises, naming the path
-                names.append(name)
-                tensors.append(t)
-                paths.append(p)
-                tokens.append(p)
+        names, tensors = walk.names, walk.tensors
+        self.tensors.extend(tensors)
+        self.paths.extend([prefix + n for n in names] if prefix else names)
+        self.tokens.append("M")
+        self.tokens.append(prefix)
+        self.tokens.append(walk.digest)
         self.strict.extend([self._strict] * len(names))
         return ("M", first, names)
 
@@ -191,6 +189,13 @@ class _Flattener:
         finally:
             self._active.discard(id(x))
 
+    def compiled_tensors(self):
+        """The leaves for the compiled side: a cached compiled list when they are exactly one
+        module's (synchronize_(model)), else the Python list."""
+        if len(self.walks) == 1 and len(self.walks[0].tensors) == len(self.tensors):
+            return self.walks[0].ctensors()
+        return self.tensors
+
     def structure_hash(self) -> int:
         digest = hashlib.blake2b("\x1f".join(self.tokens).encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little", signed=True)
@@ -199,6 +204,83 @@ class _Flattener:
         return [(p, tuple(t.shape), t.dtype, t.device.type, s, isinstance(t, nn.Parameter),
                  t.requires_grad)
                 for p, t, s in zip(self.paths, self.tensors, self.strict)]
+
+
+class _ModuleWalk:
+    """One module's tensor leaves (named_parameters, then named_buffers), with what is needed
+    to tell cheaply that the module still holds exactly these: every submodule's parameter,
+    buffer and child dicts, by key and by object identity."""
+
+    __slots__ = ("names", "tensors", "digest", "snapshot", "_ctensors", "_hash", "__weakref__")
+
+    def __init__(self, m):
+        self.names, self.tensors, self._ctensors, self._hash = [], [], None, None
+        strided = torch.strided
+        for named in (m.named_parameters(), m.named_buffers()):
+            for name, t in named:
+                if t.layout is not strided or not (t.is_cpu or t.is_cuda):
+                    _Flattener().leaf(t, name)  # raises, naming the path
+                self.names.append(name)
+                self.tensors.append(t)
+        self.digest = hashlib.blake2b("\x1f".join(self.names).encode(), digest_size=8).hexdigest()
+        # Only the dicts, never the modules that own them: the cache is keyed weakly by the
+        # module, so its value must not keep the module alive. (It does keep the tensors alive
+        # until the module's next walk replaces it.)
+        self.snapshot = [(d, list(d), list(d.values()))
+                         for sub in m.modules()
+                         for d in (sub._parameters, sub._buffers, sub._modules)]
+
+    def structure_hash(self) -> int:
+        """synchronize_(module)'s structure hash, from the cached walk alone."""
+        if self._hash is None:
+            self._hash = int.from_bytes(hashlib.blake2b(f"M\x1f\x1f{self.digest}".encode(),
+                                                        digest_size=8).digest(), "little",
+                                        signed=True)
+        return self._hash
+
+    def ctensors(self):
+        """The tensors as one compiled list, converted once per walk."""
+        if self._ctensors is None:
+            self._ctensors = C.TensorList(self.tensors)
+        return self._ctensors
+
+
+
+# id(module) -> (weak reference to the module, its last walk). Reused while the module holds
+# the same tensors: walking a model of a thousand parameters through named_parameters() costs
+# about as much as broadcasting it. The weak reference's callback drops the entry.
+_walks: dict = {}
+# Classes that change how parameters are listed are walked every time.
+_PLAIN_LISTING = (nn.Module.named_parameters, nn.Module.named_buffers, nn.Module.named_modules,
+                  nn.Module._named_members)
+_plain_types: dict = {}
+
+
+def _is_plain(t) -> bool:
+    plain = _plain_types.get(t)
+    if plain is None:
+        plain = _plain_types[t] = (t.named_parameters, t.named_buffers, t.named_modules,
+                                   t._named_members) == _PLAIN_LISTING
+    return plain
+
+
+def _forget(key):
+    return lambda _ref: _walks.pop(key, None)
+
+
+def _module_walk(m) -> _ModuleWalk:
+    plain = _is_plain(type(m))
+    if plain:
+        entry = _walks.get(id(m))
+        if entry is not None and entry[0]() is m and C.dicts_unchanged(entry[1].snapshot):
+            return entry[1]
+    walk = _ModuleWalk(m)
+    if plain:
+        try:
+            _walks[id(m)] = (weakref.ref(m, _forget(id(m))), walk)
+        except TypeError:  # not weakly referenceable
+            pass
+    return walk
 
 
 def _children(node, path: str):

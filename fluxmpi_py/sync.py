@@ -22,7 +22,10 @@ import pickle
 
 from ._loader import C
 from ._sync_apply import _Planner
-from ._sync_walk import _NONE, _RUNTIME, _TYPE, _Flattener, _SyncError, _pickle_error, _type_name
+from torch import nn
+
+from ._sync_walk import (_NONE, _RUNTIME, _TYPE, _Flattener, _module_walk, _SyncError, _pickle_error,
+                         _type_name)
 
 __all__ = ["synchronize_"]
 
@@ -41,7 +44,7 @@ def _root_index(root_rank):
 
 
 def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 direct_bytes: int = DEFAULT_DIRECT_BYTES):
+                 direct_bytes: int = DEFAULT_DIRECT_BYTES, relocate: bool = True):
     """Bring ``obj`` on every rank to root_rank's value and return it. A collective.
 
     Updated in place: tensors, ``nn.Module`` parameters and buffers, tensors inside dicts,
@@ -58,6 +61,10 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
 
     Small tensors travel packed into flat buffers of at most ``bucket_bytes`` bytes; tensors
     of at least ``direct_bytes`` bytes are broadcast alone, from and into their own memory.
+    With ``relocate`` (the default), small CPU parameters that no other tensor shares storage
+    with are moved, on the first call, into one flat storage per packed buffer: the same
+    ``Parameter`` objects with the same values, now views into it. Later calls then broadcast
+    that storage in place, with no packing. ``relocate=False`` leaves every storage alone.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)
@@ -74,6 +81,20 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
     except (TypeError, ValueError):
         err = err or _SyncError(_TYPE, "bucket_bytes and direct_bytes must be ints")
         bucket_bytes = direct_bytes = 1
+    relocate = bool(relocate)
+    if err is None and isinstance(obj, nn.Module):
+        # The common case, synchronize_(model), straight from the cached walk: no tree, and no
+        # per-parameter Python work on a call whose module still holds the same tensors.
+        try:
+            walk = _module_walk(obj)
+        except Exception:  # noqa: BLE001 - the full walk below names the problem
+            walk = None
+        if walk is not None:
+            if C.sync_fast_path(walk.ctensors(), root, walk.structure_hash(), False, _NONE, "",
+                                bucket_bytes, direct_bytes, relocate):
+                return obj
+            # The ranks' structures differ: every rank is now on the slow path below.
+            return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate)
     flat = _Flattener()
     tree = None
     if err is None:
@@ -84,15 +105,32 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
         except Exception as e:  # noqa: BLE001 - e.g. a state_dict() that fails on one rank
             err = _SyncError(_RUNTIME, f"walking the object failed: {type(e).__name__}: {e}")
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
-    tensors = flat.tensors if err is None else []
+    tensors = flat.compiled_tensors() if err is None else []
     if C.sync_fast_path(tensors, root, flat.structure_hash(), not flat.pure, cls, text,
-                        bucket_bytes, direct_bytes):
+                        bucket_bytes, direct_bytes, relocate):
         if rank != root:
             for gen, i in flat.generators:
                 gen.set_state(flat.tensors[i])
         return obj
+    return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat, tree)
 
-    # Slow path: the root's tree travels, then every rank lines up against it.
+
+def _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat=None, tree=None):
+    """The root's tree travels, then every rank lines up against it."""
+    if flat is None:
+        flat = _Flattener()
+        try:
+            tree = flat.visit(obj)
+        except _SyncError as e:
+            err = e
+        except Exception as e:  # noqa: BLE001
+            err = _SyncError(_RUNTIME, f"walking the object failed: {type(e).__name__}: {e}")
+        else:
+            err = None
+        if err is not None:
+            # Every rank reaches the skeleton stage: fail there, on every rank.
+            C.broadcast_bytes(None, root, err.cls, err.msg)
+            raise AssertionError("unreachable: the agreement raises")  # pragma: no cover
     payload, err = None, None
     if rank == root:
         try:
@@ -102,7 +140,7 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
     data = C.broadcast_bytes(payload, root, cls, text)
     if rank == root:
-        C.coalesced_broadcast(flat.tensors, root, _NONE, "", bucket_bytes, direct_bytes)
+        C.coalesced_broadcast(flat.tensors, root, _NONE, "", bucket_bytes, direct_bytes, relocate)
         return obj
     planner, err = None, None
     try:
@@ -115,5 +153,5 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
         err = _SyncError(_RUNTIME, f"reading the root's objects failed: {type(e).__name__}: {e}")
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
     C.coalesced_broadcast(planner.targets if err is None else [], root, cls, text,
-                          bucket_bytes, direct_bytes)
+                          bucket_bytes, direct_bytes, relocate)
     return planner.rebuild(root_tree, obj)

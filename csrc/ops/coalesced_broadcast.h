@@ -22,6 +22,9 @@ struct CoalescedOptions {
   // latency (about 5-10 us over shared memory or InfiniBand) is cheaper than copying the
   // bytes in on the root and out on the others (2 x 64 KiB at ~13 GB/s is ~10 us).
   std::int64_t direct_bytes = std::int64_t(64) << 10;
+  // Move parameters that nothing else references into flat storage laid out like their
+  // packed buffer, so that later broadcasts read and write them in place (see relocatable()).
+  bool relocate = false;
 };
 
 // One broadcast: a tensor alone (`direct`) or a packed buffer of `bytes` bytes holding
@@ -32,6 +35,25 @@ struct BroadcastStep {
   std::vector<std::size_t> members;
   std::int64_t bytes = 0;
 };
+
+// A packed buffer needs no copy on a rank whose members already sit in one flat storage that
+// fluxmpi_py made, at the buffer's offsets: that memory is the buffer. With `relocate`, a
+// packed step whose members are all relocatable is broadcast through a new flat storage that
+// its members then adopt (set_data: the same tensor objects, now views into it); the others
+// receive straight into it, with no unpack copy. Each rank decides this from its own memory
+// alone; the bytes on the wire are the same either way.
+//
+// Relocatable: a contiguous CPU leaf that requires grad (a parameter: numpy() cannot alias
+// it) and whose storage holds exactly it and is referenced by no other tensor.
+bool relocatable(const at::Tensor& t);
+
+// Bytes this process copied into or out of packed buffers, and bytes of packed buffers it
+// broadcast in place (a relocated home), since it started. For tests and benchmarks.
+struct CopyCounters {
+  std::int64_t copied = 0;
+  std::int64_t in_place = 0;
+};
+CopyCounters copy_counters();
 
 // Pure: the broadcasts for `tensors`, from their byte sizes and device types only, so every
 // rank whose tensors agree on those computes the same plan. Empty tensors are skipped.
@@ -44,8 +66,10 @@ std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t s
 // Data movement only: the root's tensors' bytes into every rank's tensors of the same
 // position, in place. Callers have agreed that all ranks hold the same shapes and dtypes.
 // Must run inline on the engine or on its thread.
+// `plan`, when given, is plan_broadcast(tensors, opts), computed by the caller (a cache).
 void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
-                              const CoalescedOptions& opts);
+                              const CoalescedOptions& opts,
+                              const std::vector<BroadcastStep>* plan = nullptr);
 
 // Agree first (kind CoalescedBroadcast: root, tensor count, shapes, and this rank's error
 // `err` with message `err_text`, which raises on every rank), then move the data.

@@ -127,24 +127,28 @@ std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
 
-void agree(const Signature& sig, const std::string& what, const std::string& text) {
-  agree(sig, what, text, [&] { return text; });
+bool agree(const Signature& sig, const std::string& what, const std::string& text) {
+  return agree(sig, what, text, [&] { return text; });
 }
 
-void agree(const Signature& sig, const std::string& what, const std::string& error_text,
+bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe) {
   const auto& e = env();
   if (e.size == 1) {
     if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": rank 0: " + error_text);
-    return;
+    return sig.soft_flag == 0;
   }
-  std::int64_t v[2 * kFields];
+  // The checked fields and `soft`, then their negatives (max of -x is -min), then soft_flag.
+  constexpr int n = kFields + 1;
+  std::int64_t v[2 * n + 1];
   pack(sig, v);
-  for (int i = 0; i < kFields; ++i) v[kFields + i] = -v[i];
-  mpi_backend().allreduce(v, 2 * kFields, c10::kLong, ReduceOp::Max);
+  v[kFields] = sig.soft;
+  for (int i = 0; i < n; ++i) v[n + i] = -v[i];
+  v[2 * n] = sig.soft_flag != 0 ? 1 : 0;
+  mpi_backend().allreduce(v, 2 * n + 1, c10::kLong, ReduceOp::Max);
   bool same = true;
-  for (int i = 0; i < kFields; ++i) same &= (v[i] == -v[kFields + i]);
-  if (same && sig.error == ErrorClass::None) return;
+  for (int i = 0; i < kFields; ++i) same &= (v[i] == -v[n + i]);
+  if (same && sig.error == ErrorClass::None) return v[kFields] == -v[n + kFields] && v[2 * n] == 0;
   // Slow path, identical on every rank: gather signatures and texts, then raise everywhere.
   std::int64_t mine[kFields];
   pack(sig, mine);

@@ -40,6 +40,10 @@ struct Signature {
   std::int64_t numel = 0;    // elements (or bytes, or tensors: whatever the call compares)
   std::int64_t detail = 0;   // a hash of shapes / plan; compared, never interpreted
   ErrorClass error = ErrorClass::None;
+  // Travel in the same allreduce but never raise: agree() returns true when `soft` is equal
+  // on every rank and `soft_flag` is 0 on every rank (a caller's "can we take the fast path").
+  std::int64_t soft = 0;
+  std::int64_t soft_flag = 0;
 };
 
 // A 63-bit FNV-1a hash, for Signature::detail.
@@ -49,11 +53,12 @@ std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed = 0);
 // message when sig.error != None, else a short description of its argument (shape, name)
 // that is shown only if the ranks disagree. Must run where collectives may run (inline on
 // the engine or on the engine thread). With one rank it only raises a local error.
-void agree(const Signature& sig, const std::string& what, const std::string& text);
+// Returns whether the soft fields agree (see Signature).
+bool agree(const Signature& sig, const std::string& what, const std::string& text);
 
 // The same, but the description is made only when the ranks disagree (formatting a shape on
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
-void agree(const Signature& sig, const std::string& what, const std::string& error_text,
+bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe);
 
 // "torch.float32" for c10::kFloat: dtype names as Python users write them.

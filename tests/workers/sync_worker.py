@@ -156,6 +156,130 @@ def case_module_parameters_and_buffers_in_place():
             assert all(p.requires_grad for p in m.parameters())
 
 
+def shares_one_storage(params):
+    return len({p.untyped_storage().data_ptr() for p in params}) == 1
+
+
+def assert_like(m, root):
+    ref = Net()
+    fill(ref, root)
+    for (n, a), (_, b) in zip(m.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), (n, R(), root)
+
+
+def case_relocation_then_in_place_broadcasts():
+    # The first call moves the small parameters into one flat storage (with >1 rank); later
+    # calls broadcast it in place. The objects, values, leaf-ness and autograd stay intact.
+    m = Net()
+    fill(m, R())
+    before = [id(p) for p in m.parameters()]
+    fm.synchronize_(m, root_rank=0)
+    params = list(m.parameters())
+    assert [id(p) for p in params] == before
+    assert_like(m, 0)
+    if W() > 1:
+        assert shares_one_storage(params), "small parameters were not relocated"
+    assert not shares_one_storage(list(m.buffers())[:2])  # buffers never move
+    assert all(p.is_leaf and p.requires_grad for p in params)
+    for root in roots():
+        fill(m, R() + 7)  # in place, into the relocated storage
+        fm.synchronize_(m, root_rank=root)
+        ref = Net()
+        fill(ref, root + 7)
+        for (n, a), (_, b) in zip(m.state_dict().items(), ref.state_dict().items()):
+            assert torch.equal(a, b), (n, root)
+    # Gradients and an optimizer step still work on relocated parameters.
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(torch.ones(4, 4)).sum().backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in m.parameters())
+    opt.step()
+    for p in m.parameters():
+        identical_everywhere(p)
+
+
+def case_relocated_model_broadcasts_without_copies():
+    # A model of small parameters only: after the first call nothing is copied, even though a
+    # Python storage object was made for every parameter beforehand (as torch.save does).
+    from fluxmpi_py._loader import C
+    m = nn.Sequential(*[nn.Linear(16, 16) for _ in range(30)])
+    with torch.no_grad():
+        for p in m.parameters():
+            p.fill_(R())
+    storages = [p.untyped_storage() for p in m.parameters()]
+    del storages
+    fm.synchronize_(m, root_rank=0)
+    if W() > 1:
+        assert shares_one_storage(list(m.parameters()))
+    for root in roots():
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(R() + 3)
+        copied, in_place = C.sync_copy_counters()
+        fm.synchronize_(m, root_rank=root)
+        copied2, in_place2 = C.sync_copy_counters()
+        assert all(bool((p == root + 3).all()) for p in m.parameters())
+        if W() > 1:
+            assert copied2 == copied, f"{copied2 - copied} bytes copied"
+            assert in_place2 - in_place >= sum(p.numel() * 4 for p in m.parameters())
+    # A storage object someone holds is a holder: the home is then left alone (copies again).
+    held = m[0].weight.untyped_storage()
+    copied, _ = C.sync_copy_counters()
+    fm.synchronize_(m, root_rank=0)
+    assert held.data_ptr() == m[0].weight.untyped_storage().data_ptr()
+    if W() > 1:
+        assert C.sync_copy_counters()[0] > copied
+
+
+def case_relocation_skips_shared_storage_and_can_be_turned_off():
+    m = Net()
+    fill(m, R())
+    alias = m.fc.weight.detach()  # another tensor on fc.weight's storage
+    view = m.head.bias.detach().numpy()  # numpy shares head.bias's memory through a detach
+    fm.synchronize_(m, root_rank=0)
+    assert_like(m, 0)
+    assert alias.data_ptr() == m.fc.weight.data_ptr(), "a shared parameter was moved"
+    assert view.ctypes.data == m.head.bias.data_ptr()
+    assert float(view[0]) == float(m.head.bias.detach()[0])
+    n = Net()
+    fill(n, R())
+    ptrs = [p.data_ptr() for p in n.parameters()]
+    fm.synchronize_(n, root_rank=W() - 1, relocate=False)
+    assert [p.data_ptr() for p in n.parameters()] == ptrs
+    assert_like(n, W() - 1)
+
+
+def case_cached_walk_sees_modules_change():
+    # synchronize_ caches a module's walk; every change to what the module holds must show.
+    m = Net()
+    fill(m, R())
+    fm.synchronize_(m)
+    m.fc = nn.Linear(4, 6)  # a new submodule, different values on every rank
+    with torch.no_grad():
+        m.fc.weight.fill_(R() + 1.0)
+    m.register_buffer("extra", torch.full((3,), float(R())))
+    old_bias = m.head.bias  # relocated, and still held here (as an optimizer would)
+    old_value = old_bias.detach().clone()
+    m.head.bias = nn.Parameter(torch.full((3,), 10.0 + R()))
+    m.bn.running_mean.fill_(float(R()))
+    fm.synchronize_(m, root_rank=W() - 1)
+    assert torch.equal(m.fc.weight.detach(), torch.full((6, 4), float(W())))
+    assert torch.equal(m.extra, torch.full((3,), float(W() - 1)))
+    assert torch.equal(m.head.bias.detach(), torch.full((3,), 10.0 + W() - 1))
+    assert torch.equal(m.bn.running_mean, torch.full((6,), float(W() - 1)))
+    assert torch.equal(old_bias.detach(), old_value), "a parameter no longer in the module changed"
+    # .data replaced after relocation: a new storage, still synchronized
+    m.head.weight.data = torch.full((3, 6), float(R()))
+    fm.synchronize_(m, root_rank=0)
+    assert torch.equal(m.head.weight.detach(), torch.zeros(3, 6))
+    # A shape that differs from the root's after relocation: raises everywhere, changes nothing
+    if R() == 1:
+        m.head.bias.data = torch.zeros(4)
+    keep = [t.detach().clone() for t in m.state_dict().values()]
+    if W() > 1:
+        expect_raise(ValueError, lambda: fm.synchronize_(m, root_rank=0), "head.bias")
+        assert all(torch.equal(a, b) for a, b in zip(keep, m.state_dict().values()))
+
+
 # --- optimizers --------------------------------------------------------------------------
 
 class Wrapped:

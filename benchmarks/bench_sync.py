@@ -110,10 +110,6 @@ def bench(name, shapes, comm, reps):
             # here, so no method may always follow the per-tensor ones.
             for k in names[i % len(names):] + names[:i % len(names)]:
                 times.setdefault(k, []).append(timed(methods[k], comm))
-        if os.environ.get("BENCH_DEBUG") and rank == 0:
-            ps = list(model.parameters())
-            print(name, order, "relocated:", ps[0].untyped_storage().data_ptr() == ps[-1].untyped_storage().data_ptr(),
-                  {k: round(statistics.median(v[-max(1, reps // rounds):]) * 1e3, 3) for k, v in times.items()}, flush=True)
         del mem, model, kept, flat, peer_params, arrays, methods
     first_ms = statistics.median(first) * 1e3
     params = shapes

@@ -124,20 +124,26 @@ constexpr std::int64_t kMaxChunk = std::int64_t(1) << 30;
 
 // Large float sums use our own ring allreduce (reduce-scatter, then allgather) over
 // MPI_Sendrecv instead of MPI_Allreduce. Measured here (2 ranks, Open MPI 4.1, shared memory,
-// benchmarks/bench_collectives.py): as fast as MPI_Allreduce up to 25 MiB and about 2x faster
-// above ~32 MiB, where Open MPI's algorithm falls out of cache; and "average"'s division is
-// folded into the ring's last reduction step, so it costs no extra pass over the buffer (a
-// separate pass is ~2.5 ms per 25 MiB). Each segment travels through a small staging buffer
-// that stays in cache. Every element is reduced on exactly one rank and then copied to the
-// others, so all ranks hold identical bits. FLUXMPI_RING_MIN_BYTES sets the smallest buffer
-// that takes the ring (default 1 MiB; 0 turns the ring off).
-constexpr std::int64_t kRingSegmentBytes = std::int64_t(128) << 10;
+// benchmarks/bench_collectives.py): Open MPI's algorithm falls out of cache above ~32 MiB,
+// where the ring is about 2x faster (64 MiB: 20.7 ms vs 40.1 ms), while from 1 to 16 MiB the
+// two are within noise or MPI is a little ahead. So a plain sum takes the ring from 16 MiB. An
+// average takes it from 1 MiB: the ring divides inside its last reduction step, which saves a
+// whole pass over the buffer (~2.5 ms per 25 MiB). Each segment travels through a small
+// staging buffer that stays in cache. Every element is reduced on exactly one rank and then
+// copied to the others, so all ranks hold identical bits. FLUXMPI_RING_MIN_BYTES sets the
+// plain-sum threshold (default 16 MiB; 0 turns the ring off for sums and averages).
+// A chunk moves in segments of a quarter chunk, between 256 KiB and 2 MiB: each segment is one
+// MPI_Sendrecv (~10-20 us of handshake over shared memory), so 128 KiB segments made the ring
+// 1.7x slower than MPI_Allreduce on ResNet-50's 1-9 MiB gradients; and 2 MiB stays in cache.
+constexpr std::int64_t kRingMinSegmentBytes = std::int64_t(256) << 10;
+constexpr std::int64_t kRingMaxSegmentBytes = std::int64_t(2) << 20;
+constexpr std::int64_t kRingMinAverageBytes = std::int64_t(1) << 20;
 constexpr int kRingTag = 0x464d;  // on fluxmpi's own communicator, never the user's
 
 std::int64_t ring_min_bytes() {
   static const std::int64_t v = [] {
     const char* s = std::getenv("FLUXMPI_RING_MIN_BYTES");
-    if (s == nullptr || *s == '\0') return std::int64_t(1) << 20;
+    if (s == nullptr || *s == '\0') return std::int64_t(16) << 20;
     char* end = nullptr;
     long long n = std::strtoll(s, &end, 10);
     TORCH_CHECK_VALUE(end != s && *end == '\0' && n >= 0,
@@ -153,7 +159,10 @@ void ring_allreduce(T* buf, std::int64_t count, int divisor, MPI_Datatype type, 
                     int rank, int size) {
   // Thread-local: the engine thread and an inline caller never share it.
   thread_local std::vector<T> staging;
-  const std::int64_t seg = std::max<std::int64_t>(1, kRingSegmentBytes / sizeof(T));
+  const std::int64_t chunk_bytes = (count / size + 1) * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t seg_bytes =
+      std::clamp(chunk_bytes / 4, kRingMinSegmentBytes, kRingMaxSegmentBytes);
+  const std::int64_t seg = std::max<std::int64_t>(1, seg_bytes / sizeof(T));
   if (static_cast<std::int64_t>(staging.size()) < seg) staging.resize(seg);
   T* tmp = staging.data();
   auto lo = [&](int c) { return count * c / size; };
@@ -214,7 +223,10 @@ class MpiBackend final : public Backend {
     TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
     const auto& e = env();
     const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
-    if (e.size > 1 && bytes >= ring_min_bytes()) {
+    std::int64_t ring_from = ring_min_bytes();
+    const bool ring_off = ring_from == std::numeric_limits<std::int64_t>::max();
+    if (divisor != 1 && !ring_off) ring_from = std::min(ring_from, kRingMinAverageBytes);
+    if (e.size > 1 && bytes >= ring_from) {
       BlockingCall guard("allreduce");
       if (dt == c10::kFloat) {
         ring_allreduce(static_cast<float*>(buf), count, divisor, MPI_FLOAT, e.comm, e.rank,

@@ -106,13 +106,14 @@ def case_allreduce_large_buffer():
 
 
 def case_ring_allreduce_sizes_and_identical_bits():
-    # float32/float64 sums of >= 1 MiB take fluxmpi's own ring (reduce-scatter, then
-    # allgather); "average" divides inside its last reduction step. Sizes that do not split
-    # evenly over the ranks, just below and above the threshold, and several segments.
+    # float32/float64 averages of >= 1 MiB and sums of >= 16 MiB take fluxmpi's own ring
+    # (reduce-scatter, then allgather); "average" divides inside its last reduction step.
+    # Sizes that do not split evenly over the ranks, at the thresholds, several segments.
     n, r = world(), rank()
     for dtype in (torch.float32, torch.float64):
         esz = torch.tensor([], dtype=dtype).element_size()
-        for numel in ((1 << 20) // esz - 1, (1 << 20) // esz, 300_007, 2_000_003):
+        for numel in ((1 << 20) // esz - 1, (1 << 20) // esz, 300_007, 2_000_003,
+                      (16 << 20) // esz + 5):
             base = torch.arange(numel, dtype=torch.float64).remainder(13)
             t = (base * (r + 1) + r).to(dtype)
             fm.allreduce_(t)

@@ -121,6 +121,45 @@ def case_small_buckets_and_direct_paths():
     check_equivalent(ADAMW, wrap=dict(bucket_cap_mb=1000, direct_min_bytes=1 << 40))
 
 
+def case_large_gradients_reduced_in_place():
+    # A 1.2 MB weight takes the default direct path: reduced in autograd's own tensor, with the
+    # ring allreduce dividing inside its last step. It must still equal one process with the
+    # whole batch, for fresh and for in-place-zeroed gradients, and with accumulation.
+    n, r = fm.total_workers(), fm.local_rank()
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(n * B, 512, generator=g), torch.randn(n * B, 600, generator=g)
+
+    def run(distributed, set_to_none, accumulate):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(512, 600), nn.Tanh(), nn.Linear(600, 600))
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        opt = fm.DistributedOptimizer(base) if distributed else base
+        xs, ys = (x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) if distributed else (x, y)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=set_to_none)
+            if accumulate:  # two half batches, the first without communication
+                h = xs.shape[0] // 2
+                ctx = opt.no_sync() if distributed else contextlib.nullcontext()
+                with ctx:
+                    (F.mse_loss(model(xs[:h]), ys[:h]) / 2).backward()
+                (F.mse_loss(model(xs[h:]), ys[h:]) / 2).backward()
+            else:
+                F.mse_loss(model(xs), ys).backward()
+            if distributed:
+                w = model[0].weight
+                assert w.grad.untyped_storage().nbytes() == w.grad.nbytes, \
+                    "a >= 1 MiB gradient should live in its own storage"
+            opt.step()
+        return model
+
+    for set_to_none, accumulate in ((True, False), (False, False), (True, True)):
+        dist = run(True, set_to_none, accumulate)
+        assert_identical_across_ranks(dist)
+        ref = run(False, set_to_none, accumulate)
+        for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
 def case_zero_grad_in_place():
     check_equivalent(SGD, set_to_none=False)
 

@@ -20,6 +20,12 @@ _NONE, _VALUE, _TYPE, _RUNTIME = 0, 1, 2, 3
 _MISSING = object()
 
 
+def _hash64(text: str) -> int:
+    """A signed 64-bit hash of a structure's text, equal on every rank and every run."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
 class _SyncError(Exception):
     """A local problem, carried into the next agreement so that every rank raises it."""
 
@@ -87,7 +93,6 @@ class _Flattener:
         self.strict = []     # leaf must be updated in place (its shape must match the root's)
         self.tokens = []     # structure, for the cross-rank hash
         self.generators = []
-        self.walks = []      # the module walks whose tensors are among the leaves
         self.pure = True     # no non-tensor value needs the root's copy
         self._strict = True
         self._active = set()
@@ -131,7 +136,6 @@ class _Flattener:
     def module(self, m, path: str):
         first = len(self.tensors)
         walk = _module_walk(m)
-        self.walks.append(walk)
         prefix = f"{path}." if path else ""
         names, tensors = walk.names, walk.tensors
         self.tensors.extend(tensors)
@@ -189,16 +193,8 @@ class _Flattener:
         finally:
             self._active.discard(id(x))
 
-    def compiled_tensors(self):
-        """The leaves for the compiled side: a cached compiled list when they are exactly one
-        module's (synchronize_(model)), else the Python list."""
-        if len(self.walks) == 1 and len(self.walks[0].tensors) == len(self.tensors):
-            return self.walks[0].ctensors()
-        return self.tensors
-
     def structure_hash(self) -> int:
-        digest = hashlib.blake2b("\x1f".join(self.tokens).encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little", signed=True)
+        return _hash64("\x1f".join(self.tokens))
 
     def leaf_meta(self):
         return [(p, tuple(t.shape), t.dtype, t.device.type, s, isinstance(t, nn.Parameter),
@@ -222,7 +218,7 @@ class _ModuleWalk:
                     _Flattener().leaf(t, name)  # raises, naming the path
                 self.names.append(name)
                 self.tensors.append(t)
-        self.digest = hashlib.blake2b("\x1f".join(self.names).encode(), digest_size=8).hexdigest()
+        self.digest = str(_hash64("\x1f".join(self.names)))
         # Only the dicts, never the modules that own them: the cache is keyed weakly by the
         # module, so its value must not keep the module alive. (It does keep the tensors alive
         # until the module's next walk replaces it.)
@@ -232,10 +228,8 @@ class _ModuleWalk:
 
     def structure_hash(self) -> int:
         """synchronize_(module)'s structure hash, from the cached walk alone."""
-        if self._hash is None:
-            self._hash = int.from_bytes(hashlib.blake2b(f"M\x1f\x1f{self.digest}".encode(),
-                                                        digest_size=8).digest(), "little",
-                                        signed=True)
+        if self._hash is None:  # what _Flattener gives for this module alone
+            self._hash = _hash64(f"M\x1f\x1f{self.digest}")
         return self._hash
 
     def ctensors(self):

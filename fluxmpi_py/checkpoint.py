@@ -150,36 +150,32 @@ def _same_dict(tree: dict) -> dict:
     return out
 
 
-def _split(tree: Any, tensors: List[torch.Tensor]) -> Any:
-    """Replace the tensors in a nested dict/list/tuple by _Slot markers, collecting them."""
-    if isinstance(tree, torch.Tensor):
-        tensors.append(tree.detach().contiguous())
-        return _Slot(len(tensors) - 1)
+def _map_leaves(tree: Any, is_leaf, fn) -> Any:
+    """`tree` with every leaf (is_leaf) replaced by fn(leaf), through dicts, lists and tuples."""
+    if is_leaf(tree):
+        return fn(tree)
     if isinstance(tree, dict):
         out = _same_dict(tree)
         for k, v in tree.items():
-            out[k] = _split(v, tensors)
+            out[k] = _map_leaves(v, is_leaf, fn)
         return out
     if isinstance(tree, list):
-        return [_split(v, tensors) for v in tree]
+        return [_map_leaves(v, is_leaf, fn) for v in tree]
     if type(tree) is tuple:
-        return tuple(_split(v, tensors) for v in tree)
+        return tuple(_map_leaves(v, is_leaf, fn) for v in tree)
     return tree
+
+
+def _split(tree: Any, tensors: List[torch.Tensor]) -> Any:
+    """Replace the tensors in a nested dict/list/tuple by _Slot markers, collecting them."""
+    def take(t):
+        tensors.append(t.detach().contiguous())
+        return _Slot(len(tensors) - 1)
+    return _map_leaves(tree, lambda x: isinstance(x, torch.Tensor), take)
 
 
 def _join(tree: Any, tensors: List[torch.Tensor]) -> Any:
-    if isinstance(tree, _Slot):
-        return tensors[tree.index]
-    if isinstance(tree, dict):
-        out = _same_dict(tree)
-        for k, v in tree.items():
-            out[k] = _join(v, tensors)
-        return out
-    if isinstance(tree, list):
-        return [_join(v, tensors) for v in tree]
-    if type(tree) is tuple:
-        return tuple(_join(v, tensors) for v in tree)
-    return tree
+    return _map_leaves(tree, lambda x: isinstance(x, _Slot), lambda s: tensors[s.index])
 
 
 def _sync_tensors(tensors: List[torch.Tensor]) -> None:

@@ -95,17 +95,11 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
                 return obj
             # The ranks' structures differ: every rank is now on the slow path below.
             return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate)
-    flat = _Flattener()
-    tree = None
+    flat, tree = _Flattener(), None
     if err is None:
-        try:
-            tree = flat.visit(obj)
-        except _SyncError as e:
-            err = e
-        except Exception as e:  # noqa: BLE001 - e.g. a state_dict() that fails on one rank
-            err = _SyncError(_RUNTIME, f"walking the object failed: {type(e).__name__}: {e}")
+        flat, tree, err = _walk(obj)
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
-    tensors = flat.compiled_tensors() if err is None else []
+    tensors = C.TensorList(flat.tensors if err is None else [])
     if C.sync_fast_path(tensors, root, flat.structure_hash(), not flat.pure, cls, text,
                         bucket_bytes, direct_bytes, relocate):
         if rank != root:
@@ -115,18 +109,23 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
     return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat, tree)
 
 
+def _walk(obj):
+    """(flattener, tree, error): this rank's walk, with any failure as a _SyncError to carry
+    into the next agreement."""
+    flat = _Flattener()
+    try:
+        return flat, flat.visit(obj), None
+    except _SyncError as e:
+        return flat, None, e
+    except Exception as e:  # noqa: BLE001 - e.g. a state_dict() that fails on one rank
+        return flat, None, _SyncError(_RUNTIME,
+                                      f"walking the object failed: {type(e).__name__}: {e}")
+
+
 def _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat=None, tree=None):
     """The root's tree travels, then every rank lines up against it."""
     if flat is None:
-        flat = _Flattener()
-        try:
-            tree = flat.visit(obj)
-        except _SyncError as e:
-            err = e
-        except Exception as e:  # noqa: BLE001
-            err = _SyncError(_RUNTIME, f"walking the object failed: {type(e).__name__}: {e}")
-        else:
-            err = None
+        flat, tree, err = _walk(obj)
         if err is not None:
             # Every rank reaches the skeleton stage: fail there, on every rank.
             C.broadcast_bytes(None, root, err.cls, err.msg)

@@ -1,4 +1,4 @@
-"""allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2 and 4 (and a world of
+"""allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2, 3 and 4 (and a world of
 one started without mpiexec). The cases live in tests/workers/collectives_worker.py."""
 import os
 import re
@@ -13,7 +13,7 @@ from mpi_util import ROOT, WORKERS, mpi_env, run_cases_on  # noqa: E402
 WORKER = "collectives_worker.py"
 
 
-@pytest.mark.parametrize("np", [1, 2, 4])
+@pytest.mark.parametrize("np", [1, 2, 3, 4])
 def test_collectives_under_mpiexec(np):
     out = run_cases_on(WORKER, np, timeout=300)
     assert f"on {np} ranks" in out

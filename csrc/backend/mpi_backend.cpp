@@ -154,6 +154,36 @@ std::int64_t ring_min_bytes() {
   return v;
 }
 
+// One ring step: send `send_n` elements to `right` while receiving `recv_n` from `left`, both
+// cut into pieces of `piece` elements. The right neighbour receives this very chunk, cut the
+// same way, so every message is matched whatever the two chunk lengths (a chunk may be one
+// element shorter, or empty). A received piece goes to recv_at(offset) and then after(offset,
+// n, where). With no piece to receive at some k a rank only sends, and vice versa; no cycle of
+// senders can wait on each other, since each piece k sent is a piece k received.
+template <typename T, typename RecvAt, typename After>
+void ring_step(const T* send, std::int64_t send_n, std::int64_t recv_n, std::int64_t piece,
+               MPI_Datatype type, int right, int left, MPI_Comm comm, RecvAt recv_at,
+               After after) {
+  const std::int64_t ns = (send_n + piece - 1) / piece, nr = (recv_n + piece - 1) / piece;
+  for (std::int64_t k = 0; k < std::max(ns, nr); ++k) {
+    const std::int64_t off = k * piece;
+    const int sn = k < ns ? static_cast<int>(std::min(piece, send_n - off)) : 0;
+    const int rn = k < nr ? static_cast<int>(std::min(piece, recv_n - off)) : 0;
+    T* dst = rn > 0 ? recv_at(off) : nullptr;
+    if (sn > 0 && rn > 0) {
+      check(MPI_Sendrecv(send + off, sn, type, right, kRingTag, dst, rn, type, left, kRingTag,
+                         comm, MPI_STATUS_IGNORE),
+            "MPI_Sendrecv (ring allreduce)");
+    } else if (sn > 0) {
+      check(MPI_Send(send + off, sn, type, right, kRingTag, comm), "MPI_Send (ring allreduce)");
+    } else {
+      check(MPI_Recv(dst, rn, type, left, kRingTag, comm, MPI_STATUS_IGNORE),
+            "MPI_Recv (ring allreduce)");
+    }
+    if (rn > 0) after(off, rn, dst);
+  }
+}
+
 template <typename T>
 void ring_allreduce(T* buf, std::int64_t count, int divisor, MPI_Datatype type, MPI_Comm comm,
                     int rank, int size) {
@@ -172,35 +202,26 @@ void ring_allreduce(T* buf, std::int64_t count, int divisor, MPI_Datatype type, 
   // Reduce-scatter: after step s, chunk (rank - s - 1) holds the sum of s + 2 ranks here.
   for (int s = 0; s + 1 < size; ++s) {
     const int sc = mod(rank - s), rc = mod(rank - s - 1);
-    const std::int64_t s0 = lo(sc), s1 = lo(sc + 1), r0 = lo(rc), r1 = lo(rc + 1);
-    const bool last = s + 2 == size;
-    const std::int64_t segs = std::max((s1 - s0 + seg - 1) / seg, (r1 - r0 + seg - 1) / seg);
-    for (std::int64_t k = 0; k < segs; ++k) {
-      const std::int64_t so = std::min(s1, s0 + k * seg), sn = std::min(seg, s1 - so);
-      const std::int64_t ro = std::min(r1, r0 + k * seg), rn = std::min(seg, r1 - ro);
-      check(MPI_Sendrecv(buf + so, static_cast<int>(sn), type, right, kRingTag, tmp,
-                         static_cast<int>(rn), type, left, kRingTag, comm, MPI_STATUS_IGNORE),
-            "MPI_Sendrecv (ring allreduce)");
-      T* d = buf + ro;
-      if (last && divisor != 1) {
-        for (std::int64_t i = 0; i < rn; ++i) d[i] = (d[i] + tmp[i]) / inv;
-      } else {
-        for (std::int64_t i = 0; i < rn; ++i) d[i] += tmp[i];
-      }
-    }
+    const bool divide = s + 2 == size && divisor != 1;
+    T* acc = buf + lo(rc);
+    ring_step(buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, type, right, left,
+              comm, [&](std::int64_t) { return tmp; },
+              [&](std::int64_t off, int n, const T* got) {
+                T* d = acc + off;
+                if (divide) {
+                  for (int i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / inv;
+                } else {
+                  for (int i = 0; i < n; ++i) d[i] += got[i];
+                }
+              });
   }
   // Allgather: pass the finished chunks around the ring, straight into place.
   for (int s = 0; s + 1 < size; ++s) {
     const int sc = mod(rank + 1 - s), rc = mod(rank - s);
-    const std::int64_t s0 = lo(sc), s1 = lo(sc + 1), r0 = lo(rc), r1 = lo(rc + 1);
-    for (std::int64_t so = s0, ro = r0; so < s1 || ro < r1; so += kMaxChunk, ro += kMaxChunk) {
-      const std::int64_t sn = std::max<std::int64_t>(0, std::min(kMaxChunk, s1 - so));
-      const std::int64_t rn = std::max<std::int64_t>(0, std::min(kMaxChunk, r1 - ro));
-      check(MPI_Sendrecv(buf + std::min(so, s1), static_cast<int>(sn), type, right, kRingTag,
-                         buf + std::min(ro, r1), static_cast<int>(rn), type, left, kRingTag, comm,
-                         MPI_STATUS_IGNORE),
-            "MPI_Sendrecv (ring allgather)");
-    }
+    T* dst = buf + lo(rc);
+    ring_step(buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxChunk, type, right,
+              left, comm, [&](std::int64_t off) { return dst + off; },
+              [](std::int64_t, int, const T*) {});
   }
 }
 
@@ -211,6 +232,26 @@ void divide_in_place(T* buf, std::int64_t count, int divisor) {
 }
 
 class MpiBackend final : public Backend {
+ private:
+  // The ring, when it is the faster choice for this buffer (see ring_min_bytes): sum / divisor
+  // in place. Returns false, having done nothing, when MPI_Allreduce should run instead.
+  bool ring(void* buf, std::int64_t count, c10::ScalarType dt, int divisor) {
+    const auto& e = env();
+    if (e.size == 1 || (dt != c10::kFloat && dt != c10::kDouble)) return false;
+    std::int64_t from = ring_min_bytes();
+    if (from == std::numeric_limits<std::int64_t>::max()) return false;  // turned off
+    if (divisor != 1) from = std::min(from, kRingMinAverageBytes);
+    if (count * static_cast<std::int64_t>(c10::elementSize(dt)) < from) return false;
+    BlockingCall guard("allreduce");
+    if (dt == c10::kFloat) {
+      ring_allreduce(static_cast<float*>(buf), count, divisor, MPI_FLOAT, e.comm, e.rank, e.size);
+    } else {
+      ring_allreduce(static_cast<double*>(buf), count, divisor, MPI_DOUBLE, e.comm, e.rank,
+                     e.size);
+    }
+    return true;
+  }
+
  public:
   const char* name() const override { return "mpi"; }
 
@@ -221,22 +262,7 @@ class MpiBackend final : public Backend {
     TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
                 "fluxmpi_py: allreduce_divided takes float or double, got ", dt);
     TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
-    const auto& e = env();
-    const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
-    std::int64_t ring_from = ring_min_bytes();
-    const bool ring_off = ring_from == std::numeric_limits<std::int64_t>::max();
-    if (divisor != 1 && !ring_off) ring_from = std::min(ring_from, kRingMinAverageBytes);
-    if (e.size > 1 && bytes >= ring_from) {
-      BlockingCall guard("allreduce");
-      if (dt == c10::kFloat) {
-        ring_allreduce(static_cast<float*>(buf), count, divisor, MPI_FLOAT, e.comm, e.rank,
-                       e.size);
-      } else {
-        ring_allreduce(static_cast<double*>(buf), count, divisor, MPI_DOUBLE, e.comm, e.rank,
-                       e.size);
-      }
-      return;
-    }
+    if (ring(buf, count, dt, divisor)) return;
     allreduce(buf, count, dt, ReduceOp::Sum);
     if (divisor == 1) return;
     if (dt == c10::kFloat) {
@@ -247,11 +273,7 @@ class MpiBackend final : public Backend {
   }
 
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
-    if (op == ReduceOp::Sum && (dt == c10::kFloat || dt == c10::kDouble) && env().size > 1 &&
-        count * static_cast<std::int64_t>(c10::elementSize(dt)) >= ring_min_bytes()) {
-      allreduce_divided(buf, count, dt, 1);
-      return;
-    }
+    if (op == ReduceOp::Sum && ring(buf, count, dt, 1)) return;
     BlockingCall guard("allreduce");
     auto type = mpi_type(dt);
     auto mop = mpi_op(op, dt);

@@ -19,6 +19,9 @@ namespace fluxmpi {
 
 namespace {
 
+std::atomic<std::int64_t> g_copied{0};    // bytes copied into or out of packed buffers
+std::atomic<std::int64_t> g_in_place{0};  // bytes of packed buffers broadcast in place
+
 // Offsets inside a packed buffer are aligned so that a slice can be viewed as any dtype.
 constexpr std::int64_t kAlign = 64;
 
@@ -37,36 +40,33 @@ at::Tensor slice_like(const at::Tensor& buf, std::int64_t offset, const at::Tens
 // of dispatch per tensor, which for a thousand small tensors is more than the copy itself.
 bool plain_host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous(); }
 
-void pack(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const BroadcastStep& s) {
+// Copy the members of step `s` that do not already live at their slot of the packed buffer
+// `buf` (a byte tensor) into it (`into`, the root) or out of it (the others). `lives` may be
+// empty: then every member is copied.
+void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const BroadcastStep& s,
+                const std::vector<char>& lives, bool into) {
   auto* base = static_cast<char*>(buf.data_ptr());
   std::int64_t off = 0;
-  for (auto i : s.members) {
-    const auto& t = ts[i];
-    if (plain_host(t) && buf.is_cpu()) {
-      std::memcpy(base + off, t.data_ptr(), nbytes_of(t));
-    } else {
-      slice_like(buf, off, t).copy_(t);
+  for (std::size_t k = 0; k < s.members.size(); ++k) {
+    const auto& t = ts[s.members[k]];
+    const std::int64_t n = nbytes_of(t);
+    if (lives.empty() || !lives[k]) {
+      g_copied += n;
+      if (plain_host(t) && buf.is_cpu()) {
+        if (into) {
+          std::memcpy(base + off, t.data_ptr(), n);
+        } else {
+          std::memcpy(t.data_ptr(), base + off, n);
+        }
+      } else if (into) {
+        slice_like(buf, off, t).copy_(t);
+      } else {
+        t.copy_(slice_like(buf, off, t));
+      }
     }
-    off += align_up(nbytes_of(t));
+    off += align_up(n);
   }
 }
-
-void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const BroadcastStep& s) {
-  const auto* base = static_cast<const char*>(buf.data_ptr());
-  std::int64_t off = 0;
-  for (auto i : s.members) {
-    const auto& t = ts[i];
-    if (plain_host(t) && buf.is_cpu()) {
-      std::memcpy(t.data_ptr(), base + off, nbytes_of(t));
-    } else {
-      t.copy_(slice_like(buf, off, t));
-    }
-    off += align_up(nbytes_of(t));
-  }
-}
-
-std::atomic<std::int64_t> g_copied{0};
-std::atomic<std::int64_t> g_in_place{0};
 
 // How many holders a storage has: tensors, and Python storage objects that someone holds. A
 // storage's Python wrapper (made by untyped_storage(), torch.save, ...) holds a reference and
@@ -100,7 +100,7 @@ at::Tensor new_flat(std::int64_t bytes) {
 // members): then the slots of the members that live elsewhere are free, and only those
 // members are copied in (root) or out (others).
 struct Home {
-  char* base = nullptr;
+  at::Tensor buf;           // the step's bytes inside the home storage
   std::vector<char> lives;  // per member: already at its slot, no copy
 };
 
@@ -132,38 +132,8 @@ bool find_home(const std::vector<at::Tensor>& ts, const BroadcastStep& s, Home& 
   if (holders(h) != in_home) {
     return false;
   }
-  home.base = base;
+  home.buf = at::from_blob(base, {s.bytes}, at::TensorOptions().dtype(at::kByte));
   return true;
-}
-
-// Copy members that do not live in the buffer at `base` into (root) or out of their slots.
-void copy_slots(char* base, const std::vector<at::Tensor>& ts, const BroadcastStep& s,
-                const std::vector<char>& lives, bool into) {
-  std::int64_t off = 0;
-  for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const auto& t = ts[s.members[k]];
-    const std::int64_t n = nbytes_of(t);
-    if (!lives[k]) {
-      g_copied += n;
-      if (plain_host(t)) {
-        if (into) {
-          std::memcpy(base + off, t.data_ptr(), n);
-        } else {
-          std::memcpy(t.data_ptr(), base + off, n);
-        }
-      } else {
-        auto slot = at::from_blob(base + off, {n}, at::TensorOptions().dtype(at::kByte))
-                        .view(t.scalar_type())
-                        .view(t.sizes());
-        if (into) {
-          slot.copy_(t);
-        } else {
-          t.copy_(slot);
-        }
-      }
-    }
-    off += align_up(n);
-  }
 }
 
 // Members that are relocatable become views into `flat` at their slots.
@@ -337,10 +307,10 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
     if (s.device == c10::DeviceType::CPU) {
       Home home;
       if (find_home(tensors, s, home)) {  // the broadcast reads and writes it in place
-        if (is_root) copy_slots(home.base, tensors, s, home.lives, true);
+        if (is_root) copy_slots(home.buf, tensors, s, home.lives, true);
         g_in_place += s.bytes;
-        b.broadcast(home.base, s.bytes, at::kByte, root);
-        if (!is_root) copy_slots(home.base, tensors, s, home.lives, false);
+        b.broadcast(home.buf.data_ptr(), s.bytes, at::kByte, root);
+        if (!is_root) copy_slots(home.buf, tensors, s, home.lives, false);
         continue;
       }
       std::vector<char> relocating(s.members.size(), 0);
@@ -353,24 +323,21 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
       }
       if (any) {  // first call: a new home, which the relocatable members then adopt
         at::Tensor flat = new_flat(s.bytes);
-        auto* base = static_cast<char*>(flat.data_ptr());
-        std::vector<char> none(s.members.size(), 0);
         if (is_root) {
           // The padding and free slots travel too: zeros, not what the allocator left.
-          std::memset(base, 0, static_cast<std::size_t>(s.bytes));
-          copy_slots(base, tensors, s, none, true);
+          std::memset(flat.data_ptr(), 0, static_cast<std::size_t>(s.bytes));
+          copy_slots(flat, tensors, s, {}, true);
         }
-        b.broadcast(base, s.bytes, at::kByte, root);
-        if (!is_root) copy_slots(base, tensors, s, relocating, false);
+        b.broadcast(flat.data_ptr(), s.bytes, at::kByte, root);
+        if (!is_root) copy_slots(flat, tensors, s, relocating, false);
         adopt(flat, tensors, s, relocating);
         continue;
       }
     }
     const auto& buf = staging[s.device];
-    g_copied += s.bytes;
-    if (is_root) pack(buf, tensors, s);
+    if (is_root) copy_slots(buf, tensors, s, {}, true);
     b.broadcast(buf.data_ptr(), s.bytes, at::kByte, root);
-    if (!is_root) unpack(buf, tensors, s);
+    if (!is_root) copy_slots(buf, tensors, s, {}, false);
   }
 }
 

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fluxmpi_py as fm  # noqa: E402
-from harness import run_cases  # noqa: E402
+from harness import raises, run_cases  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64,
           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
@@ -340,18 +340,6 @@ def case_async_errors_raise_at_wait():
 
 
 # ---------------------------------------------------------------- bad input
-
-def raises(exc_type, fn, *needles):
-    try:
-        fn()
-    except exc_type as e:
-        msg = str(e)
-        for s in needles:
-            assert s in msg, f"message lacks {s!r}: {msg}"
-        return msg
-    except Exception as e:  # the wrong type: show it
-        raise AssertionError(f"expected {exc_type.__name__}, got {type(e).__name__}: {e}") from e
-    raise AssertionError(f"expected {exc_type.__name__}, nothing raised")
 
 
 def case_bad_input_raises_on_every_rank():

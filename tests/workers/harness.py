@@ -14,6 +14,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import fluxmpi_py as fm  # noqa: E402
 
 
+def raises(exc_type, fn, *needles):
+    """Call fn; it must raise exc_type with every needle in its message. Returns the message."""
+    try:
+        fn()
+    except exc_type as e:
+        msg = str(e)
+        for s in needles:
+            assert s in msg, f"message lacks {s!r}: {msg}"
+        return msg
+    except Exception as e:  # the wrong type: show it
+        raise AssertionError(f"expected {exc_type.__name__}, got {type(e).__name__}: {e}") from e
+    raise AssertionError(f"expected {exc_type.__name__}, nothing raised")
+
+
 def run_cases(namespace):
     torch.set_num_threads(1)
     fm.Init()

@@ -16,6 +16,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fluxmpi_py as fm  # noqa: E402
+from harness import raises as expect_raise  # noqa: E402
 
 R = lambda: fm.local_rank()  # noqa: E731
 W = lambda: fm.total_workers()  # noqa: E731
@@ -49,17 +50,6 @@ def form(r, n=5, dtype=torch.float32):
 def differs_before(before, root):
     if R() != root:
         assert not torch.equal(before, form(root, before.numel(), before.dtype).view_as(before))
-
-
-def expect_raise(exc, fn, *needles):
-    try:
-        fn()
-    except exc as e:
-        msg = str(e)
-        for n in needles:
-            assert n in msg, f"{n!r} not in {msg!r}"
-        return msg
-    raise AssertionError(f"expected {exc.__name__} on rank {R()}")
 
 
 def roots():

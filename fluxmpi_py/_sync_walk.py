@@ -222,7 +222,10 @@ class _ModuleWalk:
         # Only the dicts, never the modules that own them: the cache is keyed weakly by the
         # module, so its value must not keep the module alive. (It does keep the tensors alive
         # until the module's next walk replaces it.)
-        self.snapshot = [(d, list(d), list(d.values()))
+        # With each dict's version tag (CPython < 3.12; -1 elsewhere): an unmodified dict is
+        # then recognised without reading its entries.
+        version = C.dict_version
+        self.snapshot = [(d, list(d), list(d.values()), version(d))
                          for sub in m.modules()
                          for d in (sub._parameters, sub._buffers, sub._modules)]
 

@@ -42,15 +42,15 @@ bool plain_host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous(); }
 
 // Copy the members of step `s` that do not already live at their slot of the packed buffer
 // `buf` (a byte tensor) into it (`into`, the root) or out of it (the others). `lives` may be
-// empty: then every member is copied.
+// empty: then every member is copied. A member that lives at its slot is not read at all.
 void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const BroadcastStep& s,
-                const std::vector<char>& lives, bool into) {
+                const std::vector<char>& lives, bool into, const std::vector<Probe>& probes) {
   auto* base = static_cast<char*>(buf.data_ptr());
   std::int64_t off = 0;
   for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const auto& t = ts[s.members[k]];
-    const std::int64_t n = nbytes_of(t);
+    const std::int64_t n = probes[s.members[k]].nbytes;
     if (lives.empty() || !lives[k]) {
+      const auto& t = ts[s.members[k]];
       g_copied += n;
       if (plain_host(t) && buf.is_cpu()) {
         if (into) {
@@ -82,7 +82,7 @@ std::size_t holders(c10::StorageImpl* s) {
 // Flat storage made by relocation, told apart from any other storage by its deleter.
 void free_flat(void* p) { std::free(p); }
 
-bool is_flat(const c10::Storage& st) { return st.data_ptr().get_deleter() == &free_flat; }
+bool is_flat(const c10::StorageImpl* st) { return st->data_ptr().get_deleter() == &free_flat; }
 
 at::Tensor new_flat(std::int64_t bytes) {
   void* p = nullptr;
@@ -104,35 +104,37 @@ struct Home {
   std::vector<char> lives;  // per member: already at its slot, no copy
 };
 
-bool find_home(const std::vector<at::Tensor>& ts, const BroadcastStep& s, Home& home) {
-  c10::StorageImpl* h = nullptr;
-  char* base = nullptr;
+// From the probes alone: no TensorImpl is read.
+bool find_home(const std::vector<Probe>& probes, const BroadcastStep& s, Home& home) {
+  const c10::StorageImpl* h = nullptr;
+  const char* base = nullptr;
   std::int64_t off = 0;
   std::size_t in_home = 0;
   home.lives.assign(s.members.size(), 0);
   for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const auto& t = ts[s.members[k]];
-    if (t.is_cpu() && t.has_storage() && t.is_contiguous()) {
-      const c10::Storage& st = t.storage();
-      if (h == nullptr && is_flat(st)) {
-        h = st.unsafeGetStorageImpl();
-        base = static_cast<char*>(t.data_ptr()) - off;
+    const Probe& p = probes[s.members[k]];
+    if (p.storage != nullptr) {
+      if (h == nullptr && is_flat(p.storage)) {
+        h = p.storage;
+        base = p.data - off;
       }
-      if (h != nullptr && st.unsafeGetStorageImpl() == h) {
-        if (static_cast<char*>(t.data_ptr()) != base + off) return false;
+      if (h != nullptr && p.storage == h) {
+        if (p.data != base + off) return false;
         home.lives[k] = 1;
         ++in_home;
       }
     }
-    off += align_up(nbytes_of(t));
+    off += align_up(p.nbytes);
   }
   if (h == nullptr) return false;
-  auto* begin = static_cast<char*>(h->mutable_data());
+  auto* begin = static_cast<const char*>(h->data());
   if (base < begin || base + s.bytes > begin + h->nbytes()) return false;
-  if (holders(h) != in_home) {
+  if (holders(const_cast<c10::StorageImpl*>(h)) != in_home) {
     return false;
   }
-  home.buf = at::from_blob(base, {s.bytes}, at::TensorOptions().dtype(at::kByte));
+  // Written in place: the home is ours (its holders are exactly this step's members).
+  home.buf = at::from_blob(const_cast<char*>(base), {s.bytes},
+                           at::TensorOptions().dtype(at::kByte));
   return true;
 }
 
@@ -206,7 +208,8 @@ bool relocatable(const at::Tensor& t) {
   }
   const c10::Storage& st = t.storage();
   return holders(st.unsafeGetStorageImpl()) == 1 &&
-         static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) && !is_flat(st);
+         static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) &&
+         !is_flat(st.unsafeGetStorageImpl());
 }
 
 std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors,
@@ -234,24 +237,28 @@ std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors
   return steps;
 }
 
-std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed) {
+std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed,
+                          std::vector<Probe>* probes) {
   // Word by word (hash_bytes goes byte by byte: ~35 us for a thousand tensors' shapes).
   std::uint64_t h = static_cast<std::uint64_t>(hash_bytes(nullptr, 0, seed));
   auto mix = [&h](std::uint64_t w) {
     h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 0xff51afd7ed558ccdull;
   };
-  // Each TensorImpl is one or two cache misses when the model is cold in cache (a thousand of
-  // them took ~80 us); fetching a few ahead overlaps them.
+  // Each TensorImpl (176 bytes, 3 or 4 cache lines) is read from memory when the model is
+  // cold in cache (a thousand of them took ~40 us); fetching a few ahead overlaps the misses.
   constexpr std::size_t kAhead = 8;
   auto prefetch = [&](std::size_t i) {
     if (i < tensors.size() && tensors[i].defined()) {
       const char* p = reinterpret_cast<const char*>(tensors[i].unsafeGetTensorImpl());
+      constexpr std::size_t last = sizeof(c10::TensorImpl) - 1;
       __builtin_prefetch(p);
       __builtin_prefetch(p + 64);
       __builtin_prefetch(p + 128);
+      __builtin_prefetch(p + last);
     }
   };
+  if (probes != nullptr) probes->assign(tensors.size(), Probe{});
   for (std::size_t i = 0; i < kAhead; ++i) prefetch(i);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     prefetch(i + kAhead);
@@ -264,13 +271,24 @@ std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t s
     for (auto d : t.sizes()) mix(static_cast<std::uint64_t>(d));
     mix(static_cast<std::uint64_t>(t.scalar_type()) << 8 |
         static_cast<std::uint64_t>(t.device().type()));
+    if (probes != nullptr) {
+      Probe& p = (*probes)[i];
+      p.nbytes = nbytes_of(t);
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      if (impl->is_cpu() && impl->has_storage() && impl->is_contiguous()) {
+        const c10::StorageImpl* st = impl->unsafe_storage().unsafeGetStorageImpl();
+        p.storage = st;
+        p.data = static_cast<const char*>(st->data()) + impl->storage_offset() * impl->itemsize();
+      }
+    }
   }
   return static_cast<std::int64_t>(h >> 1);
 }
 
 void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
                               const CoalescedOptions& opts,
-                              const std::vector<BroadcastStep>* plan) {
+                              const std::vector<BroadcastStep>* plan,
+                              const std::vector<Probe>* probes) {
   // Parameters are leaves that require grad; writing the root's values is not a step of
   // any autograd graph, so any copy below runs without autograd.
   c10::AutoGradMode no_grad(false);
@@ -283,6 +301,11 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
     plan = &own;
   }
   const auto& steps = *plan;
+  std::vector<Probe> own_probes;
+  if (probes == nullptr) {
+    tensors_hash(tensors, 0, &own_probes);
+    probes = &own_probes;
+  }
   // One staging buffer per device type, as large as its largest bucket, reused by all.
   std::map<c10::DeviceType, std::int64_t> need;
   for (const auto& s : steps) {
@@ -306,11 +329,11 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
     }
     if (s.device == c10::DeviceType::CPU) {
       Home home;
-      if (find_home(tensors, s, home)) {  // the broadcast reads and writes it in place
-        if (is_root) copy_slots(home.buf, tensors, s, home.lives, true);
+      if (find_home(*probes, s, home)) {  // the broadcast reads and writes it in place
+        if (is_root) copy_slots(home.buf, tensors, s, home.lives, true, *probes);
         g_in_place += s.bytes;
         b.broadcast(home.buf.data_ptr(), s.bytes, at::kByte, root);
-        if (!is_root) copy_slots(home.buf, tensors, s, home.lives, false);
+        if (!is_root) copy_slots(home.buf, tensors, s, home.lives, false, *probes);
         continue;
       }
       std::vector<char> relocating(s.members.size(), 0);
@@ -326,18 +349,18 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
         if (is_root) {
           // The padding and free slots travel too: zeros, not what the allocator left.
           std::memset(flat.data_ptr(), 0, static_cast<std::size_t>(s.bytes));
-          copy_slots(flat, tensors, s, {}, true);
+          copy_slots(flat, tensors, s, {}, true, *probes);
         }
         b.broadcast(flat.data_ptr(), s.bytes, at::kByte, root);
-        if (!is_root) copy_slots(flat, tensors, s, relocating, false);
+        if (!is_root) copy_slots(flat, tensors, s, relocating, false, *probes);
         adopt(flat, tensors, s, relocating);
         continue;
       }
     }
     const auto& buf = staging[s.device];
-    if (is_root) copy_slots(buf, tensors, s, {}, true);
+    if (is_root) copy_slots(buf, tensors, s, {}, true, *probes);
     b.broadcast(buf.data_ptr(), s.bytes, at::kByte, root);
-    if (!is_root) copy_slots(buf, tensors, s, {}, false);
+    if (!is_root) copy_slots(buf, tensors, s, {}, false, *probes);
   }
 }
 

@@ -220,6 +220,32 @@ def case_relocated_model_broadcasts_without_copies():
         assert C.sync_copy_counters()[0] > copied
 
 
+def case_parameter_moved_inside_its_flat_storage():
+    # On one rank, a relocated parameter is re-pointed into the padding after its own slot: same
+    # storage, same shape, another address. That rank's storage no longer has the plan's layout,
+    # so it copies out of a packed buffer instead of receiving in place; every value is the
+    # root's. bn.bias is not the parameter whose address anchors the layout (fc.weight is).
+    from fluxmpi_py._loader import C
+    m = Net()
+    fill(m, R())
+    fm.synchronize_(m, root_rank=0)
+    p = m.bn.bias  # 6 floats in a 64-byte slot: floats 8..13 of the slot are padding
+    moved = R() == 1 and W() > 1
+    if moved:
+        assert shares_one_storage(list(m.parameters())), "not relocated"
+        flat = torch.empty(0).set_(p.untyped_storage())
+        k = p.storage_offset()
+        p.data = flat[k + 8:k + 14]
+        del flat
+    fill(m, R() + 9)
+    copied = C.sync_copy_counters()[0]
+    fm.synchronize_(m, root_rank=0)
+    for t in m.state_dict().values():
+        identical_everywhere(t)
+    if moved:
+        assert C.sync_copy_counters()[0] > copied, "the moved parameter was not copied"
+
+
 def case_relocation_skips_shared_storage_and_can_be_turned_off():
     m = Net()
     fill(m, R())
@@ -261,6 +287,26 @@ def case_cached_walk_sees_modules_change():
     m.head.weight.data = torch.full((3, 6), float(R()))
     fm.synchronize_(m, root_rank=0)
     assert torch.equal(m.head.weight.detach(), torch.zeros(3, 6))
+    # A parameter removed and put back: its dict was modified (a new version tag) but holds the
+    # same objects in the same order, so the cached walk still serves, with the right values.
+    bias = m.head.bias
+    del m.head.bias
+    m.head.bias = bias
+    fill(m, R() + 5)
+    fm.synchronize_(m, root_rank=W() - 1)
+    for t in m.state_dict().values():
+        identical_everywhere(t)
+    # The same bytes seen in another shape on one rank (same storage, same offset): the data
+    # could land, but the shapes disagree with the root's, so it raises everywhere.
+    fm.synchronize_(m, root_rank=0)
+    if R() == 1:
+        m.head.weight.data = m.head.weight.data.view(6, 3)
+    keep = [t.detach().clone() for t in m.state_dict().values()]
+    if W() > 1:
+        expect_raise(ValueError, lambda: fm.synchronize_(m, root_rank=0), "head.weight")
+        assert all(torch.equal(a, b) for a, b in zip(keep, m.state_dict().values()))
+    if R() == 1:
+        m.head.weight.data = m.head.weight.data.view(3, 6)
     # A shape that differs from the root's after relocation: raises everywhere, changes nothing
     if R() == 1:
         m.head.bias.data = torch.zeros(4)

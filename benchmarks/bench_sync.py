@@ -1,7 +1,7 @@
 """synchronize_ of two modules against the limit and against one broadcast per tensor.
 
-    mpiexec -n 2 python benchmarks/bench_sync.py           # full size, 20 repetitions
-    mpiexec -n 2 python benchmarks/bench_sync.py --quick   # ResNet-50 widths / 4, 4 repetitions
+    mpiexec -n 2 python benchmarks/bench_sync.py           # full size, 20 repetitions (x10 on many_small)
+    mpiexec -n 2 python benchmarks/bench_sync.py --quick   # ResNet-50 widths / 4, 4 repetitions (x10)
 
 Modules (float32 parameters, built from shape lists, no torchvision):
   resnet50    161 tensors with ResNet-50's parameter shapes, 25.6M floats (102 MB)
@@ -12,9 +12,11 @@ Peers, timed in the same run on the same bytes:
   limit              one mpi4py Bcast of a pre-made buffer holding all the bytes
   per_tensor_mpi4py  one mpi4py Bcast per tensor, straight from the parameters' memory
   per_tensor_bcast_  one fluxmpi_py.bcast_ per tensor (each with its cross-rank check)
-Repetitions alternate between the methods, in a rotating order, so that a change in machine
-load hits all alike;
-each repetition is the slowest rank's time between barriers. Where memory lands changes a
+Repetitions alternate between the methods, so that a change in machine load hits all alike,
+in a new random order each time (the same on every rank): a method's time here depends on
+which method ran just before it (a rotating order keeps the predecessor fixed, and that alone
+made the same synchronize_ call read 1.07x to 1.3x the limit). Each repetition is the slowest
+rank's time between barriers. Where memory lands changes a
 broadcast's time here by up to 1.5x (the module built first is slowest), so the repetitions
 are spread over 4 rounds that rebuild every method's memory in a rotated order. Reported: medians (ms), ours /
 limit and per-tensor / ours, and the same from the fastest repetitions; first_call_ms is
@@ -29,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -105,10 +108,14 @@ def bench(name, shapes, comm, reps):
         for fn in methods.values():  # warm up
             timed(fn, comm)
         names = list(methods)
-        for i in range(max(1, reps // rounds)):
-            # Rotated too: a large broadcast right after a thousand small ones runs slower
-            # here, so no method may always follow the per-tensor ones.
-            for k in names[i % len(names):] + names[:i % len(names)]:
+        rng = random.Random(rnd)  # the same sequence on every rank: no communication needed
+        for _ in range(max(1, reps // rounds)):
+            # A shuffled order: every method follows every other equally often. A fixed or
+            # rotated order makes one method always follow, e.g., a thousand small broadcasts,
+            # which changes its time by 10-30% here.
+            order = names[:]
+            rng.shuffle(order)
+            for k in order:
                 times.setdefault(k, []).append(timed(methods[k], comm))
         del mem, model, kept, flat, peer_params, arrays, methods
     first_ms = statistics.median(first) * 1e3
@@ -136,7 +143,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="ResNet-50 widths / 4, 4 repetitions")
     ap.add_argument("--reps", type=int, default=None,
-                    help="repetitions, spread over 4 rounds (default 20, quick 4)")
+                    help="repetitions on resnet50, spread over 4 rounds (default 20, quick 4); "
+                         "many_small, 100x cheaper per call, gets 10x as many")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -145,7 +153,7 @@ def main():
     reps = args.reps or (4 if args.quick else 20)
     results = {
         "resnet50": bench("resnet50", resnet50_param_shapes(4 if args.quick else 1), comm, reps),
-        "many_small": bench("many_small", [(1024,)] * 1000, comm, reps),
+        "many_small": bench("many_small", [(1024,)] * 1000, comm, 10 * reps),
     }
     if comm.Get_rank() == 0:
         r, s = results["resnet50"], results["many_small"]
@@ -155,7 +163,7 @@ def main():
                     "broadcast per tensor; median ms, slowest rank",
             "world_size": comm.Get_size(),
             "quick": bool(args.quick),
-            "reps": reps,
+            "reps": {"resnet50": reps, "many_small": 10 * reps},
             "mpi_library": fm.build_info()["mpi_library"],
             "torch": torch.__version__,
             **results,

@@ -25,6 +25,10 @@ struct CoalescedOptions {
   // Move parameters that nothing else references into flat storage laid out like their
   // packed buffer, so that later broadcasts read and write them in place (see relocatable()).
   bool relocate = false;
+  // Pack CPU tensors of any size up to bucket_bytes (direct_bytes then applies to other
+  // devices only). Worth it only where every packed step is held in place (see
+  // steps_in_place): then a ResNet-50's 161 tensors travel in two broadcasts, not ~100.
+  bool pack_cpu = false;
 };
 
 // One broadcast: a tensor alone (`direct`) or a packed buffer of `bytes` bytes holding
@@ -73,6 +77,13 @@ struct Probe {
 // `probes`, it is also filled, one per tensor, in the same pass.
 std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed = 0,
                           std::vector<Probe>* probes = nullptr);
+
+// Whether this rank can take every packed CPU step of `plan` in place: each lives in its home
+// already (all members at their slots, nothing else holding it), or has no home yet and all
+// its members are relocatable (the call relocates them). From the probes of tensors_hash,
+// plus, only where there is no home yet, each member's relocatable().
+bool steps_in_place(const std::vector<at::Tensor>& tensors, const std::vector<BroadcastStep>& plan,
+                    const std::vector<Probe>& probes);
 
 // Data movement only: the root's tensors' bytes into every rank's tensors of the same
 // position, in place. Callers have agreed that all ranks hold the same shapes and dtypes.

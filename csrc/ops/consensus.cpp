@@ -127,25 +127,45 @@ std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
 
+namespace {
+bool agree_impl(const Signature& sig, const std::string& what, const std::string& error_text,
+                const std::function<std::string()>& describe, bool* vetoed);
+}  // namespace
+
 bool agree(const Signature& sig, const std::string& what, const std::string& text) {
-  return agree(sig, what, text, [&] { return text; });
+  bool vetoed = false;
+  return agree(sig, what, text, vetoed);
+}
+
+bool agree(const Signature& sig, const std::string& what, const std::string& text, bool& vetoed) {
+  return agree_impl(sig, what, text, [&] { return text; }, &vetoed);
 }
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe) {
+  return agree_impl(sig, what, error_text, describe, nullptr);
+}
+
+namespace {
+bool agree_impl(const Signature& sig, const std::string& what, const std::string& error_text,
+                const std::function<std::string()>& describe, bool* vetoed) {
   const auto& e = env();
+  if (vetoed != nullptr) *vetoed = false;
   if (e.size == 1) {
     if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": rank 0: " + error_text);
     return sig.soft_flag == 0;
   }
-  // The checked fields and `soft`, then their negatives (max of -x is -min), then soft_flag.
+  // The checked fields and `soft`, then their negatives (max of -x is -min), then soft_flag
+  // and veto.
   constexpr int n = kFields + 1;
-  std::int64_t v[2 * n + 1];
+  std::int64_t v[2 * n + 2];
   pack(sig, v);
   v[kFields] = sig.soft;
   for (int i = 0; i < n; ++i) v[n + i] = -v[i];
   v[2 * n] = sig.soft_flag != 0 ? 1 : 0;
-  mpi_backend().allreduce(v, 2 * n + 1, c10::kLong, ReduceOp::Max);
+  v[2 * n + 1] = sig.veto != 0 ? 1 : 0;
+  mpi_backend().allreduce(v, 2 * n + 2, c10::kLong, ReduceOp::Max);
+  if (vetoed != nullptr) *vetoed = v[2 * n + 1] != 0;
   bool same = true;
   for (int i = 0; i < kFields; ++i) same &= (v[i] == -v[n + i]);
   if (same && sig.error == ErrorClass::None) return v[kFields] == -v[n + kFields] && v[2 * n] == 0;
@@ -160,5 +180,6 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   mpi_backend().allgather(mytext.data(), texts.data(), kTextBytes, c10::kByte);
   report(sigs, texts, what, e.size);
 }
+}  // namespace
 
 }  // namespace fluxmpi

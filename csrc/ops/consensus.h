@@ -44,6 +44,9 @@ struct Signature {
   // on every rank and `soft_flag` is 0 on every rank (a caller's "can we take the fast path").
   std::int64_t soft = 0;
   std::int64_t soft_flag = 0;
+  // A vote that travels too and never raises: set on a rank that cannot take some optional
+  // route (see agree's `vetoed`). Every rank learns whether any rank set it.
+  std::int64_t veto = 0;
 };
 
 // A 63-bit FNV-1a hash, for Signature::detail.
@@ -60,6 +63,9 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe);
+
+// The same, and `vetoed` tells whether any rank set sig.veto (false with one rank).
+bool agree(const Signature& sig, const std::string& what, const std::string& text, bool& vetoed);
 
 // "torch.float32" for c10::kFloat: dtype names as Python users write them.
 std::string dtype_name(c10::ScalarType t);

@@ -61,7 +61,9 @@ Signature object_signature(Stage stage, std::int64_t root, ErrorClass err, std::
 struct PlanCache {
   std::int64_t key = 0;
   bool valid = false;
-  std::vector<BroadcastStep> plan;
+  std::vector<BroadcastStep> plan;    // large CPU tensors alone
+  std::vector<BroadcastStep> packed;  // every CPU tensor packed (options.pack_cpu)
+  bool has_packed = false;            // packed differs from plan
   std::vector<Probe> probes;  // this call's, kept only to reuse the allocation
 };
 
@@ -96,16 +98,39 @@ bool fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
     }
   }
   s.soft_flag = needs_skeleton ? 1 : 0;
-  if (!agree(s, kWhat, msg)) return false;
+  // With relocation, large CPU tensors may travel packed too, once relocated in place: fewer
+  // broadcasts. Only if every rank holds every packed step in place (or can relocate it now);
+  // a rank that cannot (someone holds one of its parameters' storage, say) vetoes, and all
+  // take the plan that sends large tensors alone. Both plans come from the agreed shapes.
+  const bool packing = cache != nullptr && opts.relocate && env().size > 1 &&
+                       s.error == ErrorClass::None;
+  if (cache != nullptr && s.error == ErrorClass::None && (!cache->valid || cache->key != s.soft)) {
+    cache->plan = plan_broadcast(tensors, opts);
+    CoalescedOptions packed_opts = opts;
+    packed_opts.pack_cpu = true;
+    cache->packed = plan_broadcast(tensors, packed_opts);
+    cache->has_packed = false;  // does packing change anything: a large CPU tensor that fits
+    for (std::size_t i = 0; i < probes.size() && !cache->has_packed; ++i) {
+      const auto& t = tensors[i];
+      cache->has_packed = t.defined() && t.is_cpu() && probes[i].nbytes >= opts.direct_bytes &&
+                          probes[i].nbytes <= opts.bucket_bytes;
+    }
+    cache->key = s.soft;
+    cache->valid = true;
+  }
+  if (packing && cache->has_packed && !steps_in_place(tensors, cache->packed, probes)) {
+    s.veto = 1;
+  }
+  bool vetoed = false;
+  if (!agree(s, kWhat, msg, vetoed)) return false;
+  if (packing && cache->has_packed && !vetoed) {
+    coalesced_broadcast_data(tensors, static_cast<int>(root), opts, &cache->packed, &probes);
+    return true;
+  }
   if (cache == nullptr) {
     coalesced_broadcast_data(tensors, static_cast<int>(root), opts, nullptr,
                              env().size > 1 ? &probes : nullptr);
     return true;
-  }
-  if (!cache->valid || cache->key != s.soft) {
-    cache->plan = plan_broadcast(tensors, opts);
-    cache->key = s.soft;
-    cache->valid = true;
   }
   coalesced_broadcast_data(tensors, static_cast<int>(root), opts, &cache->plan,
                            env().size > 1 ? &probes : nullptr);

@@ -220,6 +220,51 @@ def case_relocated_model_broadcasts_without_copies():
         assert C.sync_copy_counters()[0] > copied
 
 
+def all_identical(model):
+    # In a function: a tensor of the state_dict left in a caller's variable would hold the
+    # flat storage, which rightly stops in-place broadcasts.
+    for t in model.state_dict().values():
+        identical_everywhere(t)
+
+
+def case_large_parameters_travel_packed_once_relocated():
+    # A 256 KiB weight is over direct_bytes (64 KiB). Relocated with the small parameters into
+    # one flat storage, it then travels in the same in-place broadcast as they do.
+    from fluxmpi_py._loader import C
+    m = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 4))
+    fill(m, R())
+    fm.synchronize_(m, root_rank=0)
+    params = list(m.parameters())
+    if W() > 1:
+        assert shares_one_storage(params), "the large parameter was not relocated"
+    for root in roots():
+        fill(m, R() + 3)
+        copied, in_place = C.sync_copy_counters()
+        fm.synchronize_(m, root_rank=root)
+        all_identical(m)
+        copied2, in_place2 = C.sync_copy_counters()
+        if W() > 1:
+            assert copied2 == copied, f"{copied2 - copied} bytes copied"
+            assert in_place2 - in_place >= sum(p.numel() * 4 for p in params), "not packed"
+    # One rank holds an alias of the large weight's storage: it cannot take that step in
+    # place, so it vetoes packing and every rank sends the large weight alone. No hang, the
+    # values are the root's, and the alias still aliases.
+    m2 = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 4))
+    fill(m2, R())
+    alias = m2[0].weight.detach() if R() == W() - 1 else None
+    for _ in range(2):
+        fm.synchronize_(m2, root_rank=0)
+        all_identical(m2)
+    if alias is not None:
+        assert alias.data_ptr() == m2[0].weight.data_ptr()
+        assert torch.equal(alias, m2[0].weight.detach())
+    del alias  # released: the next calls may relocate and pack again
+    for root in roots():
+        fill(m2, R() + 5)
+        fm.synchronize_(m2, root_rank=root)
+        all_identical(m2)
+
+
 def case_parameter_moved_inside_its_flat_storage():
     # On one rank, a relocated parameter is re-pointed into the padding after its own slot: same
     # storage, same shape, another address. That rank's storage no longer has the plan's layout,

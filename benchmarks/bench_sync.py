@@ -7,8 +7,9 @@ Modules (float32 parameters, built from shape lists, no torchvision):
   resnet50    161 tensors with ResNet-50's parameter shapes, 25.6M floats (102 MB)
   many_small  1000 tensors of 1024 floats (4 MB)
 Peers, timed in the same run on the same bytes:
-  synchronize_       ours, after its first call moved small parameters into flat storage
-  synchronize__no_relocate   ours with relocate=False: small tensors packed on every call
+  synchronize_       ours, after its first call moved the parameters into flat storage
+  synchronize__no_relocate   ours with relocate=False: small tensors packed on every call,
+                     large ones broadcast alone
   limit              one mpi4py Bcast of a pre-made buffer holding all the bytes
   per_tensor_mpi4py  one mpi4py Bcast per tensor, straight from the parameters' memory
   per_tensor_bcast_  one fluxmpi_py.bcast_ per tensor (each with its cross-rank check)

@@ -61,10 +61,12 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
 
     Small tensors travel packed into flat buffers of at most ``bucket_bytes`` bytes; tensors
     of at least ``direct_bytes`` bytes are broadcast alone, from and into their own memory.
-    With ``relocate`` (the default), small CPU parameters that no other tensor shares storage
-    with are moved, on the first call, into one flat storage per packed buffer: the same
+    With ``relocate`` (the default), CPU parameters that no other tensor shares storage with
+    are moved, on the first call, into one flat storage per packed buffer: the same
     ``Parameter`` objects with the same values, now views into it. Later calls then broadcast
-    that storage in place, with no packing. ``relocate=False`` leaves every storage alone.
+    that storage in place, with no packing, and large parameters travel in it too (unless a
+    rank cannot hold it in place: then large tensors go alone). ``relocate=False`` leaves
+    every storage alone.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)

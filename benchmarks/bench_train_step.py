@@ -3,11 +3,13 @@ tensor and no communication, all measured in the same launch, interleaved.
 
     mpiexec -n 2 python benchmarks/bench_train_step.py [--quick]
 
-Prints one JSON line (rank 0): per workload, each variant's median step time in ms and the
+Prints one JSON line (rank 0): per workload, each variant's median step time in ms (the slowest
+rank's median, the median over rounds that run the variants in a shuffled order) and the
 ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours.
 """
 import argparse
 import os
+import random
 import sys
 
 import torch
@@ -130,9 +132,14 @@ def main():
             variants[label] = ddp_step
 
         times = {k: [] for k in variants}
+        order = list(variants)
+        rng = random.Random(len(name))  # the same order on every rank
         for _ in range(rounds):  # interleave so that drift hits every variant alike
-            for k, fn in variants.items():
-                times[k].append(median_time(fn, reps, warmup=2, sync=comm.Barrier))
+            rng.shuffle(order)  # and no variant always follows the same one
+            for k in order:
+                # the slowest rank's median: "local" too, where each rank trains alone
+                t = median_time(variants[k], reps, warmup=2, sync=comm.Barrier)
+                times[k].append(comm.allreduce(t, op=MPI.MAX))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 2) for k, v in times.items()}
         rec = {"step_ms": ms,
                "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),

@@ -11,9 +11,9 @@ from mpi_util import run_cases_on  # noqa: E402
 from fluxmpi_py._loader import C  # noqa: E402
 
 
-def plan(sizes, bucket, direct, dtype=torch.float32):
+def plan(sizes, bucket, direct, dtype=torch.float32, pack_cpu=False):
     return [(d, list(m), b) for d, m, b in
-            C.sync_plan([torch.empty(n, dtype=dtype) for n in sizes], bucket, direct)]
+            C.sync_plan([torch.empty(n, dtype=dtype) for n in sizes], bucket, direct, pack_cpu)]
 
 
 def test_plan_packs_small_tensors_in_order_at_aligned_offsets():
@@ -32,6 +32,33 @@ def test_plan_closes_a_bucket_at_the_cap():
     # three tensors of 64 aligned bytes with a 128-byte cap: two buckets
     assert plan([16, 16, 16], bucket=128, direct=1 << 20) == [
         (False, [0, 1], 128), (False, [2], 64)]
+
+
+def test_plan_packs_large_cpu_tensors_when_asked_up_to_the_cap():
+    # the plan for relocated parameters: over direct_bytes but within the cap -> packed
+    # (bytes 60, 64, 4, 160 take 64, 64, 64 and 192 aligned bytes)
+    assert plan([15, 16, 1, 40], bucket=256, direct=64, pack_cpu=True) == [
+        (False, [0, 1, 2], 192), (False, [3], 192)]
+    assert plan([15, 16, 1, 40], bucket=512, direct=64, pack_cpu=True) == [
+        (False, [0, 1, 2, 3], 384)]
+    assert plan([200], bucket=512, direct=64, pack_cpu=True) == [(True, [0], 800)]  # over the cap
+
+
+def test_dict_version_changes_with_every_modification():
+    # synchronize_'s cached walk trusts an unchanged version tag (CPython < 3.12); -1 = none
+    d = {"a": 1}
+    v = C.dict_version(d)
+    if v == -1:
+        assert sys.version_info >= (3, 12)
+        return
+    d["b"] = 2
+    v2 = C.dict_version(d)
+    del d["b"]
+    v3 = C.dict_version(d)
+    assert len({v, v2, v3}) == 3
+    assert C.dict_version(d) == v3  # reading does not change it
+    import collections
+    assert C.dict_version(collections.OrderedDict(a=1)) == -1  # subclasses: entries compared
 
 
 def test_plan_sends_large_tensors_alone():

@@ -162,6 +162,8 @@ std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t roo
 // the field; there, and in any later version, -1: no tag, compare the entries.
 long long dict_version(PyObject* d) {
 #if PY_VERSION_HEX < 0x030C0000
+  // Plain dicts only: a subclass (OrderedDict) can reorder without touching the dict itself.
+  if (!PyDict_CheckExact(d)) return -1;
   return static_cast<long long>(reinterpret_cast<PyDictObject*>(d)->ma_version_tag &
                                 0x7fffffffffffffffull);
 #else
@@ -288,14 +290,17 @@ void bind_sync(py::module_& m) {
 
   m.def("sync_plan",
         [](const std::vector<at::Tensor>& tensors, std::int64_t bucket_bytes,
-           std::int64_t direct_bytes) {
+           std::int64_t direct_bytes, bool pack_cpu) {
+          CoalescedOptions o = options(bucket_bytes, direct_bytes);
+          o.pack_cpu = pack_cpu;
           py::list out;
-          for (const auto& s : plan_broadcast(tensors, options(bucket_bytes, direct_bytes))) {
+          for (const auto& s : plan_broadcast(tensors, o)) {
             out.append(py::make_tuple(s.direct, s.members, s.bytes));
           }
           return out;
         },
-        py::arg("tensors"), py::arg("bucket_bytes"), py::arg("direct_bytes"));
+        py::arg("tensors"), py::arg("bucket_bytes"), py::arg("direct_bytes"),
+        py::arg("pack_cpu") = false);
 }
 
 }  // namespace fluxmpi

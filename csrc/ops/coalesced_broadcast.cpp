@@ -1,6 +1,7 @@
 #include "ops/coalesced_broadcast.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -92,6 +93,17 @@ at::Tensor new_flat(std::int64_t bytes) {
   c10::Storage st(c10::Storage::use_byte_size_t(), bytes,
                   c10::DataPtr(p, p, &free_flat, c10::Device(c10::kCPU)), nullptr, false);
   return at::empty({0}, at::TensorOptions().dtype(at::kByte)).set_(st, 0, {bytes}, {1});
+}
+
+// Memory from torch's CPU allocator, which nothing outside this process can see. Not our flat
+// storage (already relocated), shared memory (share_memory_(): other processes read it),
+// numpy's memory (from_numpy), a memory-mapped file or pinned memory: those stay put.
+bool from_cpu_allocator(const c10::Storage& st) {
+  auto deleter = st.data_ptr().get_deleter();
+  if (deleter == nullptr) return false;
+  auto* current = c10::GetCPUAllocator();
+  auto* fallback = c10::GetDefaultCPUAllocator();
+  return deleter == current->raw_deleter() || deleter == fallback->raw_deleter();
 }
 
 // A step's home: the flat storage its relocated members live in, at `base`, the address of
@@ -210,8 +222,7 @@ bool relocatable(const at::Tensor& t) {
   }
   const c10::Storage& st = t.storage();
   return holders(st.unsafeGetStorageImpl()) == 1 &&
-         static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) &&
-         !is_flat(st.unsafeGetStorageImpl());
+         static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) && from_cpu_allocator(st);
 }
 
 std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors,

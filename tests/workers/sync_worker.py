@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+import numpy
 import torch
 from torch import nn
 
@@ -301,6 +302,19 @@ def case_relocation_skips_shared_storage_and_can_be_turned_off():
     assert alias.data_ptr() == m.fc.weight.data_ptr(), "a shared parameter was moved"
     assert view.ctypes.data == m.head.bias.data_ptr()
     assert float(view[0]) == float(m.head.bias.detach()[0])
+    # Memory that others can see stays where it is: shared memory (share_memory_(), read by
+    # other processes) and numpy's memory (from_numpy).
+    sh = Net()
+    fill(sh, R())
+    sh.share_memory()
+    arr = numpy.full(6, float(R()), dtype=numpy.float32)
+    sh.fc.bias = nn.Parameter(torch.from_numpy(arr))
+    ptrs = [p.data_ptr() for p in sh.parameters()]
+    fm.synchronize_(sh, root_rank=0)
+    assert [p.data_ptr() for p in sh.parameters()] == ptrs, "shared or numpy memory was moved"
+    assert all(p.is_shared() for n_, p in sh.named_parameters() if n_ != "fc.bias")
+    assert float(arr[0]) == float(sh.fc.bias.detach()[0])  # still numpy's memory
+    all_identical(sh)
     n = Net()
     fill(n, R())
     ptrs = [p.data_ptr() for p in n.parameters()]

@@ -12,8 +12,9 @@ How a call travels (every step is a collective that every rank makes in the same
    updated in place but differs in shape or dtype is an error, found here, before any tensor
    data moves, and raised on every rank (folded into the next agreement).
 5. The tensors travel coalesced (large ones alone and in place, small ones packed into a few
-   flat byte buffers), straight into the existing tensors or into new ones where a rank lacks
-   them; then containers are rebuilt and optimizers and schedulers load the root's state.
+   flat byte buffers; relocated parameters packed whatever their size), straight into the
+   existing tensors or into new ones where a rank lacks them; then containers are rebuilt and
+   optimizers and schedulers load the root's state.
 """
 from __future__ import annotations
 

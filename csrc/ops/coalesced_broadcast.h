@@ -1,6 +1,8 @@
 // synchronize_'s data movement: many tensors go from the root to every rank in a few
 // broadcasts. Large contiguous tensors travel from and into their own memory (no copy on any
 // rank); small ones are packed into flat byte buffers up to a cap, one broadcast per buffer.
+// Parameters relocated into flat storage (below) are packed whatever their size, when every
+// rank holds them in place (synchronize_'s fast path votes on it).
 // Broadcast moves bytes, so one buffer holds tensors of every dtype; buffers are per device
 // type because each device type has its own backend.
 #pragma once
@@ -48,7 +50,8 @@ struct BroadcastStep {
 // alone; the bytes on the wire are the same either way.
 //
 // Relocatable: a contiguous CPU leaf that requires grad (a parameter: numpy() cannot alias
-// it) and whose storage holds exactly it and is referenced by no other tensor.
+// it) and whose storage holds exactly it, is referenced by no other tensor, and comes from
+// torch's CPU allocator (not shared memory, numpy's memory, a mapped file or pinned memory).
 bool relocatable(const at::Tensor& t);
 
 // Bytes this process copied into or out of packed buffers, and bytes of packed buffers it

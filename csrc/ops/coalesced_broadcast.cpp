@@ -225,6 +225,35 @@ bool relocatable(const at::Tensor& t) {
          static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) && from_cpu_allocator(st);
 }
 
+namespace {
+
+// Which members of step `s` may move into a new flat storage: the relocatable ones, and
+// members of an earlier flat storage that only this step's members hold. That is a model whose
+// parameters changed after relocation (a layer replaced, say): its remaining members move with
+// the new ones, and the old storage is freed when the last of them leaves. From this call's
+// probes, taken before any data moved.
+std::vector<char> movable(const std::vector<at::Tensor>& ts, const BroadcastStep& s,
+                          const std::vector<Probe>& probes) {
+  std::vector<char> out(s.members.size(), 0);
+  std::map<const c10::StorageImpl*, std::size_t> in_flat;  // this step's members per old flat
+  for (auto m : s.members) {
+    const Probe& p = probes[m];
+    if (p.storage != nullptr && is_flat(p.storage)) ++in_flat[p.storage];
+  }
+  for (std::size_t k = 0; k < s.members.size(); ++k) {
+    const auto& t = ts[s.members[k]];
+    const Probe& p = probes[s.members[k]];
+    if (relocatable(t)) {
+      out[k] = 1;
+    } else if (p.storage != nullptr && is_flat(p.storage) && t.is_leaf() && t.requires_grad()) {
+      out[k] = holders(const_cast<c10::StorageImpl*>(p.storage)) == in_flat[p.storage] ? 1 : 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors,
                                           const CoalescedOptions& opts) {
   std::vector<BroadcastStep> steps;
@@ -260,9 +289,8 @@ bool steps_in_place(const std::vector<at::Tensor>& tensors, const std::vector<Br
       if (std::find(home.lives.begin(), home.lives.end(), 0) == home.lives.end()) continue;
       return false;
     }
-    for (auto m : s.members) {
-      if (!relocatable(tensors[m])) return false;
-    }
+    auto can = movable(tensors, s, probes);
+    if (std::find(can.begin(), can.end(), 0) != can.end()) return false;
   }
   return true;
 }
@@ -369,12 +397,10 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
       std::vector<char> relocating(s.members.size(), 0);
       bool any = false;
       if (opts.relocate) {
-        for (std::size_t k = 0; k < s.members.size(); ++k) {
-          relocating[k] = relocatable(tensors[s.members[k]]) ? 1 : 0;
-          any |= relocating[k] != 0;
-        }
+        relocating = movable(tensors, s, *probes);
+        any = std::find(relocating.begin(), relocating.end(), 1) != relocating.end();
       }
-      if (any) {  // first call: a new home, which the relocatable members then adopt
+      if (any) {  // a new home (first call, or the parameters changed), which they adopt
         at::Tensor flat = new_flat(s.bytes);
         if (is_root) {
           // Every slot is filled below; the padding after each travels too: zeros, not what

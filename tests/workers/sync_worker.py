@@ -266,6 +266,27 @@ def case_large_parameters_travel_packed_once_relocated():
         all_identical(m2)
 
 
+def case_replaced_layer_is_rehomed():
+    # After relocation a layer is replaced (as when fine-tuning a new head). The old flat
+    # storage is then held only by the remaining parameters: the next call moves them and the
+    # new layer into a new flat storage, and later calls broadcast in place again.
+    from fluxmpi_py._loader import C
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3))
+    fill(m, R())
+    fm.synchronize_(m, root_rank=0)
+    m[2] = nn.Linear(8, 5)
+    fill(m, R() + 1)
+    fm.synchronize_(m, root_rank=W() - 1)
+    all_identical(m)
+    if W() > 1:
+        assert shares_one_storage(list(m.parameters())), "not moved into one new flat storage"
+    fill(m, R() + 2)
+    copied = C.sync_copy_counters()[0]
+    fm.synchronize_(m, root_rank=0)
+    all_identical(m)
+    assert C.sync_copy_counters()[0] == copied, "copies after the move"
+
+
 def case_parameter_moved_inside_its_flat_storage():
     # On one rank, a relocated parameter is re-pointed into the padding after its own slot: same
     # storage, same shape, another address. That rank's storage no longer has the plan's layout,

@@ -118,7 +118,9 @@ bool fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
     cache->key = s.soft;
     cache->valid = true;
   }
-  if (packing && cache->has_packed && !steps_in_place(tensors, cache->packed, probes)) {
+  // `relocate` is each rank's own argument, not part of the agreed hash: a rank that does not
+  // pack (relocate=False) vetoes too, so that no rank takes the packed plan without it.
+  if (!packing || (cache->has_packed && !steps_in_place(tensors, cache->packed, probes))) {
     s.veto = 1;
   }
   bool vetoed = false;

@@ -260,6 +260,13 @@ def case_large_parameters_travel_packed_once_relocated():
         assert alias.data_ptr() == m2[0].weight.data_ptr()
         assert torch.equal(alias, m2[0].weight.detach())
     del alias  # released: the next calls may relocate and pack again
+    # relocate differs between ranks (each rank's own argument): the ranks that would pack see
+    # the others' veto, and every rank sends the large weight alone. No hang, right values.
+    m3 = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 4))
+    for i in range(3):
+        fill(m3, R() + i)
+        fm.synchronize_(m3, root_rank=i % W(), relocate=(R() == 0))
+        all_identical(m3)
     for root in roots():
         fill(m2, R() + 5)
         fm.synchronize_(m2, root_rank=root)

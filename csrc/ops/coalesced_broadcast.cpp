@@ -1,19 +1,17 @@
 #include "ops/coalesced_broadcast.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <map>
 #include <sstream>
 
 #include "backend/select.h"
 #include "ops/collectives.h"
+#include "ops/flat_storage.h"
 #include "runtime/environment.h"
 
 namespace fluxmpi {
@@ -22,15 +20,6 @@ namespace {
 
 std::atomic<std::int64_t> g_copied{0};    // bytes copied into or out of packed buffers
 std::atomic<std::int64_t> g_in_place{0};  // bytes of packed buffers broadcast in place
-
-// Offsets inside a packed buffer are aligned so that a slice can be viewed as any dtype.
-constexpr std::int64_t kAlign = 64;
-
-std::int64_t align_up(std::int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-std::int64_t nbytes_of(const at::Tensor& t) {
-  return t.numel() * static_cast<std::int64_t>(t.element_size());
-}
 
 // The slice of `buf` at `offset` seen as a tensor shaped like `t`.
 at::Tensor slice_like(const at::Tensor& buf, std::int64_t offset, const at::Tensor& t) {
@@ -44,6 +33,8 @@ bool plain_host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous(); }
 // Copy the members of step `s` that do not already live at their slot of the packed buffer
 // `buf` (a byte tensor) into it (`into`, the root) or out of it (the others). `lives` may be
 // empty: then every member is copied. A member that lives at its slot is not read at all.
+// Copying into a host buffer also zeroes the padding after the slot, so that the bytes on the
+// wire are the members and zeros, not what the allocator left.
 void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const BroadcastStep& s,
                 const std::vector<char>& lives, bool into, const std::vector<Probe>& probes) {
   auto* base = static_cast<char*>(buf.data_ptr());
@@ -53,6 +44,9 @@ void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const 
     if (lives.empty() || !lives[k]) {
       const auto& t = ts[s.members[k]];
       g_copied += n;
+      if (into && buf.is_cpu()) {
+        std::memset(base + off + n, 0, static_cast<std::size_t>(align_up(n) - n));
+      }
       if (plain_host(t) && buf.is_cpu()) {
         if (into) {
           std::memcpy(base + off, t.data_ptr(), n);
@@ -66,105 +60,6 @@ void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const 
       }
     }
     off += align_up(n);
-  }
-}
-
-// How many holders a storage has: tensors, and Python storage objects that someone holds. A
-// storage's Python wrapper (made by untyped_storage(), torch.save, ...) holds a reference and
-// is kept alive by the storage while tensors use it; when nothing else refers to that wrapper,
-// it is not a holder. (Read without the GIL: a race could only miscount a wrapper that is
-// being created or dropped at that moment, by another thread.)
-std::size_t holders(c10::StorageImpl* s) {
-  std::size_t n = c10::raw::intrusive_ptr::use_count(s);
-  if (n > 1 && s->pyobj_slot()->has_unique_reference()) --n;
-  return n;
-}
-
-// Flat storage made by relocation, told apart from any other storage by its deleter.
-void free_flat(void* p) { std::free(p); }
-
-bool is_flat(const c10::StorageImpl* st) { return st->data_ptr().get_deleter() == &free_flat; }
-
-at::Tensor new_flat(std::int64_t bytes) {
-  void* p = nullptr;
-  if (posix_memalign(&p, kAlign, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1))) != 0) {
-    throw std::bad_alloc();
-  }
-  c10::Storage st(c10::Storage::use_byte_size_t(), bytes,
-                  c10::DataPtr(p, p, &free_flat, c10::Device(c10::kCPU)), nullptr, false);
-  return at::empty({0}, at::TensorOptions().dtype(at::kByte)).set_(st, 0, {bytes}, {1});
-}
-
-// Memory from torch's CPU allocator, which nothing outside this process can see. Not our flat
-// storage (already relocated), shared memory (share_memory_(): other processes read it),
-// numpy's memory (from_numpy), a memory-mapped file or pinned memory: those stay put.
-bool from_cpu_allocator(const c10::Storage& st) {
-  auto deleter = st.data_ptr().get_deleter();
-  if (deleter == nullptr) return false;
-  auto* current = c10::GetCPUAllocator();
-  auto* fallback = c10::GetDefaultCPUAllocator();
-  return deleter == current->raw_deleter() || deleter == fallback->raw_deleter();
-}
-
-// A step's home: the flat storage its relocated members live in, at `base`, the address of
-// offset 0 of the step's packed layout. It is the step's buffer when every member that lives
-// in it sits at its packed offset and nothing else references it (use_count equals those
-// members): then the slots of the members that live elsewhere are free, and only those
-// members are copied in (root) or out (others).
-struct Home {
-  at::Tensor buf;           // the step's bytes inside the home storage
-  std::vector<char> lives;  // per member: already at its slot, no copy
-};
-
-// From the probes alone: no TensorImpl is read.
-bool find_home(const std::vector<Probe>& probes, const BroadcastStep& s, Home& home,
-               bool make_buf = true) {
-  const c10::StorageImpl* h = nullptr;
-  const char* base = nullptr;
-  std::int64_t off = 0;
-  std::size_t in_home = 0;
-  home.lives.assign(s.members.size(), 0);
-  for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const Probe& p = probes[s.members[k]];
-    if (p.storage != nullptr) {
-      if (h == nullptr && is_flat(p.storage)) {
-        h = p.storage;
-        base = p.data - off;
-      }
-      if (h != nullptr && p.storage == h) {
-        if (p.data != base + off) return false;
-        home.lives[k] = 1;
-        ++in_home;
-      }
-    }
-    off += align_up(p.nbytes);
-  }
-  if (h == nullptr) return false;
-  auto* begin = static_cast<const char*>(h->data());
-  if (base < begin || base + s.bytes > begin + h->nbytes()) return false;
-  if (holders(const_cast<c10::StorageImpl*>(h)) != in_home) {
-    return false;
-  }
-  if (!make_buf) return true;
-  // Written in place: the home is ours (its holders are exactly this step's members).
-  home.buf = at::from_blob(const_cast<char*>(base), {s.bytes},
-                           at::TensorOptions().dtype(at::kByte));
-  return true;
-}
-
-// Members that are relocatable become views into `flat` at their slots.
-void adopt(const at::Tensor& flat, const std::vector<at::Tensor>& ts, const BroadcastStep& s,
-           const std::vector<char>& relocating) {
-  const c10::Storage& st = flat.storage();
-  std::int64_t off = 0;
-  for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const auto& t = ts[s.members[k]];
-    if (relocating[k]) {
-      auto view = at::empty({0}, at::TensorOptions().dtype(t.scalar_type()).device(t.device()));
-      view.set_(st, off / static_cast<std::int64_t>(t.element_size()), t.sizes(), t.strides());
-      t.set_data(view);
-    }
-    off += align_up(nbytes_of(t));
   }
 }
 
@@ -215,45 +110,6 @@ ErrorClass validate(const std::vector<at::Tensor>& ts, std::string& msg) {
 
 CopyCounters copy_counters() { return {g_copied.load(), g_in_place.load()}; }
 
-bool relocatable(const at::Tensor& t) {
-  if (!t.defined() || !t.is_cpu() || t.layout() != c10::kStrided || !t.is_contiguous() ||
-      !t.is_leaf() || !t.requires_grad() || !t.has_storage() || t.storage_offset() != 0) {
-    return false;
-  }
-  const c10::Storage& st = t.storage();
-  return holders(st.unsafeGetStorageImpl()) == 1 &&
-         static_cast<std::int64_t>(st.nbytes()) == nbytes_of(t) && from_cpu_allocator(st);
-}
-
-namespace {
-
-// Which members of step `s` may move into a new flat storage: the relocatable ones, and
-// members of an earlier flat storage that only this step's members hold. That is a model whose
-// parameters changed after relocation (a layer replaced, say): its remaining members move with
-// the new ones, and the old storage is freed when the last of them leaves. From this call's
-// probes, taken before any data moved.
-std::vector<char> movable(const std::vector<at::Tensor>& ts, const BroadcastStep& s,
-                          const std::vector<Probe>& probes) {
-  std::vector<char> out(s.members.size(), 0);
-  std::map<const c10::StorageImpl*, std::size_t> in_flat;  // this step's members per old flat
-  for (auto m : s.members) {
-    const Probe& p = probes[m];
-    if (p.storage != nullptr && is_flat(p.storage)) ++in_flat[p.storage];
-  }
-  for (std::size_t k = 0; k < s.members.size(); ++k) {
-    const auto& t = ts[s.members[k]];
-    const Probe& p = probes[s.members[k]];
-    if (relocatable(t)) {
-      out[k] = 1;
-    } else if (p.storage != nullptr && is_flat(p.storage) && t.is_leaf() && t.requires_grad()) {
-      out[k] = holders(const_cast<c10::StorageImpl*>(p.storage)) == in_flat[p.storage] ? 1 : 0;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors,
                                           const CoalescedOptions& opts) {
   std::vector<BroadcastStep> steps;
@@ -278,21 +134,6 @@ std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors
     s.bytes += align_up(n);
   }
   return steps;
-}
-
-bool steps_in_place(const std::vector<at::Tensor>& tensors, const std::vector<BroadcastStep>& plan,
-                    const std::vector<Probe>& probes) {
-  for (const auto& s : plan) {
-    if (s.direct || s.device != c10::DeviceType::CPU) continue;
-    Home home;
-    if (find_home(probes, s, home, false)) {
-      if (std::find(home.lives.begin(), home.lives.end(), 0) == home.lives.end()) continue;
-      return false;
-    }
-    auto can = movable(tensors, s, probes);
-    if (std::find(can.begin(), can.end(), 0) != can.end()) return false;
-  }
-  return true;
 }
 
 std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed,
@@ -402,18 +243,9 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
       }
       if (any) {  // a new home (first call, or the parameters changed), which they adopt
         at::Tensor flat = new_flat(s.bytes);
-        if (is_root) {
-          // Every slot is filled below; the padding after each travels too: zeros, not what
-          // the allocator left (zeroing only the padding: a whole 64 MiB step took ~10 ms).
-          auto* base = static_cast<char*>(flat.data_ptr());
-          std::int64_t off = 0;
-          for (auto m : s.members) {
-            const std::int64_t n = (*probes)[m].nbytes;
-            std::memset(base + off + n, 0, static_cast<std::size_t>(align_up(n) - n));
-            off += align_up(n);
-          }
-          copy_slots(flat, tensors, s, {}, true, *probes);
-        }
+        // The root fills every slot and zeroes the padding (not the whole step first: that took
+        // ~10 ms for 64 MiB).
+        if (is_root) copy_slots(flat, tensors, s, {}, true, *probes);
         b.broadcast(flat.data_ptr(), s.bytes, at::kByte, root);
         if (!is_root) copy_slots(flat, tensors, s, relocating, false, *probes);
         adopt(flat, tensors, s, relocating);

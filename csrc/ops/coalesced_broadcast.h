@@ -1,8 +1,8 @@
 // synchronize_'s data movement: many tensors go from the root to every rank in a few
 // broadcasts. Large contiguous tensors travel from and into their own memory (no copy on any
 // rank); small ones are packed into flat byte buffers up to a cap, one broadcast per buffer.
-// Parameters relocated into flat storage (below) are packed whatever their size, when every
-// rank holds them in place (synchronize_'s fast path votes on it).
+// Parameters relocated into flat storage (ops/flat_storage.h) are packed whatever their
+// size, when every rank holds them in place (synchronize_'s fast path votes on it).
 // Broadcast moves bytes, so one buffer holds tensors of every dtype; buffers are per device
 // type because each device type has its own backend.
 #pragma once
@@ -25,11 +25,12 @@ struct CoalescedOptions {
   // bytes in on the root and out on the others (2 x 64 KiB at ~13 GB/s is ~10 us).
   std::int64_t direct_bytes = std::int64_t(64) << 10;
   // Move parameters that nothing else references into flat storage laid out like their
-  // packed buffer, so that later broadcasts read and write them in place (see relocatable()).
+  // packed buffer, so that later broadcasts read and write them in place
+  // (ops/flat_storage.h).
   bool relocate = false;
   // Pack CPU tensors of any size up to bucket_bytes (direct_bytes then applies to other
-  // devices only). Worth it only where every packed step is held in place (see
-  // steps_in_place): then a ResNet-50's 161 tensors travel in two broadcasts, not ~100.
+  // devices only). Worth it only where every packed step is held in place (steps_in_place in
+  // ops/flat_storage.h): then a ResNet-50's 161 tensors travel in two broadcasts, not ~100.
   bool pack_cpu = false;
 };
 
@@ -42,17 +43,14 @@ struct BroadcastStep {
   std::int64_t bytes = 0;
 };
 
-// A packed buffer needs no copy on a rank whose members already sit in one flat storage that
-// fluxmpi_py made, at the buffer's offsets: that memory is the buffer. With `relocate`, a
-// packed step whose members are all relocatable is broadcast through a new flat storage that
-// its members then adopt (set_data: the same tensor objects, now views into it); the others
-// receive straight into it, with no unpack copy. Each rank decides this from its own memory
-// alone; the bytes on the wire are the same either way.
-//
-// Relocatable: a contiguous CPU leaf that requires grad (a parameter: numpy() cannot alias
-// it) and whose storage holds exactly it, is referenced by no other tensor, and comes from
-// torch's CPU allocator (not shared memory, numpy's memory, a mapped file or pinned memory).
-bool relocatable(const at::Tensor& t);
+// Offsets inside a packed buffer are aligned so that a slice can be viewed as any dtype.
+constexpr std::int64_t kAlign = 64;
+
+inline std::int64_t align_up(std::int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+inline std::int64_t nbytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<std::int64_t>(t.element_size());
+}
 
 // Bytes this process copied into or out of packed buffers, and bytes of packed buffers it
 // broadcast in place (a relocated home), since it started. For tests and benchmarks.
@@ -80,13 +78,6 @@ struct Probe {
 // `probes`, it is also filled, one per tensor, in the same pass.
 std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed = 0,
                           std::vector<Probe>* probes = nullptr);
-
-// Whether this rank can take every packed CPU step of `plan` in place: each lives in its home
-// already (all members at their slots, nothing else holding it), or has no home yet and all
-// its members are relocatable (the call relocates them). From the probes of tensors_hash,
-// plus, only where there is no home yet, each member's relocatable().
-bool steps_in_place(const std::vector<at::Tensor>& tensors, const std::vector<BroadcastStep>& plan,
-                    const std::vector<Probe>& probes);
 
 // Data movement only: the root's tensors' bytes into every rank's tensors of the same
 // position, in place. Callers have agreed that all ranks hold the same shapes and dtypes.

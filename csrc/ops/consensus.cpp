@@ -127,28 +127,13 @@ std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
 
-namespace {
-bool agree_impl(const Signature& sig, const std::string& what, const std::string& error_text,
-                const std::function<std::string()>& describe, bool* vetoed);
-}  // namespace
-
-bool agree(const Signature& sig, const std::string& what, const std::string& text) {
-  bool vetoed = false;
-  return agree(sig, what, text, vetoed);
-}
-
-bool agree(const Signature& sig, const std::string& what, const std::string& text, bool& vetoed) {
-  return agree_impl(sig, what, text, [&] { return text; }, &vetoed);
+bool agree(const Signature& sig, const std::string& what, const std::string& text,
+           bool* vetoed) {
+  return agree(sig, what, text, [&] { return text; }, vetoed);
 }
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe) {
-  return agree_impl(sig, what, error_text, describe, nullptr);
-}
-
-namespace {
-bool agree_impl(const Signature& sig, const std::string& what, const std::string& error_text,
-                const std::function<std::string()>& describe, bool* vetoed) {
+           const std::function<std::string()>& describe, bool* vetoed) {
   const auto& e = env();
   if (vetoed != nullptr) *vetoed = false;
   if (e.size == 1) {
@@ -180,6 +165,5 @@ bool agree_impl(const Signature& sig, const std::string& what, const std::string
   mpi_backend().allgather(mytext.data(), texts.data(), kTextBytes, c10::kByte);
   report(sigs, texts, what, e.size);
 }
-}  // namespace
 
 }  // namespace fluxmpi

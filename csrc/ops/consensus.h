@@ -56,16 +56,15 @@ std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed = 0);
 // message when sig.error != None, else a short description of its argument (shape, name)
 // that is shown only if the ranks disagree. Must run where collectives may run (inline on
 // the engine or on the engine thread). With one rank it only raises a local error.
-// Returns whether the soft fields agree (see Signature).
-bool agree(const Signature& sig, const std::string& what, const std::string& text);
+// Returns whether the soft fields agree (see Signature). With `vetoed`, it is told whether
+// any rank set sig.veto (false with one rank).
+bool agree(const Signature& sig, const std::string& what, const std::string& text,
+           bool* vetoed = nullptr);
 
 // The same, but the description is made only when the ranks disagree (formatting a shape on
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe);
-
-// The same, and `vetoed` tells whether any rank set sig.veto (false with one rank).
-bool agree(const Signature& sig, const std::string& what, const std::string& text, bool& vetoed);
+           const std::function<std::string()>& describe, bool* vetoed = nullptr);
 
 // "torch.float32" for c10::kFloat: dtype names as Python users write them.
 std::string dtype_name(c10::ScalarType t);

@@ -7,11 +7,13 @@
 //   sync_plan          the pure broadcast plan, for tests.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/backend.h"
 #include "bindings.h"
 #include "ops/coalesced_broadcast.h"
+#include "ops/flat_storage.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
 
@@ -67,10 +69,14 @@ struct PlanCache {
   std::vector<Probe> probes;  // this call's, kept only to reuse the allocation
 };
 
+std::size_t direct_steps(const std::vector<BroadcastStep>& plan) {
+  return static_cast<std::size_t>(
+      std::count_if(plan.begin(), plan.end(), [](const BroadcastStep& s) { return s.direct; }));
+}
+
 bool fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
                std::int64_t structure_hash, bool needs_skeleton, ErrorClass err,
-               const std::string& err_text, const CoalescedOptions& opts,
-               PlanCache* cache = nullptr) {
+               const std::string& err_text, const CoalescedOptions& opts, PlanCache& cache) {
   std::string msg = err_text;
   Signature s = object_signature(kBegin, root, err, msg);
   if (s.error == ErrorClass::None && (opts.bucket_bytes <= 0 || opts.direct_bytes <= 0)) {
@@ -83,12 +89,10 @@ bool fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
   // allreduce as the call itself: equal everywhere means every rank's tensors line up with the
   // root's, so the data can move without a skeleton.
   std::int64_t o[2] = {opts.bucket_bytes, opts.direct_bytes};
-  std::vector<Probe> own_probes;
-  std::vector<Probe>& probes = cache != nullptr ? cache->probes : own_probes;
+  const bool moves = env().size > 1;  // a world of one moves no data: no probes
   try {
-    // Probes only where data moves (a world of one moves none).
     s.soft = tensors_hash(tensors, hash_bytes(o, sizeof(o), structure_hash),
-                          env().size > 1 ? &probes : nullptr);
+                          moves ? &cache.probes : nullptr);
   } catch (const std::exception& e) {
     // A tensor whose metadata cannot be read (a subclass, say): raised on every rank by the
     // agreement below, never on this rank alone, which would leave the others waiting.
@@ -98,44 +102,30 @@ bool fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
     }
   }
   s.soft_flag = needs_skeleton ? 1 : 0;
+  if (s.error == ErrorClass::None && (!cache.valid || cache.key != s.soft)) {
+    cache.plan = plan_broadcast(tensors, opts);
+    CoalescedOptions packed_opts = opts;
+    packed_opts.pack_cpu = true;
+    cache.packed = plan_broadcast(tensors, packed_opts);
+    cache.has_packed = direct_steps(cache.packed) != direct_steps(cache.plan);
+    cache.key = s.soft;
+    cache.valid = true;
+  }
   // With relocation, large CPU tensors may travel packed too, once relocated in place: fewer
   // broadcasts. Only if every rank holds every packed step in place (or can relocate it now);
   // a rank that cannot (someone holds one of its parameters' storage, say) vetoes, and all
   // take the plan that sends large tensors alone. Both plans come from the agreed shapes.
-  const bool packing = cache != nullptr && opts.relocate && env().size > 1 &&
-                       s.error == ErrorClass::None;
-  if (cache != nullptr && s.error == ErrorClass::None && (!cache->valid || cache->key != s.soft)) {
-    cache->plan = plan_broadcast(tensors, opts);
-    CoalescedOptions packed_opts = opts;
-    packed_opts.pack_cpu = true;
-    cache->packed = plan_broadcast(tensors, packed_opts);
-    cache->has_packed = false;  // does packing change anything: a large CPU tensor that fits
-    for (std::size_t i = 0; i < probes.size() && !cache->has_packed; ++i) {
-      const auto& t = tensors[i];
-      cache->has_packed = t.defined() && t.is_cpu() && probes[i].nbytes >= opts.direct_bytes &&
-                          probes[i].nbytes <= opts.bucket_bytes;
-    }
-    cache->key = s.soft;
-    cache->valid = true;
-  }
   // `relocate` is each rank's own argument, not part of the agreed hash: a rank that does not
   // pack (relocate=False) vetoes too, so that no rank takes the packed plan without it.
-  if (!packing || (cache->has_packed && !steps_in_place(tensors, cache->packed, probes))) {
+  const bool packing = opts.relocate && moves && s.error == ErrorClass::None;
+  if (!packing || (cache.has_packed && !steps_in_place(tensors, cache.packed, cache.probes))) {
     s.veto = 1;
   }
   bool vetoed = false;
-  if (!agree(s, kWhat, msg, vetoed)) return false;
-  if (packing && cache->has_packed && !vetoed) {
-    coalesced_broadcast_data(tensors, static_cast<int>(root), opts, &cache->packed, &probes);
-    return true;
-  }
-  if (cache == nullptr) {
-    coalesced_broadcast_data(tensors, static_cast<int>(root), opts, nullptr,
-                             env().size > 1 ? &probes : nullptr);
-    return true;
-  }
-  coalesced_broadcast_data(tensors, static_cast<int>(root), opts, &cache->plan,
-                           env().size > 1 ? &probes : nullptr);
+  if (!agree(s, kWhat, msg, &vetoed)) return false;
+  const bool packed = cache.has_packed && !vetoed;  // !vetoed: every rank is packing
+  coalesced_broadcast_data(tensors, static_cast<int>(root), opts,
+                           packed ? &cache.packed : &cache.plan, &cache.probes);
   return true;
 }
 
@@ -237,7 +227,7 @@ void bind_sync(py::module_& m) {
           Engine::get().run_inline([&] {
             done = fast_path(tensors.items, root, structure_hash, needs_skeleton,
                              error_class(err), err_text,
-                             options(bucket_bytes, direct_bytes, relocate), &tensors.plan);
+                             options(bucket_bytes, direct_bytes, relocate), tensors.plan);
           });
           return done;
         },

@@ -35,6 +35,8 @@ import traceback
 from collections import deque
 from typing import Any, Callable, Optional
 
+from ._files import write_atomic
+
 try:  # optional: by-value pickling of notebook functions
     import cloudpickle as _cloudpickle
 except ImportError:  # pragma: no cover - depends on the environment
@@ -313,13 +315,6 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _child_main(workdir: str) -> None:
     """Entry point of each rank (see _CHILD_CODE)."""
     from .runtime import Init, local_rank
@@ -333,11 +328,11 @@ def _child_main(workdir: str) -> None:
         args, kwargs = pickle.loads(payload["args"])
         result = fn(*args, **kwargs)
         if rank == 0:
-            _write_atomic(os.path.join(workdir, "result.pkl"), _dumps(result))
+            write_atomic(os.path.join(workdir, "result.pkl"), _dumps(result))
     except BaseException as e:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             raise
         record = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
                   "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
-        _write_atomic(os.path.join(workdir, f"error.{rank}.json"), json.dumps(record).encode())
+        write_atomic(os.path.join(workdir, f"error.{rank}.json"), json.dumps(record).encode())
         raise  # on several ranks, Init's excepthook aborts the job so no rank waits forever

@@ -5,7 +5,6 @@ Also the helpers both sides share: paths, error classes, and the kinds of statef
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pickle
 import weakref
 from collections import defaultdict
@@ -13,17 +12,12 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from ._agreement import hash64
 from ._loader import C
 
 # Error classes understood by the compiled agreement (ops/consensus.h: ErrorClass).
 _NONE, _VALUE, _TYPE, _RUNTIME = 0, 1, 2, 3
 _MISSING = object()
-
-
-def _hash64(text: str) -> int:
-    """A signed 64-bit hash of a structure's text, equal on every rank and every run."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
-                          signed=True)
 
 
 class _SyncError(Exception):
@@ -194,7 +188,7 @@ class _Flattener:
             self._active.discard(id(x))
 
     def structure_hash(self) -> int:
-        return _hash64("\x1f".join(self.tokens))
+        return hash64("\x1f".join(self.tokens))
 
     def leaf_meta(self):
         return [(p, tuple(t.shape), t.dtype, t.device.type, s, isinstance(t, nn.Parameter),
@@ -218,7 +212,7 @@ class _ModuleWalk:
                     _Flattener().leaf(t, name)  # raises, naming the path
                 self.names.append(name)
                 self.tensors.append(t)
-        self.digest = str(_hash64("\x1f".join(self.names)))
+        self.digest = str(hash64("\x1f".join(self.names)))
         # Only the dicts, never the modules that own them: the cache is keyed weakly by the
         # module, so its value must not keep the module alive. (It does keep the tensors alive
         # until the module's next walk replaces it.)
@@ -232,7 +226,7 @@ class _ModuleWalk:
     def structure_hash(self) -> int:
         """synchronize_(module)'s structure hash, from the cached walk alone."""
         if self._hash is None:  # what _Flattener gives for this module alone
-            self._hash = _hash64(f"M\x1f\x1f{self.digest}")
+            self._hash = hash64(f"M\x1f\x1f{self.digest}")
         return self._hash
 
     def ctensors(self):

@@ -21,8 +21,8 @@ from typing import Any, List
 
 import torch
 
-from ._loader import C
-from .collectives import allreduce_
+from ._agreement import bcast_bytes, raise_together
+from ._files import write_atomic
 from .runtime import local_rank, total_workers
 from .sync import synchronize_
 
@@ -30,37 +30,6 @@ __all__ = ["save_checkpoint", "load_checkpoint"]
 
 _FORMAT = "fluxmpi_py.checkpoint"
 _VERSION = 1
-# Errors that keep their type when raised on every rank; anything else becomes RuntimeError.
-_PORTABLE = {t.__name__: t for t in (ValueError, TypeError, KeyError, RuntimeError, OSError,
-                                     FileNotFoundError, PermissionError, IsADirectoryError,
-                                     NotADirectoryError, FileExistsError, pickle.UnpicklingError)}
-
-
-def _bcast_bytes(data: bytes, root: int) -> bytes:
-    # synchronize_'s agreement-checked bytes broadcast; other ranks' data is ignored
-    return C.broadcast_bytes(data if local_rank() == root else None, root)
-
-
-def _agree(error: "BaseException | None", what: str) -> None:
-    """Collective: if any rank has an error, raise it (the lowest such rank's) on every rank."""
-    size = total_workers()
-    flag = torch.tensor([local_rank() if error is not None else size], dtype=torch.int64)
-    allreduce_(flag, op="min")
-    bad = int(flag.item())
-    if bad == size:
-        return
-    mine = b""
-    if local_rank() == bad:
-        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        mine = pickle.dumps((type(error).__name__, str(text)))
-    name, message = pickle.loads(_bcast_bytes(mine, bad))
-    exc = _PORTABLE.get(name, RuntimeError)
-    if name not in _PORTABLE:
-        message = f"{name}: {message}"
-    raised = exc(f"{message} (on rank {bad}, in {what})")
-    if local_rank() == bad:
-        raise raised from error
-    raise raised
 
 
 def _check_path(path, fn: str) -> str:
@@ -72,31 +41,6 @@ def _check_path(path, fn: str) -> str:
 
 def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
-
-
-def _write_atomic(path: str, payload: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable; not every file system lets a directory be opened
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def save_checkpoint(path, **objects) -> str:
@@ -122,10 +66,10 @@ def save_checkpoint(path, **objects) -> str:
         if local_rank() == 0:
             payload = {"format": _FORMAT, "version": _VERSION, "world_size": total_workers(),
                        "objects": {k: _state_of(v) for k, v in objects.items()}}
-            _write_atomic(path, payload)
+            write_atomic(path, lambda f: torch.save(payload, f), durable=True)
     except Exception as e:  # folded into the agreement below, so every rank raises it
         error = e
-    _agree(error, f"save_checkpoint({path!r})")  # also keeps the others until rank 0 is done
+    raise_together(error, f"save_checkpoint({path!r})")  # also keeps the others until rank 0 is done
     return path
 
 
@@ -232,10 +176,10 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
             meta = [(tuple(t.shape), t.dtype) for t in tensors]
     except Exception as e:
         error = e
-    _agree(error, f"load_checkpoint({path!r})")
+    raise_together(error, f"load_checkpoint({path!r})")
 
     # The structure travels once as a pickle; the tensors follow, coalesced, by synchronize_.
-    blob = _bcast_bytes(pickle.dumps((skeleton, meta)) if local_rank() == 0 else b"", 0)
+    blob = bcast_bytes(pickle.dumps((skeleton, meta)) if local_rank() == 0 else b"", 0)
     skeleton, meta = pickle.loads(blob)
     if local_rank() != 0:
         tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in meta]
@@ -252,5 +196,5 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
                 obj.load_state_dict(objects[name])
     except Exception as e:
         error = e
-    _agree(error, f"load_checkpoint({path!r})")
+    raise_together(error, f"load_checkpoint({path!r})")
     return objects

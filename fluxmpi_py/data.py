@@ -28,8 +28,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
-from ._loader import C
 from . import runtime
+from ._agreement import span
+from ._loader import C
 
 __all__ = ["DistributedDataContainer", "DistributedSampler"]
 
@@ -111,18 +112,16 @@ def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
     the same shard spec: a different seed or length would silently overlap the shards."""
     if explicit or not runtime.Initialized() or runtime.total_workers() == 1:
         return
-    from .collectives import allreduce_
-
     # seeds may use 64 bits: fold every value into 61 bits, enough to see a difference
-    vals = torch.tensor([(int(v) ^ (int(v) >> 61)) & ((1 << 61) - 1) for v in fields.values()], dtype=torch.int64)
-    both = allreduce_(torch.cat([vals, -vals]), "max")
-    hi, lo = both[: len(vals)], -both[len(vals):]
-    bad = [f"{k} differs (rank {runtime.local_rank()} has {int(v)})" if k == "seed" else
-           f"{k} ranges over [{int(a)}, {int(b)}] (rank {runtime.local_rank()} has {int(v)})"
-           for (k, v), a, b in zip(fields.items(), lo, hi) if a != b]
+    vals = [(int(v) ^ (int(v) >> 61)) & ((1 << 61) - 1) for v in fields.values()]
+    rank = runtime.local_rank()
+    bad = [f"{k} differs (rank {rank} has {int(v)})" if k == "seed" else
+           f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
+           for (k, v), (lo, hi) in zip(fields.items(), span(vals)) if lo != hi]
     if bad:
         raise ValueError(f"{owner}: ranks disagree: " + "; ".join(bad) +
                          ". Every rank must pass the same data length, seed, shuffle, pad and drop_last.")
+
 
 def _mode(pad: Any, drop_last: Any) -> str:
     if bool(drop_last):

@@ -8,13 +8,12 @@ rest and then runs the wrapped optimizer.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import operator
-import pickle
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._agreement import first_difference, hash64
 from ._loader import C
 from .collectives import allreduce_
 
@@ -30,45 +29,27 @@ def _describe(name: str, p: torch.Tensor) -> str:
     return f"{name}: shape {tuple(p.shape)}, dtype {str(p.dtype).replace('torch.', '')}, device {p.device.type}"
 
 
-def _hash64(items: Sequence[str]) -> int:
-    h = hashlib.blake2b("\n".join(items).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") >> 1  # keep it a positive int64
-
-
-def _check_same_parameters(descs: List[str], what: str) -> int:
+def _check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], what: str) -> int:
     """Collective: verify every rank holds the same parameter list; return its hash.
 
-    On a difference every rank raises ValueError naming the first parameter that differs,
-    the rank that has it and rank 0's version of it.
+    On a difference every rank raises ValueError naming the first parameter (in the order
+    the optimizer lists them) that differs, the rank that has it and rank 0's version of it.
     """
-    h = _hash64(descs)
-    if C.size() == 1:
-        return h
-    v = torch.tensor([len(descs), h, -len(descs), -h], dtype=torch.int64)
-    allreduce_(v, "max")
-    if v[0] == -v[2] and v[1] == -v[3]:
-        return h
-    ref = pickle.loads(C.broadcast_bytes(pickle.dumps(descs) if C.rank() == 0 else None, 0))
-    first = next((i for i, (a, b) in enumerate(zip(descs, ref)) if a != b), min(len(descs), len(ref)))
-    if first == len(descs) == len(ref):
-        first = 1 << 40  # same as rank 0
-    key = torch.tensor([first * C.size() + C.rank()], dtype=torch.int64)
-    allreduce_(key, "min")
-    idx, rank = divmod(int(key.item()), C.size())
-    mine = (descs[idx] if idx < len(descs) else "nothing (it has only %d parameters)" % len(descs)) if C.rank() == rank else None
-    theirs = C.broadcast_bytes(mine.encode() if mine is not None else None, rank).decode()
-    ref0 = ref[idx] if idx < len(ref) else f"nothing (it has only {len(ref)} parameters)"
-    raise ValueError(
-        f"{what}: the parameters differ across ranks; first difference at parameter {idx}: "
-        f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
-        f"and optimizer (same parameters, order, shapes, dtypes and requires_grad)."
-    )
+    descs = [_describe(n, p) for n, p in zip(names, params)]
+    diff = first_difference(descs, "parameters")
+    if diff is not None:
+        index, rank, theirs, ref0 = diff
+        raise ValueError(
+            f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
+            f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
+            f"and optimizer (same parameters, order, shapes, dtypes and requires_grad)."
+        )
+    return hash64("\n".join(descs))
 
 
-def _plan_inputs(params: Sequence[torch.Tensor], names: Sequence[str]):
+def _plan_order(params: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     # Backward produces gradients roughly in reverse registration order: plan buckets so.
-    order = list(range(len(params)))[::-1]
-    return [params[i] for i in order], [names[i] for i in order]
+    return list(params)[::-1]
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -154,10 +135,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.requires_grad:
                     params.append(p)
                     names.append(self._names.get(id(p), f"param_groups[{g}][{i}]"))
-        params, names = _plan_inputs(params, names)
-        descs = [_describe(n, p) for n, p in zip(names, params)]
-        plan_hash = _check_same_parameters(descs, "DistributedOptimizer")
-        plan_hash = _hash64([str(plan_hash), self._op, self._compression, str(self._cap_bytes), str(self._direct_min_bytes)])
+        plan_hash = _check_same_parameters(names, params, "DistributedOptimizer")
+        plan_hash = hash64("\n".join([str(plan_hash), self._op, self._compression, str(self._cap_bytes),
+                                       str(self._direct_min_bytes)]))
+        params = _plan_order(params)
         self._params = params
         self._reducer = C.GradientReducer(params, self._cap_bytes, self._direct_min_bytes, self._op, self._compression, plan_hash)
         for i, p in enumerate(params):
@@ -295,9 +276,8 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
             if not all(isinstance(p, torch.Tensor) for p in given):
                 raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
             named = [(f"params[{i}]", p) for i, p in enumerate(given) if p.requires_grad]
-        params, names = _plan_inputs([p for _, p in named], [n for n, _ in named])
-        descs = [_describe(n, p) for n, p in zip(names, params)]
-        h = _check_same_parameters(descs, "allreduce_gradients")
+        h = _check_same_parameters([n for n, _ in named], [p for _, p in named], "allreduce_gradients")
+        params = _plan_order([p for _, p in named])
         if len(_reducer_cache) > 8:
             _reducer_cache.clear()
         hit = (given, C.GradientReducer(params, int(bucket_cap_mb * _MiB), direct, op, "", h))

@@ -267,6 +267,9 @@ def case_mismatched_parameters_raise_everywhere():
     except ValueError as e:
         msg = str(e)
         assert "param_groups[0][" in msg and "shape" in msg and "rank 0 has" in msg, msg
+        # Counted from the first parameter, as the optimizer lists them: the first layer's
+        # weight, not the last layer that differs.
+        assert "first difference at parameter 0: rank 1 has param_groups[0][0]: shape (6, 4)" in msg, msg
     else:
         raise AssertionError(f"rank {r}: no error for mismatched parameters")
     extra = [nn.Parameter(torch.zeros(3)) for _ in range(2 if r == 1 else 1)]

@@ -21,18 +21,14 @@ _os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 __version__ = "0.1.0"
 
-# One role per module; a module that is not there yet is simply not exported.
-_MODULES = ("runtime", "collectives", "optimizer", "sync", "data", "launch", "checkpoint", "logs")
+# One role per module; each lists its public names in __all__.
+_MODULES = ("runtime", "printing", "preferences", "collectives", "optimizer", "sync", "data",
+            "launch", "checkpoint", "logs")
 
 __all__ = []
 for _name in _MODULES:
-    try:
-        _mod = _importlib.import_module(f".{_name}", __name__)
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__name__}.{_name}":
-            raise
-        continue
+    _mod = _importlib.import_module(f".{_name}", __name__)
     for _sym in _mod.__all__:
         globals()[_sym] = getattr(_mod, _sym)
     __all__ += list(_mod.__all__)
-del _importlib, _os, _name
+del _importlib, _os, _name, _mod, _sym

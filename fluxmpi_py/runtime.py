@@ -1,17 +1,16 @@
-"""Start-up and rank helpers: Init, Initialized, local_rank, total_workers, printing."""
+"""Start-up and rank helpers: Init, Initialized, local_rank, total_workers, barrier."""
 from __future__ import annotations
 
 import atexit
-import json
-import os
-import sys
 import threading
-import traceback
 from typing import Optional, Sequence
 
 import torch
 
+from . import _excepthooks
 from ._loader import C
+from .preferences import cudampi_enabled
+from .printing import fluxmpi_println
 
 __all__ = [
     "Init",
@@ -21,65 +20,9 @@ __all__ = [
     "node_local_rank",
     "barrier",
     "build_info",
-    "fluxmpi_print",
-    "fluxmpi_println",
-    "disable_cudampi_support",
-    "cudampi_enabled",
 ]
 
 _lock = threading.Lock()
-_device: Optional[torch.device] = None
-
-
-def _prefs_path() -> str:
-    base = os.environ.get("FLUXMPI_PY_CONFIG_DIR") or os.path.join(
-        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "fluxmpi_py"
-    )
-    return os.path.join(base, "preferences.json")
-
-
-def _read_prefs() -> dict:
-    try:
-        with open(_prefs_path()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-# Read once per process: like FluxMPI, a changed preference takes effect at the next start.
-_CUDAMPI_ENABLED = not _read_prefs().get("disable_cudampi", False)
-
-
-def disable_cudampi_support(disable: bool = True) -> str:
-    """Persist whether CUDA tensors may be handed to MPI directly (CUDA-aware MPI).
-
-    Takes effect at the next start of Python, as in FluxMPI. Returns the preferences file.
-    Tensors on CUDA normally travel through NCCL; this matters only where NCCL is absent.
-
-    >>> import fluxmpi_py as fm, os, tempfile
-    >>> os.environ["FLUXMPI_PY_CONFIG_DIR"] = tempfile.mkdtemp()
-    >>> path = fm.disable_cudampi_support(True)
-    >>> import json; json.load(open(path))["disable_cudampi"]
-    True
-    """
-    path = _prefs_path()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    prefs = _read_prefs()
-    prefs["disable_cudampi"] = bool(disable)
-    tmp = path + f".tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(prefs, f)
-    os.replace(tmp, path)
-    return path
-
-
-def cudampi_enabled() -> bool:
-    """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support).
-
-    >>> import fluxmpi_py as fm; isinstance(fm.cudampi_enabled(), bool)
-    True
-    """
-    return _CUDAMPI_ENABLED
 
 
 def _comm_handle(comm) -> int:
@@ -94,28 +37,6 @@ def _comm_handle(comm) -> int:
     if comm == MPI.COMM_NULL:
         raise ValueError("Init(comm=MPI.COMM_NULL): call Init only on the ranks inside the communicator")
     return int(MPI._handleof(comm))
-
-
-_previous_excepthook = sys.excepthook
-
-
-def _excepthook(exc_type, exc, tb):
-    # An uncaught exception on one rank would leave the others blocked in their next
-    # collective. Show it as usual, then abort the whole job so that it ends within seconds.
-    try:
-        sys.stderr.write(f"[rank {C.rank()} / {C.size()}] uncaught exception, aborting the job:\n")
-        (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-        sys.stderr.flush()
-    finally:
-        C.abort(f"uncaught {exc_type.__name__} on rank {C.rank()}: {exc}", 1)
-
-
-def _thread_excepthook(args):
-    if args.exc_type is SystemExit:
-        return
-    name = args.thread.name if args.thread is not None else "?"
-    sys.stderr.write(f"[rank {C.rank()} / {C.size()}] in thread {name}:\n")
-    _excepthook(args.exc_type, args.exc_value, args.exc_traceback)
 
 
 def _at_exit():
@@ -135,7 +56,6 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
     >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
     (True, True)
     """
-    global _device, _previous_excepthook
     with _lock:
         first = not C.initialized()
         C.init(_comm_handle(comm))
@@ -143,9 +63,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
             return
         atexit.register(_at_exit)
         if C.size() > 1:
-            _previous_excepthook = sys.excepthook
-            sys.excepthook = _excepthook
-            threading.excepthook = _thread_excepthook
+            _excepthooks.install()
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
             if gpu_devices is not None:
@@ -158,11 +76,11 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
             else:
                 dev = C.node_rank() % n
             torch.cuda.set_device(dev)
-            _device = torch.device("cuda", dev)
+            device = torch.device("cuda", dev)
         else:
-            _device = torch.device("cpu")
+            device = torch.device("cpu")
         if verbose:
-            fluxmpi_println(f"using {_device} (node-local rank {C.node_rank()} of {C.node_size()})")
+            fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
 
 
 def Initialized() -> bool:
@@ -226,71 +144,3 @@ def build_info() -> dict:
         "cuda_mpi_enabled": cudampi_enabled(),
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
     }
-
-
-def _prefix() -> str:
-    if not C.initialized():
-        raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
-    return f"[{C.rank()} / {C.size()}] "
-
-
-def _write(text: str, file) -> None:
-    # One write per call, so lines from different ranks never interleave mid-line.
-    file = file or sys.stdout
-    file.flush()
-    try:
-        fd = file.fileno()
-    except (AttributeError, OSError, ValueError):
-        fd = None  # Jupyter and captured streams have no descriptor
-    if fd is None:
-        file.write(text)
-        file.flush()
-        return
-    data = text.encode()
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
-
-
-def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool = False) -> None:
-    """print() with a ``[rank / size] `` prefix, written atomically; no newline by default.
-
-    Not a collective: one rank alone may call it. ``ordered=True`` is a collective (every
-    rank must call it): rank 0 gathers every rank's text and writes it in rank order, in one
-    write to its ``file`` (separate writes from each rank could reach the terminal in any
-    order, since mpiexec forwards each rank's output on its own).
-
-    >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_print("loss", 0.5, end="\\n")
-    [0 / 1] loss 0.5
-    """
-    text = _prefix() + sep.join(str(a) for a in args) + end
-    if not ordered or C.size() == 1:
-        _write(text, file)
-        return
-    from .collectives import allreduce_
-
-    data = bytearray(text.encode())
-    rank, size = C.rank(), C.size()
-    lengths = torch.zeros(size, dtype=torch.int64)
-    lengths[rank] = len(data)
-    allreduce_(lengths)
-    start = int(lengths[:rank].sum())
-    buf = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
-    if data:
-        buf[start : start + len(data)] = torch.frombuffer(data, dtype=torch.uint8)
-    allreduce_(buf)
-    if rank == 0:
-        _write(buf.numpy().tobytes().decode(errors="replace"), file)
-
-
-def fluxmpi_println(*args, sep: str = " ", file=None, ordered: bool = False) -> None:
-    """fluxmpi_print with a trailing newline.
-
-    >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_println("hello")
-    [0 / 1] hello
-    """
-    fluxmpi_print(*args, sep=sep, end="\n", file=file, ordered=ordered)
-
-
-def _device_for_rank() -> torch.device:
-    return _device or torch.device("cpu")

@@ -15,7 +15,9 @@ p takes a contiguous range of *positions* in that order:
 
 The index math (shard ranges and a keyed Feistel permutation evaluated per index) lives in
 C++ and keeps no state, so memory does not grow with n and these objects hold only integers
-and a reference to the data: they pickle for DataLoader workers.
+and a reference to the data: they pickle for DataLoader workers. The container's epoch, seed
+and resume position sit in shared memory (``SharedInts``), so its copies in persistent
+DataLoader workers follow ``set_epoch`` and ``load_state_dict``.
 
 Resuming: ``state_dict()`` holds ``epoch``, ``seed`` and ``position``, the number of samples
 of this rank's shard already delivered in that epoch (plus ``n`` and ``world_size``, checked on
@@ -29,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 
 from ._loader import C
+from ._shared_view import SharedInts
 from . import runtime
 
 __all__ = ["DistributedDataContainer", "DistributedSampler"]
@@ -158,8 +161,10 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
 
     ``set_epoch(e)`` picks the epoch's permutation (with ``shuffle=True``). Call it before the
-    DataLoader iterator is created; with ``persistent_workers=True`` the workers keep the copy
-    they started with, so use ``DistributedSampler`` there instead.
+    DataLoader iterator is created. The epoch, seed and resume position live in a few bytes of
+    shared memory that the container's copies in DataLoader workers read at each item (or
+    batch), so persistent workers follow ``set_epoch`` and ``load_state_dict`` too. A copy
+    made with ``pickle`` or ``copy`` is independent of the original.
 
     Resuming: ``state_dict()`` reports ``position``, the number of this rank's samples already
     delivered this epoch. Iterating the container itself (``for x in container``) counts them.
@@ -185,46 +190,56 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             raise TypeError(f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}")
         self._n = _dataset_length(data, "data", owner)
         self._rank, self._world = _world(owner, rank, world_size, "rank", "world_size")
-        self._seed = _check_seed(seed, owner)
+        seed = _check_seed(seed, owner)
         self._shuffle = bool(shuffle)
         self._mode = _mode(pad, drop_last)
         _agree_across_ranks(owner, rank is not None or world_size is not None, n=self._n,
-                            seed=self._seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
+                            seed=seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
         self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
-        self._epoch = 0
-        self._start = 0      # resume offset into the shard for this epoch (load_state_dict)
-        self._yielded = 0    # items the container's own iterator delivered after _start
+        # (epoch, seed, start): what set_epoch and load_state_dict change, shared with the copies
+        # in DataLoader workers; start is the resume offset into the shard for this epoch.
+        self._view = SharedInts((0, seed, 0))
+        self._yielded = 0    # items the container's own iterator delivered after start
         self.data = data
 
+    def __copy__(self) -> "DistributedDataContainer":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._view = SharedInts(self._view.read())  # a copy's set_epoch is its own
+        return new
+
     # --- the shard -------------------------------------------------------------------------
-    def _spec(self):
-        return (self._n, self._world, self._rank, self._mode, self._shuffle, self._seed, self._epoch)
+    def _spec(self, epoch: int, seed: int):
+        return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
 
     def __len__(self) -> int:
-        return self._full - self._start
+        return self._full - self._view.read()[2]
 
-    def _position(self, i: Any) -> int:
+    def _position(self, i: Any, start: int) -> int:
         try:
             i = operator.index(i)
         except TypeError:
             raise TypeError(
                 f"DistributedDataContainer indices must be ints, got {type(i).__name__}"
             ) from None
-        length = self._full - self._start
+        length = self._full - start
         if i < 0:
             i += length
         if not 0 <= i < length:
             raise IndexError(
                 f"DistributedDataContainer index out of range: rank {self._rank} holds {length} samples"
             )
-        return self._start + i
+        return start + i
 
     def __getitem__(self, i: int):
-        return self.data[C.shard_index(*self._spec(), self._position(i))]
+        epoch, seed, start = self._view.read()
+        return self.data[C.shard_index(*self._spec(epoch, seed), self._position(i, start))]
 
     def __getitems__(self, indices: List[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
-        globals_ = [C.shard_index(*self._spec(), self._position(i)) for i in indices]
+        epoch, seed, start = self._view.read()
+        spec = self._spec(epoch, seed)
+        globals_ = [C.shard_index(*spec, self._position(i, start)) for i in indices]
         getitems = getattr(self.data, "__getitems__", None)
         if getitems is not None:
             return getitems(globals_)
@@ -232,7 +247,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __iter__(self) -> Iterator:
         self._yielded = 0
-        for g in C.shard_iter(*self._spec(), self._start, self._full):
+        epoch, seed, start = self._view.read()
+        for g in C.shard_iter(*self._spec(epoch, seed), start, self._full):
             item = self.data[g]
             self._yielded += 1
             yield item
@@ -244,16 +260,17 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         >>> fm.DistributedDataContainer(range(5), pad=False, rank=0, world_size=2).indices().tolist()
         [0, 1, 2]
         """
-        return C.shard_indices(*self._spec(), self._start, self._full - self._start)
+        epoch, seed, start = self._view.read()
+        return C.shard_indices(*self._spec(epoch, seed), start, self._full - start)
 
     # --- epochs and resume -----------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._view.read()[0]
 
     @property
     def seed(self) -> int:
-        return self._seed
+        return self._view.read()[1]
 
     @property
     def rank(self) -> int:
@@ -272,10 +289,11 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         2
         """
         epoch = _check_epoch(epoch, "DistributedDataContainer.set_epoch")
-        if epoch != self._epoch:
-            self._start = 0
+        current, seed, start = self._view.read()
+        if epoch != current:
+            start = 0
             self._yielded = 0
-        self._epoch = epoch
+        self._view.write((epoch, seed, start))
 
     def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
@@ -292,7 +310,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             consumed = self._yielded
         consumed = _check_range(consumed, "consumed", "DistributedDataContainer.state_dict", 0,
                                 len(self) + 1, f"len(self)={len(self)}]")
-        return {"epoch": self._epoch, "seed": self._seed, "position": self._start + consumed,
+        epoch, seed, start = self._view.read()
+        return {"epoch": epoch, "seed": seed, "position": start + consumed,
                 "n": self._n, "world_size": self._world}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -304,12 +323,13 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         [3, 4]
         """
         s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
-        self._epoch, self._seed, self._start, self._yielded = s["epoch"], s["seed"], s["position"], 0
+        self._view.write((s["epoch"], s["seed"], s["position"]))
+        self._yielded = 0
 
     def __repr__(self) -> str:
         return (f"DistributedDataContainer(n={self._n}, rank={self._rank}, world_size={self._world}, "
-                f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self._seed}, "
-                f"epoch={self._epoch})")
+                f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self.seed}, "
+                f"epoch={self.epoch})")
 
 
 class DistributedSampler(torch.utils.data.Sampler):

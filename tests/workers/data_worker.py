@@ -6,6 +6,7 @@ tensors then shows what all ranks hold together, which must match closed forms.
 import itertools
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 from harness import run_cases  # also puts the repository on sys.path
 
 import fluxmpi_py as fm
@@ -117,6 +118,32 @@ def case_ranks_that_disagree_raise_everywhere():
         assert "n ranges over [10, " in str(e), str(e)
     else:
         raise AssertionError("no error for different lengths")
+
+
+def _shard_of_order(n, seed, epoch, start=0):
+    """This rank's indices (pad mode) for the epoch, computed from the order itself."""
+    p, r = fm.total_workers(), fm.local_rank()
+    per = -(-n // p)
+    o = _order(n, True, seed, epoch)
+    return o[torch.arange(r * per, (r + 1) * per) % n][start:]
+
+
+def case_persistent_workers_follow_set_epoch():
+    n, seed = 37, 4
+    d = fm.DistributedDataContainer(TensorDataset(torch.arange(n)), shuffle=True, seed=seed)
+    batched = DataLoader(d, batch_size=3, num_workers=2, persistent_workers=True)
+    single = DataLoader(d, batch_size=None, num_workers=2, persistent_workers=True)  # __getitem__
+    seen = []
+    for epoch in range(3):
+        d.set_epoch(epoch)
+        want = _shard_of_order(n, seed, epoch)
+        assert torch.equal(torch.cat([b[0] for b in batched]), want), (epoch, fm.local_rank())
+        assert torch.equal(torch.stack([x[0] for x in single]), want), (epoch, fm.local_rank())
+        seen.append(want.tolist())
+    assert seen[0] != seen[1] != seen[2]  # the test can tell epochs apart
+    # a resumed position and seed reach the same workers too
+    d.load_state_dict({"epoch": 7, "seed": 11, "position": 5})
+    assert torch.equal(torch.cat([b[0] for b in batched]), _shard_of_order(n, 11, 7, start=5))
 
 
 run_cases(globals())

@@ -30,11 +30,12 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
+from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
 from ._loader import C
 from ._shared_view import SharedInts
 from . import runtime
 
-__all__ = ["DistributedDataContainer", "DistributedSampler"]
+__all__ = ["DistributedDataContainer", "DistributedSampler", "FullDatasetWarning"]
 
 _U64 = 1 << 64
 _MAX_N = 1 << 62
@@ -344,6 +345,9 @@ class DistributedSampler(torch.utils.data.Sampler):
     range of the epoch's order, as DistributedDataContainer does; with ``shuffle=True`` (the
     default) that is equally random.
 
+    A DistributedDataContainer (or a ``Subset`` of one) is already one rank's shard: as
+    ``dataset`` it raises TypeError when both shard (its world_size and num_replicas > 1).
+
     Resuming: ``state_dict()`` reports ``position``, how far the latest iterator got in this
     rank's shard this epoch. A DataLoader draws indices ahead of your loop (prefetch), so pass
     what the loop consumed: ``state_dict(consumed=steps * batch_size)``. After
@@ -368,6 +372,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         owner = "DistributedSampler"
         self._n = _dataset_length(dataset, "dataset", owner, allow_int=True)
         self.rank, self.num_replicas = _world(owner, rank, num_replicas, "rank", "num_replicas")
+        container = container_in(dataset)
+        if container is not None and container.world_size > 1 and self.num_replicas > 1:
+            raise TypeError(double_sharding_message(owner, container, owner, self.num_replicas))
         self.dataset = dataset
         self.shuffle = bool(shuffle)
         self.seed = _check_seed(seed, owner)

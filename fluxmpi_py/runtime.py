@@ -146,6 +146,9 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
             _previous_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             threading.excepthook = _thread_excepthook
+            # DataLoaders now refuse double sharding and warn on a full dataset per rank
+            from ._dataloader_check import install as _check_dataloaders
+            _check_dataloaders()
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
             if gpu_devices is not None:

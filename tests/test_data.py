@@ -443,9 +443,23 @@ def test_copies_are_independent():
         assert [int(v) for b in loader for v in b] == _epoch_order(40, 2, 0, 1, epoch)
 
 
+def test_sampler_refuses_a_container():
+    d = fm.DistributedDataContainer(list(range(10)), rank=1, world_size=2)
+    for dataset in (d, torch.utils.data.Subset(d, range(3))):
+        with pytest.raises(TypeError) as e:
+            fm.DistributedSampler(dataset, num_replicas=2, rank=1)
+        for needle in ("DistributedDataContainer", "rank 1", "1/4", "without a distributed sampler",
+                       "the full dataset with DistributedSampler(full_dataset)"):
+            assert needle in str(e.value), (needle, str(e.value))
+    # nothing is sharded twice when either side has one part
+    fm.DistributedSampler(d, num_replicas=1, rank=0)
+    fm.DistributedSampler(fm.DistributedDataContainer(list(range(10)), rank=0, world_size=1),
+                          num_replicas=2, rank=1)
+
+
 def test_docstring_examples_run():
-    from fluxmpi_py import _shared_view, data
-    for m in (data, _shared_view):
+    from fluxmpi_py import _dataloader_check, _shared_view, data
+    for m in (data, _shared_view, _dataloader_check):
         res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, (m.__name__, res)
     missing = [n for n in data.__all__ if ">>>" not in (getattr(data, n).__doc__ or "")]

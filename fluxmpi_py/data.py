@@ -15,7 +15,9 @@ p takes a contiguous range of *positions* in that order:
 
 The index math (shard ranges and a keyed Feistel permutation evaluated per index) lives in
 C++ and keeps no state, so memory does not grow with n and these objects hold only integers
-and a reference to the data: they pickle for DataLoader workers.
+and a reference to the data: they pickle for DataLoader workers. The container's epoch, seed
+and resume position sit in shared memory (``SharedInts``), so its copies in persistent
+DataLoader workers follow ``set_epoch`` and ``load_state_dict``.
 
 Resuming: ``state_dict()`` holds ``epoch``, ``seed`` and ``position``, the number of samples
 of this rank's shard already delivered in that epoch (plus ``n`` and ``world_size``, checked on
@@ -28,123 +30,13 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
-from . import runtime
-from ._agreement import span
+from ._data_args import (_agree_across_ranks, _check_epoch, _check_range, _check_seed, _check_state,
+                         _dataset_length, _mode, _world)
+from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
 from ._loader import C
+from ._shared_view import SharedInts
 
-__all__ = ["DistributedDataContainer", "DistributedSampler"]
-
-_U64 = 1 << 64
-_MAX_N = 1 << 62
-
-
-def _as_int(value: Any, name: str, owner: str) -> int:
-    """An exact integer (Python or numpy), not a bool or a float; TypeError otherwise."""
-    if isinstance(value, bool):
-        raise TypeError(f"{owner}: {name} must be an int, got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}") from None
-
-
-def _check_range(value: Any, name: str, owner: str, lo: int, hi: int, hi_text: str) -> int:
-    """lo <= value < hi; ``hi_text`` ends the range in the message, e.g. "2**31]" or "5)"."""
-    v = _as_int(value, name, owner)
-    if not lo <= v < hi:
-        raise ValueError(f"{owner}: {name} must be an int in [{lo}, {hi_text}, got {v}")
-    return v
-
-
-def _check_u64(value: Any, name: str, owner: str) -> int:
-    # Seeds and epochs: any bad value (negative, too large, not an int) is a ValueError, so
-    # callers handle one exception class for "not a usable seed/epoch".
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}")
-    v = operator.index(value)
-    if not 0 <= v < _U64:
-        raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {v}")
-    return v
-
-
-def _check_seed(seed: Any, owner: str) -> int:
-    return _check_u64(seed, "seed", owner)
-
-
-def _check_epoch(epoch: Any, owner: str) -> int:
-    return _check_u64(epoch, "epoch", owner)
-
-
-def _dataset_length(data: Any, name: str, owner: str, allow_int: bool = False) -> int:
-    if allow_int and isinstance(data, int) and not isinstance(data, bool):
-        n = data
-    else:
-        if not hasattr(type(data), "__len__"):
-            raise TypeError(
-                f"{owner}: {name} must have __len__ (a map-style dataset, list, tensor or array), "
-                f"got {type(data).__name__}; an IterableDataset cannot be sharded by index"
-            )
-        n = len(data)
-    if not 0 <= n <= _MAX_N:
-        raise ValueError(f"{owner}: the length of {name} must be in [0, 2**62], got {n}")
-    return n
-
-
-def _world(owner: str, rank: Any, world_size: Any, rank_name: str, size_name: str):
-    if rank is None or world_size is None:
-        if not runtime.Initialized():
-            raise RuntimeError(
-                f"{owner}: {rank_name} and {size_name} come from fluxmpi_py.Init(); call it first, "
-                f"or pass {rank_name}= and {size_name}= explicitly"
-            )
-        if world_size is None:
-            world_size = runtime.total_workers()
-        if rank is None:
-            rank = runtime.local_rank()
-    world_size = _check_range(world_size, size_name, owner, 1, (1 << 31) + 1, "2**31]")
-    rank = _check_range(rank, rank_name, owner, 0, world_size, f"{size_name}={world_size})")
-    return rank, world_size
-
-
-
-def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
-    """When rank and size come from Init, check (one small allreduce) that every rank built
-    the same shard spec: a different seed or length would silently overlap the shards."""
-    if explicit or not runtime.Initialized() or runtime.total_workers() == 1:
-        return
-    # seeds may use 64 bits: fold every value into 61 bits, enough to see a difference
-    vals = [(int(v) ^ (int(v) >> 61)) & ((1 << 61) - 1) for v in fields.values()]
-    rank = runtime.local_rank()
-    bad = [f"{k} differs (rank {rank} has {int(v)})" if k == "seed" else
-           f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
-           for (k, v), (lo, hi) in zip(fields.items(), span(vals)) if lo != hi]
-    if bad:
-        raise ValueError(f"{owner}: ranks disagree: " + "; ".join(bad) +
-                         ". Every rank must pass the same data length, seed, shuffle, pad and drop_last.")
-
-
-def _mode(pad: Any, drop_last: Any) -> str:
-    if bool(drop_last):
-        return "drop_last"
-    return "pad" if bool(pad) else "even"
-
-
-def _check_state(state: Any, owner: str, n: int, world: int, length: int) -> Dict[str, int]:
-    if not isinstance(state, dict):
-        raise TypeError(f"{owner}.load_state_dict: state must be a dict from state_dict(), got {type(state).__name__}")
-    missing = [k for k in ("epoch", "seed", "position") if k not in state]
-    if missing:
-        raise ValueError(f"{owner}.load_state_dict: state lacks {missing}; expected the dict state_dict() returns")
-    for key, mine in (("n", n), ("world_size", world)):
-        if key in state and _as_int(state[key], f"state[{key!r}]", owner) != mine:
-            raise ValueError(
-                f"{owner}.load_state_dict: state[{key!r}] is {state[key]} but this object has {key}={mine}; "
-                f"a position only means the same samples for the same dataset length and world size"
-            )
-    epoch = _check_epoch(state["epoch"], owner)
-    seed = _check_seed(state["seed"], owner)
-    pos = _check_range(state["position"], "state['position']", owner, 0, length + 1, f"{length}]")
-    return {"epoch": epoch, "seed": seed, "position": pos}
+__all__ = ["DistributedDataContainer", "DistributedSampler", "FullDatasetWarning"]
 
 
 class DistributedDataContainer(torch.utils.data.Dataset):
@@ -157,8 +49,10 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
 
     ``set_epoch(e)`` picks the epoch's permutation (with ``shuffle=True``). Call it before the
-    DataLoader iterator is created; with ``persistent_workers=True`` the workers keep the copy
-    they started with, so use ``DistributedSampler`` there instead.
+    DataLoader iterator is created. The epoch, seed and resume position live in a few bytes of
+    shared memory that the container's copies in DataLoader workers read at each item (or
+    batch), so persistent workers follow ``set_epoch`` and ``load_state_dict`` too. A copy
+    made with ``pickle`` or ``copy`` is independent of the original.
 
     Resuming: ``state_dict()`` reports ``position``, the number of this rank's samples already
     delivered this epoch. Iterating the container itself (``for x in container``) counts them.
@@ -184,46 +78,56 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             raise TypeError(f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}")
         self._n = _dataset_length(data, "data", owner)
         self._rank, self._world = _world(owner, rank, world_size, "rank", "world_size")
-        self._seed = _check_seed(seed, owner)
+        seed = _check_seed(seed, owner)
         self._shuffle = bool(shuffle)
         self._mode = _mode(pad, drop_last)
         _agree_across_ranks(owner, rank is not None or world_size is not None, n=self._n,
-                            seed=self._seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
+                            seed=seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
         self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
-        self._epoch = 0
-        self._start = 0      # resume offset into the shard for this epoch (load_state_dict)
-        self._yielded = 0    # items the container's own iterator delivered after _start
+        # (epoch, seed, start): what set_epoch and load_state_dict change, shared with the copies
+        # in DataLoader workers; start is the resume offset into the shard for this epoch.
+        self._view = SharedInts((0, seed, 0))
+        self._yielded = 0    # items the container's own iterator delivered after start
         self.data = data
 
+    def __copy__(self) -> "DistributedDataContainer":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._view = SharedInts(self._view.read())  # a copy's set_epoch is its own
+        return new
+
     # --- the shard -------------------------------------------------------------------------
-    def _spec(self):
-        return (self._n, self._world, self._rank, self._mode, self._shuffle, self._seed, self._epoch)
+    def _spec(self, epoch: int, seed: int):
+        return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
 
     def __len__(self) -> int:
-        return self._full - self._start
+        return self._full - self._view.read()[2]
 
-    def _position(self, i: Any) -> int:
+    def _position(self, i: Any, start: int) -> int:
         try:
             i = operator.index(i)
         except TypeError:
             raise TypeError(
                 f"DistributedDataContainer indices must be ints, got {type(i).__name__}"
             ) from None
-        length = self._full - self._start
+        length = self._full - start
         if i < 0:
             i += length
         if not 0 <= i < length:
             raise IndexError(
                 f"DistributedDataContainer index out of range: rank {self._rank} holds {length} samples"
             )
-        return self._start + i
+        return start + i
 
     def __getitem__(self, i: int):
-        return self.data[C.shard_index(*self._spec(), self._position(i))]
+        epoch, seed, start = self._view.read()
+        return self.data[C.shard_index(*self._spec(epoch, seed), self._position(i, start))]
 
     def __getitems__(self, indices: List[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
-        globals_ = [C.shard_index(*self._spec(), self._position(i)) for i in indices]
+        epoch, seed, start = self._view.read()
+        spec = self._spec(epoch, seed)
+        globals_ = [C.shard_index(*spec, self._position(i, start)) for i in indices]
         getitems = getattr(self.data, "__getitems__", None)
         if getitems is not None:
             return getitems(globals_)
@@ -231,7 +135,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __iter__(self) -> Iterator:
         self._yielded = 0
-        for g in C.shard_iter(*self._spec(), self._start, self._full):
+        epoch, seed, start = self._view.read()
+        for g in C.shard_iter(*self._spec(epoch, seed), start, self._full):
             item = self.data[g]
             self._yielded += 1
             yield item
@@ -243,16 +148,17 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         >>> fm.DistributedDataContainer(range(5), pad=False, rank=0, world_size=2).indices().tolist()
         [0, 1, 2]
         """
-        return C.shard_indices(*self._spec(), self._start, self._full - self._start)
+        epoch, seed, start = self._view.read()
+        return C.shard_indices(*self._spec(epoch, seed), start, self._full - start)
 
     # --- epochs and resume -----------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._view.read()[0]
 
     @property
     def seed(self) -> int:
-        return self._seed
+        return self._view.read()[1]
 
     @property
     def rank(self) -> int:
@@ -271,10 +177,11 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         2
         """
         epoch = _check_epoch(epoch, "DistributedDataContainer.set_epoch")
-        if epoch != self._epoch:
-            self._start = 0
+        current, seed, start = self._view.read()
+        if epoch != current:
+            start = 0
             self._yielded = 0
-        self._epoch = epoch
+        self._view.write((epoch, seed, start))
 
     def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
@@ -291,7 +198,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             consumed = self._yielded
         consumed = _check_range(consumed, "consumed", "DistributedDataContainer.state_dict", 0,
                                 len(self) + 1, f"len(self)={len(self)}]")
-        return {"epoch": self._epoch, "seed": self._seed, "position": self._start + consumed,
+        epoch, seed, start = self._view.read()
+        return {"epoch": epoch, "seed": seed, "position": start + consumed,
                 "n": self._n, "world_size": self._world}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -303,12 +211,13 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         [3, 4]
         """
         s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
-        self._epoch, self._seed, self._start, self._yielded = s["epoch"], s["seed"], s["position"], 0
+        self._view.write((s["epoch"], s["seed"], s["position"]))
+        self._yielded = 0
 
     def __repr__(self) -> str:
         return (f"DistributedDataContainer(n={self._n}, rank={self._rank}, world_size={self._world}, "
-                f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self._seed}, "
-                f"epoch={self._epoch})")
+                f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self.seed}, "
+                f"epoch={self.epoch})")
 
 
 class DistributedSampler(torch.utils.data.Sampler):
@@ -322,6 +231,9 @@ class DistributedSampler(torch.utils.data.Sampler):
     Unlike torch's sampler (which deals positions round-robin), each rank takes a contiguous
     range of the epoch's order, as DistributedDataContainer does; with ``shuffle=True`` (the
     default) that is equally random.
+
+    A DistributedDataContainer (or a ``Subset`` of one) is already one rank's shard: as
+    ``dataset`` it raises TypeError when both shard (its world_size and num_replicas > 1).
 
     Resuming: ``state_dict()`` reports ``position``, how far the latest iterator got in this
     rank's shard this epoch. A DataLoader draws indices ahead of your loop (prefetch), so pass
@@ -347,6 +259,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         owner = "DistributedSampler"
         self._n = _dataset_length(dataset, "dataset", owner, allow_int=True)
         self.rank, self.num_replicas = _world(owner, rank, num_replicas, "rank", "num_replicas")
+        container = container_in(dataset)
+        if container is not None and container.world_size > 1 and self.num_replicas > 1:
+            raise TypeError(double_sharding_message(owner, container, owner, self.num_replicas))
         self.dataset = dataset
         self.shuffle = bool(shuffle)
         self.seed = _check_seed(seed, owner)

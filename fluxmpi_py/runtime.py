@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _excepthooks
+from . import _dataloader_check, _excepthooks
 from ._loader import C
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -64,6 +64,7 @@ def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, com
         atexit.register(_at_exit)
         if C.size() > 1:
             _excepthooks.install()
+            _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
             if gpu_devices is not None:

@@ -2,6 +2,8 @@
 resume, pickling and DataLoader use in one process (explicit rank/world_size), plus the
 multi-rank worker at 1, 2 and 4 ranks."""
 import collections
+import copy
+import doctest
 import itertools
 import math
 import os
@@ -17,6 +19,7 @@ from mpi_util import run_cases_on  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._shared_view import SharedInts  # noqa: E402
 
 MODES = {"pad": dict(pad=True), "drop_last": dict(drop_last=True), "even": dict(pad=False)}
 SIZES = [(0, 1), (0, 3), (1, 1), (1, 4), (2, 4), (3, 4), (5, 4), (7, 3), (7, 2), (8, 4), (10, 3),
@@ -360,7 +363,7 @@ def test_pickle_keeps_only_plain_state():
     d.set_epoch(7)
     e = pickle.loads(pickle.dumps(d))
     assert [e[i] for i in range(len(e))] == [d[i] for i in range(len(d))]
-    assert all(isinstance(v, (int, bool, str, list)) for v in vars(d).values())
+    assert all(isinstance(v, (int, bool, str, list, SharedInts)) for v in vars(d).values())
     s = fm.DistributedSampler(50, num_replicas=3, rank=1)
     it = iter(s)
     next(it), next(it)
@@ -381,6 +384,86 @@ def test_dataloader_with_workers():
         s.set_epoch(1)
         loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=s, num_workers=2)
         assert torch.equal(torch.cat([b[1] for b in loader]), d.indices())
+
+
+def _epoch_order(n, p, r, seed, epoch, start=0):
+    o = order(n, True, seed, epoch)
+    return [o[q] for q in ref_positions(n, p, r, "pad")][start:]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(method):
+    # The workers get the container once, when they start; set_epoch and load_state_dict in
+    # the main process must still reach them, under either start method.
+    n, p, r, seed = 30, 2, 1, 6
+    data = torch.utils.data.TensorDataset(torch.arange(n))
+    d = fm.DistributedDataContainer(data, shuffle=True, seed=seed, rank=r, world_size=p)
+    s = fm.DistributedSampler(data, num_replicas=p, rank=r, seed=seed)
+    # batches (__getitems__) under `method`; single samples (__getitem__) from forked workers
+    # that start first, so under spawn they see the values from before they were ever sent
+    loaders = [torch.utils.data.DataLoader(d, batch_size=4, num_workers=2, persistent_workers=True,
+                                           multiprocessing_context=method),
+               torch.utils.data.DataLoader(d, batch_size=None, num_workers=1, persistent_workers=True,
+                                           multiprocessing_context="fork")]
+    # the sampler lives in the main process: it always followed set_epoch
+    sampled = torch.utils.data.DataLoader(data, batch_size=4, sampler=s, num_workers=1,
+                                          persistent_workers=True, multiprocessing_context=method)
+    wants = []
+    for epoch in range(3):
+        d.set_epoch(epoch)
+        s.set_epoch(epoch)
+        want = _epoch_order(n, p, r, seed, epoch)
+        for loader in reversed(loaders):
+            got = [int(v) for batch in loader for v in batch[0].reshape(-1)]
+            assert got == want, (method, epoch, loader.batch_size)
+        assert [int(v) for b in sampled for v in b[0]] == want, (method, epoch)
+        wants.append(want)
+    assert wants[0] != wants[1] != wants[2]
+    d.load_state_dict({"epoch": 9, "seed": 2, "position": 5})
+    got = [int(v) for batch in loaders[0] for v in batch[0]]
+    assert got == _epoch_order(n, p, r, 2, 9, start=5)
+
+
+def test_copies_are_independent():
+    d = fm.DistributedDataContainer(list(range(40)), shuffle=True, seed=1, rank=0, world_size=2)
+    d.set_epoch(3)
+    for make in (copy.copy, copy.deepcopy, lambda x: pickle.loads(pickle.dumps(x))):
+        e = make(d)
+        assert list(e) == list(d) and e.state_dict() == d.state_dict()
+        e.set_epoch(4)
+        assert d.epoch == 3 and e.epoch == 4
+        d.set_epoch(5)
+        assert e.epoch == 4
+        d.set_epoch(3)
+    # a copy still reaches its own persistent workers
+    e = pickle.loads(pickle.dumps(d))
+    loader = torch.utils.data.DataLoader(e, batch_size=5, num_workers=1, persistent_workers=True)
+    for epoch in (1, 2):
+        e.set_epoch(epoch)
+        assert [int(v) for b in loader for v in b] == _epoch_order(40, 2, 0, 1, epoch)
+
+
+def test_sampler_refuses_a_container():
+    d = fm.DistributedDataContainer(list(range(10)), rank=1, world_size=2)
+    for dataset in (d, torch.utils.data.Subset(d, range(3))):
+        with pytest.raises(TypeError) as e:
+            fm.DistributedSampler(dataset, num_replicas=2, rank=1)
+        for needle in ("DistributedDataContainer", "rank 1", "1/4", "without a distributed sampler",
+                       "the full dataset with DistributedSampler(full_dataset)"):
+            assert needle in str(e.value), (needle, str(e.value))
+    # nothing is sharded twice when either side has one part
+    fm.DistributedSampler(d, num_replicas=1, rank=0)
+    fm.DistributedSampler(fm.DistributedDataContainer(list(range(10)), rank=0, world_size=1),
+                          num_replicas=2, rank=1)
+
+
+def test_docstring_examples_run():
+    from fluxmpi_py import _dataloader_check, _shared_view, data
+    for m in (data, _shared_view, _dataloader_check):
+        res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
+        assert res.failed == 0 and res.attempted > 0, (m.__name__, res)
+    missing = [n for n in data.__all__ if ">>>" not in (getattr(data, n).__doc__ or "")]
+    assert not missing, f"no example in the docstring of {missing}"
 
 
 # --- several ranks ------------------------------------------------------------------------------

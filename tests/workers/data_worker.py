@@ -3,10 +3,13 @@
 Every rank builds its shard from Init's rank and world size; allreduce_ of per-index count
 tensors then shows what all ranks hold together, which must match closed forms.
 """
+import inspect
 import itertools
+import warnings
 
 import torch
-from harness import run_cases  # also puts the repository on sys.path
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Subset, TensorDataset
+from harness import raises, run_cases  # also puts the repository on sys.path
 
 import fluxmpi_py as fm
 from fluxmpi_py._loader import C
@@ -117,6 +120,136 @@ def case_ranks_that_disagree_raise_everywhere():
         assert "n ranges over [10, " in str(e), str(e)
     else:
         raise AssertionError("no error for different lengths")
+
+
+def _shard_of_order(n, seed, epoch, start=0):
+    """This rank's indices (pad mode) for the epoch, computed from the order itself."""
+    p, r = fm.total_workers(), fm.local_rank()
+    per = -(-n // p)
+    o = _order(n, True, seed, epoch)
+    return o[torch.arange(r * per, (r + 1) * per) % n][start:]
+
+
+def case_persistent_workers_follow_set_epoch():
+    n, seed = 37, 4
+    d = fm.DistributedDataContainer(TensorDataset(torch.arange(n)), shuffle=True, seed=seed)
+    batched = DataLoader(d, batch_size=3, num_workers=2, persistent_workers=True)
+    single = DataLoader(d, batch_size=None, num_workers=2, persistent_workers=True)  # __getitem__
+    seen = []
+    for epoch in range(3):
+        d.set_epoch(epoch)
+        want = _shard_of_order(n, seed, epoch)
+        assert torch.equal(torch.cat([b[0] for b in batched]), want), (epoch, fm.local_rank())
+        assert torch.equal(torch.stack([x[0] for x in single]), want), (epoch, fm.local_rank())
+        seen.append(want.tolist())
+    assert seen[0] != seen[1] != seen[2]  # the test can tell epochs apart
+    # a resumed position and seed reach the same workers too
+    d.load_state_dict({"epoch": 7, "seed": 11, "position": 5})
+    assert torch.equal(torch.cat([b[0] for b in batched]), _shard_of_order(n, 11, 7, start=5))
+
+
+def _full_dataset_warnings(make):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = make()
+        for _ in loader:  # iterating does not warn again
+            pass
+    return [w for w in caught if issubclass(w.category, fm.FullDatasetWarning)]
+
+
+def case_double_sharding_is_refused():
+    p, r = fm.total_workers(), fm.local_rank()
+    data = TensorDataset(torch.arange(40))
+    d = fm.DistributedDataContainer(data)
+    makers = {
+        "ours": lambda: fm.DistributedSampler(d),
+        "torch's": lambda: DataLoader(d, sampler=torch.utils.data.DistributedSampler(
+            d, num_replicas=p, rank=r), batch_size=4),
+        "torch's in a batch_sampler": lambda: DataLoader(d, batch_sampler=BatchSampler(
+            torch.utils.data.DistributedSampler(d, num_replicas=p, rank=r), 4, False)),
+        "ours over a Subset of the container": lambda: DataLoader(
+            Subset(d, range(3)), sampler=fm.DistributedSampler(3), batch_size=2),
+    }
+    for what, make in makers.items():
+        if p == 1:
+            make()  # one rank: the container is the whole data, nothing is sharded twice
+            continue
+        raises(TypeError, make, "DistributedDataContainer", f"rank {r}", f"1/{p * p}",
+               "without a distributed sampler")
+
+
+def case_full_dataset_warns():
+    p, r = fm.total_workers(), fm.local_rank()
+    data = TensorDataset(torch.arange(40))
+    sampler = fm.DistributedSampler(data)  # created, but not passed to the DataLoader
+    assert len(sampler) == -(-40 // p)
+    cases = {
+        "default": lambda: DataLoader(data, batch_size=8),
+        "shuffle": lambda: DataLoader(data, batch_size=8, shuffle=True),
+        "no batching": lambda: DataLoader(data, batch_size=None),
+        "batch_sampler": lambda: DataLoader(data, batch_sampler=BatchSampler(
+            torch.utils.data.SequentialSampler(data), 8, False)),
+        "one replica": lambda: DataLoader(data, sampler=fm.DistributedSampler(data, num_replicas=1, rank=0)),
+    }
+
+    class MyLoader(DataLoader):
+        def __init__(self, dataset, **kw):
+            super().__init__(dataset, **kw)
+
+    cases["subclass"] = lambda: MyLoader(data, batch_size=8)
+    for what, make in cases.items():
+        got = _full_dataset_warnings(make)
+        if p == 1:
+            assert not got, (what, [str(w.message) for w in got])
+            continue
+        assert len(got) == 1, (what, [str(w.message) for w in got])
+        msg = str(got[0].message)
+        for needle in ("TensorDataset", "40 samples", f"rank {r} of {p}", "DistributedDataContainer",
+                       "DistributedSampler", "FullDatasetWarning"):
+            assert needle in msg, (what, needle, msg)
+        assert got[0].filename == __file__, (what, got[0].filename)  # points at the user's line
+    # silenced the documented way
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=fm.FullDatasetWarning)
+        DataLoader(data, batch_size=8)
+    assert not caught, [str(w.message) for w in caught]
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(5))
+
+
+def case_sharded_loaders_do_not_warn():
+    p, r = fm.total_workers(), fm.local_rank()
+    data = TensorDataset(torch.arange(40))
+    d = fm.DistributedDataContainer(data, shuffle=True)
+    cases = {
+        "container": lambda: DataLoader(d, batch_size=8, shuffle=True),
+        "Subset of a container": lambda: DataLoader(Subset(d, range(3)), batch_size=2),
+        "our sampler": lambda: DataLoader(data, batch_size=8, sampler=fm.DistributedSampler(data)),
+        "torch's sampler": lambda: DataLoader(data, batch_size=8, sampler=torch.utils.data.DistributedSampler(
+            data, num_replicas=p, rank=r)),
+        "batch_sampler over ours": lambda: DataLoader(data, batch_sampler=BatchSampler(
+            fm.DistributedSampler(data), 8, False)),
+        "IterableDataset": lambda: DataLoader(_Stream(), batch_size=2),
+        "custom sampler": lambda: DataLoader(data, sampler=list(range(r, 40, p))),
+    }
+    for what, make in cases.items():
+        got = _full_dataset_warnings(make)
+        assert not got, (what, [str(w.message) for w in got])
+
+
+def case_dataloader_keeps_its_shape():
+    init = DataLoader.__init__
+    assert inspect.signature(init) == inspect.signature(getattr(init, "__wrapped__", init))
+    assert "batch_sampler" in inspect.signature(DataLoader).parameters
+    assert init.__qualname__ == "DataLoader.__init__" and init.__doc__ == getattr(init, "__wrapped__", init).__doc__
+    # wrapped only when there is more than one rank to protect
+    assert hasattr(init, "__wrapped__") == (fm.total_workers() > 1)
+    fm.Init()  # idempotent: not wrapped twice
+    assert DataLoader.__init__ is init
 
 
 run_cases(globals())

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import run_cases_on  # noqa: E402
+from mpi_util import worker_params  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._loader import C  # noqa: E402
@@ -384,7 +384,6 @@ def test_dataloader_with_workers():
 
 
 # --- several ranks ------------------------------------------------------------------------------
-@pytest.mark.parametrize("np_", [1, 2, 4])
-def test_multirank(np_):
-    out = run_cases_on("data_worker.py", np_, timeout=240)
-    assert f"on {np_} ranks" in out
+@pytest.mark.parametrize("case", worker_params("data_worker.py", [1, 2, 4], timeout=240))
+def test_multirank(case):
+    case.run()

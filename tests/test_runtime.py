@@ -8,7 +8,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import ROOT, WORKERS, mpi_env, run_mpi  # noqa: E402
+from mpi_util import ROOT, mpi_env, run_mpi, worker_params  # noqa: E402
 
 
 def run_py(code_or_path, *args, env=None, timeout=180):
@@ -22,10 +22,11 @@ def run_py(code_or_path, *args, env=None, timeout=180):
     return p.returncode, p.stdout + p.stderr
 
 
-def test_runtime_world_of_one():
-    rc, out = run_py(os.path.join(WORKERS, "runtime_worker.py"))
-    assert rc == 0 and "HARNESS: all 4 cases passed on 1 ranks" in out, out[-4000:]
-    assert "[0 / 1] hello-stdout\nafter" in out, out[-2000:]
+@pytest.mark.parametrize("case", worker_params("runtime_worker.py", [None]))
+def test_runtime_world_of_one(case):
+    out = case.run()
+    if case.name == "case_print":  # what that case printed to the process's stdout
+        assert "[0 / 1] hello-stdout\nafter" in out, out[-2000:]
 
 
 def test_calls_before_init_say_to_call_init():

@@ -77,23 +77,6 @@ def test_disable_cudampi_support_is_persisted(tmp_path):
     assert rc == 0 and "ON" in out, out
 
 
-def test_docstring_examples_run():
-    # Every public function's example, in a world of one.
-    code = r"""
-import doctest, sys, fluxmpi_py.runtime as r, fluxmpi_py.collectives as c
-fails = 0
-for m in (r, c):
-    res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
-    print(m.__name__, res)
-    fails += res.failed
-    missing = [n for n in m.__all__ if callable(getattr(m, n)) and ">>>" not in (getattr(m, n).__doc__ or "")]
-    assert not missing, f"no example in the docstring of {missing}"
-sys.exit(1 if fails else 0)
-"""
-    rc, out = run_py(code, env={"FLUXMPI_PY_CONFIG_DIR": os.path.join(ROOT, "build", "doctest-prefs")})
-    assert rc == 0, out[-4000:]
-
-
 @pytest.mark.parametrize("mode,np", [("mpi4py_first", 2), ("fm_first", 2), ("split", 4),
                                      ("subset", 3), ("funneled", 2)])
 def test_init_with_mpi4py(mode, np):

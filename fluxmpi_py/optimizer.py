@@ -55,7 +55,7 @@ def _check_same_parameters(descs: List[str], what: str) -> int:
     key = torch.tensor([first * C.size() + C.rank()], dtype=torch.int64)
     allreduce_(key, "min")
     idx, rank = divmod(int(key.item()), C.size())
-    mine = (descs[idx] if idx < len(descs) else "nothing (it has only %d parameters)" % len(descs)) if C.rank() == rank else None
+    mine = (descs[idx] if idx < len(descs) else f"nothing (it has only {len(descs)} parameters)") if C.rank() == rank else None
     theirs = C.broadcast_bytes(mine.encode() if mine is not None else None, rank).decode()
     ref0 = ref[idx] if idx < len(ref) else f"nothing (it has only {len(ref)} parameters)"
     raise ValueError(

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import threading
-import traceback
 from typing import Optional, Sequence
 
 import torch

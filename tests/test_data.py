@@ -272,7 +272,9 @@ def test_errors():
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sampler_resume_equals_uninterrupted(mode):
     n, p, r = 23, 3, 2
-    make = lambda seed=5: fm.DistributedSampler(n, num_replicas=p, rank=r, seed=seed, **MODES[mode])  # noqa: E731
+    def make(seed=5):
+        return fm.DistributedSampler(n, num_replicas=p, rank=r, seed=seed, **MODES[mode])
+
     full = make()
     full.set_epoch(4)
     want = list(full)
@@ -323,8 +325,10 @@ def test_sampler_resume_with_dataloader_consumed():
 @pytest.mark.parametrize("mode", list(MODES))
 def test_container_resume_equals_uninterrupted(mode):
     n, p, r = 29, 4, 3
-    make = lambda: fm.DistributedDataContainer(list(range(n)), shuffle=True, seed=8, rank=r,  # noqa: E731
-                                               world_size=p, **MODES[mode])
+    def make():
+        return fm.DistributedDataContainer(list(range(n)), shuffle=True, seed=8, rank=r,
+                                           world_size=p, **MODES[mode])
+
     full = make()
     full.set_epoch(2)
     want = list(full)

@@ -40,8 +40,9 @@ def find_mpi():
     flags = None
     if mpicc:
         # Open MPI: --showme:compile/--showme:link; MPICH and Intel MPI: -compile_info/-link_info
-        for c, l in (("--showme:compile", "--showme:link"), ("-compile_info", "-link_info")):
-            cf, lf = _run([mpicc, c]), _run([mpicc, l])
+        for compile_flag, link_flag in (("--showme:compile", "--showme:link"),
+                                        ("-compile_info", "-link_info")):
+            cf, lf = _run([mpicc, compile_flag]), _run([mpicc, link_flag])
             if cf is not None and lf is not None:
                 flags = shlex.split(cf) + shlex.split(lf)
                 break

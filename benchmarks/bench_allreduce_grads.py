@@ -32,12 +32,9 @@ def main():
     lists = {"resnet50": shapes, "1000x1024": [(1024,)] * (100 if args.quick else 1000)}
     reps = 3 if args.quick else 20
     result = {"bench": "allreduce_grads", "ranks": fm.total_workers(), "lists": {}}
-    for name, shp in lists.items():
-        params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
-        for p in params:
-            p.grad = torch.randn(p.shape)
-        flat = torch.zeros(sum(p.numel() for p in params))
 
+    def variants_on(params, flat):
+        """The timed calls on one gradient list and a flat buffer of its size."""
         def raw_flat():
             comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
 
@@ -51,7 +48,15 @@ def main():
         def ours_avg():
             fm.allreduce_gradients(params, op="average")
 
-        variants = {"raw_mpi_flat": raw_flat, "per_tensor_mpi": per_tensor, "ours_sum": ours_sum, "ours_average": ours_avg}
+        return {"raw_mpi_flat": raw_flat, "per_tensor_mpi": per_tensor, "ours_sum": ours_sum,
+                "ours_average": ours_avg}
+
+    for name, shp in lists.items():
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
+        for p in params:
+            p.grad = torch.randn(p.shape)
+        flat = torch.zeros(sum(p.numel() for p in params))
+        variants = variants_on(params, flat)
         times = {k: [] for k in variants}
         for _ in range(1 if args.quick else 3):
             for k, fn in variants.items():

@@ -12,6 +12,7 @@ one JSON line and writes it to benchmarks/results/bench_collectives.json (--quic
 bench_collectives.quick.json).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -69,11 +70,8 @@ def main():
         assert float(buf[0]) == expect and float(buf[-1]) == expect, "mpi4py gave a wrong sum"
         buf.zero_()  # zeros stay zeros, so repeated sums never overflow or go denormal
 
-        def ours():
-            fm.allreduce_(buf)
-
-        def theirs():
-            comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+        ours = functools.partial(fm.allreduce_, buf)
+        theirs = functools.partial(comm.Allreduce, MPI.IN_PLACE, arr, op=MPI.SUM)
 
         # About 20 ms of work per repetition, at least 2 calls: double the loop until it takes
         # 5 ms (this also warms both paths up), then scale.

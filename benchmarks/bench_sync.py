@@ -73,6 +73,19 @@ def build(kind, shapes, rank, numel):
     return model
 
 
+def methods_on(mem, comm):
+    """The timed calls, each on its own memory from `build`."""
+    model, kept, flat = mem["ours"], mem["ours_kept"], mem["limit"]
+    peer_params, arrays = mem["per_tensor"]
+    return {
+        "synchronize_": lambda: fm.synchronize_(model, root_rank=0),
+        "synchronize__no_relocate": lambda: fm.synchronize_(kept, root_rank=0, relocate=False),
+        "limit": lambda: comm.Bcast(flat, root=0),
+        "per_tensor_mpi4py": lambda: [comm.Bcast(a, root=0) for a in arrays],
+        "per_tensor_bcast_": lambda: [fm.bcast_(p.detach(), root_rank=0) for p in peer_params],
+    }
+
+
 def bench(name, shapes, comm, reps):
     rank = comm.Get_rank()
     numel = sum(math.prod(s) for s in shapes)
@@ -85,8 +98,7 @@ def bench(name, shapes, comm, reps):
     for rnd in range(rounds):
         order = kinds[rnd:] + kinds[:rnd]
         mem = {k: build(k, shapes, rank, numel) for k in order}
-        model, kept, flat = mem["ours"], mem["ours_kept"], mem["limit"]
-        peer_params, arrays = mem["per_tensor"]
+        model, kept = mem["ours"], mem["ours_kept"]
 
         # Correctness first: every rank ends with the root's values. This first call is also
         # the one that relocates small parameters into flat storage: timed on its own.
@@ -99,13 +111,7 @@ def bench(name, shapes, comm, reps):
         fm.synchronize_(kept, root_rank=0, relocate=False)
         assert all(bool((p == 1.0).all()) for p in kept.parameters()), f"{name}: relocate=False"
 
-        methods = {
-            "synchronize_": lambda: fm.synchronize_(model, root_rank=0),
-            "synchronize__no_relocate": lambda: fm.synchronize_(kept, root_rank=0, relocate=False),
-            "limit": lambda: comm.Bcast(flat, root=0),
-            "per_tensor_mpi4py": lambda: [comm.Bcast(a, root=0) for a in arrays],
-            "per_tensor_bcast_": lambda: [fm.bcast_(p.detach(), root_rank=0) for p in peer_params],
-        }
+        methods = methods_on(mem, comm)
         for fn in methods.values():  # warm up
             timed(fn, comm)
         names = list(methods)
@@ -118,7 +124,7 @@ def bench(name, shapes, comm, reps):
             rng.shuffle(order)
             for k in order:
                 times.setdefault(k, []).append(timed(methods[k], comm))
-        del mem, model, kept, flat, peer_params, arrays, methods
+        del mem, model, kept, methods
     first_ms = statistics.median(first) * 1e3
     params = shapes
     med = {k: statistics.median(v) for k, v in times.items()}

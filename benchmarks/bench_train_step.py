@@ -64,6 +64,58 @@ def loss_of(model, x, y):
     return out if y is None else nn.functional.cross_entropy(out, y)
 
 
+def train_steps(make_model, x, y, comm, size):
+    """One training step on (x, y) per variant, each with its own model and optimizer. Returns
+    the steps by name, and our model and optimizer (for their statistics)."""
+    from mpi4py import MPI  # imported by main after fm.Init
+
+    variants = {}
+
+    # no communication: each rank trains alone (the compute baseline)
+    m0 = make_model(); o0 = torch.optim.SGD(m0.parameters(), lr=1e-3, momentum=0.9)
+    def local():
+        o0.zero_grad(); loss_of(m0, x, y).backward(); o0.step()
+    variants["local"] = local
+
+    # ours
+    m1 = make_model(); o1 = fm.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=1e-3, momentum=0.9))
+    def ours():
+        o1.zero_grad(); loss_of(m1, x, y).backward(); o1.step()
+    variants["ours"] = ours
+
+    # raw MPI in-place allreduce on pre-made 25 MiB buckets (no copies, no averaging): the limit
+    m2 = make_model(); o2 = torch.optim.SGD(m2.parameters(), lr=1e-3, momentum=0.9)
+    total = sum(p.numel() for p in m2.parameters())
+    cap = (25 << 20) // 4
+    bufs = [torch.zeros(min(cap, total - i)) for i in range(0, total, cap)]
+    def raw_mpi():
+        o2.zero_grad(); loss_of(m2, x, y).backward()
+        for b in bufs:
+            comm.Allreduce(MPI.IN_PLACE, b.numpy(), op=MPI.SUM)
+        o2.step()
+    variants["raw_mpi"] = raw_mpi
+
+    # one MPI call per gradient tensor (in place), then average
+    m3 = make_model(); o3 = torch.optim.SGD(m3.parameters(), lr=1e-3, momentum=0.9)
+    def per_tensor():
+        o3.zero_grad(); loss_of(m3, x, y).backward()
+        for p in m3.parameters():
+            comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
+            p.grad.div_(size)
+        o3.step()
+    variants["per_tensor_mpi"] = per_tensor
+
+    # DDP on gloo, plain and with gradient_as_bucket_view
+    for label, view in (("ddp_gloo", False), ("ddp_gloo_bucket_view", True)):
+        base = make_model()
+        ddp = nn.parallel.DistributedDataParallel(base, gradient_as_bucket_view=view, broadcast_buffers=False)
+        od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+        def ddp_step(ddp=ddp, od=od):
+            od.zero_grad(); loss_of(ddp, x, y).backward(); od.step()
+        variants[label] = ddp_step
+    return variants, m1, o1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
@@ -86,50 +138,7 @@ def main():
     for name, (make_model, make_x, make_y) in workloads(args.quick).items():
         torch.manual_seed(0)
         x, y = make_x(), (make_y() if make_y else None)
-        variants = {}
-
-        # no communication: each rank trains alone (the compute baseline)
-        m0 = make_model(); o0 = torch.optim.SGD(m0.parameters(), lr=1e-3, momentum=0.9)
-        def local():
-            o0.zero_grad(); loss_of(m0, x, y).backward(); o0.step()
-        variants["local"] = local
-
-        # ours
-        m1 = make_model(); o1 = fm.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=1e-3, momentum=0.9))
-        def ours():
-            o1.zero_grad(); loss_of(m1, x, y).backward(); o1.step()
-        variants["ours"] = ours
-
-        # raw MPI in-place allreduce on pre-made 25 MiB buckets (no copies, no averaging): the limit
-        m2 = make_model(); o2 = torch.optim.SGD(m2.parameters(), lr=1e-3, momentum=0.9)
-        total = sum(p.numel() for p in m2.parameters())
-        cap = (25 << 20) // 4
-        bufs = [torch.zeros(min(cap, total - i)) for i in range(0, total, cap)]
-        def raw_mpi():
-            o2.zero_grad(); loss_of(m2, x, y).backward()
-            for b in bufs:
-                comm.Allreduce(MPI.IN_PLACE, b.numpy(), op=MPI.SUM)
-            o2.step()
-        variants["raw_mpi"] = raw_mpi
-
-        # one MPI call per gradient tensor (in place), then average
-        m3 = make_model(); o3 = torch.optim.SGD(m3.parameters(), lr=1e-3, momentum=0.9)
-        def per_tensor():
-            o3.zero_grad(); loss_of(m3, x, y).backward()
-            for p in m3.parameters():
-                comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
-                p.grad.div_(size)
-            o3.step()
-        variants["per_tensor_mpi"] = per_tensor
-
-        # DDP on gloo, plain and with gradient_as_bucket_view
-        for label, view in (("ddp_gloo", False), ("ddp_gloo_bucket_view", True)):
-            base = make_model()
-            ddp = nn.parallel.DistributedDataParallel(base, gradient_as_bucket_view=view, broadcast_buffers=False)
-            od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
-            def ddp_step(ddp=ddp, od=od):
-                od.zero_grad(); loss_of(ddp, x, y).backward(); od.step()
-            variants[label] = ddp_step
+        variants, m1, o1 = train_steps(make_model, x, y, comm, size)
 
         times = {k: [] for k in variants}
         order = list(variants)

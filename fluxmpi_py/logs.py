@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Iterable, Optional, Union
+from typing import Iterable, Union
 
 __all__ = ["get_logger", "RankFilter", "RANK_FORMAT"]
 

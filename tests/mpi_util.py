@@ -2,18 +2,41 @@
 
 A worker that fails on any rank makes mpiexec exit non-zero (our excepthook aborts the job);
 a worker that hangs is killed with its whole process group when the timeout expires. Either
-way the pytest test fails with the tail of the output, and CI never hangs.
+way CI never hangs.
+
+A harness worker (tests/workers/*_worker.py calling ``harness.run_cases``) becomes one pytest
+item per ``case_*`` function and world size::
+
+    @pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
+    def test_optimizer_multirank(case):
+        case.run()
+
+gives ``test_optimizer_multirank[np=2-case_adam_matches_single_process]`` and so on, plus one
+``[np=2-clean_exit]`` item per world size. The cases are read from the worker's source at
+collection time, so a new ``case_*`` is picked up by itself. The worker is launched once per
+world size for the whole session (the first item runs it, the others read its results); each
+rank records every case in a results directory (see harness.py), so a failing item shows that
+case's message and the failing rank's traceback, and the cases after it say which case
+stopped the job. Only the selected cases run (tests/conftest.py tells which: ``-k`` works).
 """
+
+import ast
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
+RESULTS_ENV = "HARNESS_RESULTS"  # the names harness.py reads
+CASES_ENV = "HARNESS_CASES"
+TAIL = 3000  # characters of output shown when no case explains a failure
 
 
 def mpi_env(extra=None):
@@ -30,30 +53,295 @@ def mpi_env(extra=None):
     return env
 
 
-def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True):
-    """Run ``tests/workers/<script>`` (or a path) on ``np`` ranks; return (rc, stdout+stderr)."""
+def singleton_env(extra=None):
+    """mpi_env without the variables mpiexec sets: a plain `python` is a world of one."""
+    env = mpi_env(extra)
+    for k in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMIX_", "OMPI_MCA_orte"))]:
+        del env[k]
+    return env
+
+
+def worker_path(script):
+    return script if os.path.isabs(script) else os.path.join(WORKERS, script)
+
+
+def _command(path, np, args):
+    if np is None:
+        return [sys.executable, path, *map(str, args)]
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
         pytest.fail("mpiexec not found: run `make test`, which installs Open MPI")
-    path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
-    cmd = [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
+    return [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
+
+
+def _launch(path, np, args, timeout, env):
+    """Run the worker; return (exit code, stdout+stderr, timed out). A job still running after
+    `timeout` seconds is killed with its whole process group."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=mpi_env(env), cwd=ROOT, start_new_session=True,
+        _command(path, np, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=singleton_env(env) if np is None else mpi_env(env), cwd=ROOT,
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out, False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{os.path.basename(path)} on {np} ranks did not finish in {timeout}s:\n{out[-4000:]}")
-    if expect_ok and proc.returncode != 0:
-        pytest.fail(f"{os.path.basename(path)} on {np} ranks exited {proc.returncode}:\n{out[-6000:]}")
-    return proc.returncode, out
+        return proc.returncode, out, True
+
+
+def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True):
+    """Run ``tests/workers/<script>`` (or a path) on ``np`` ranks; return (rc, stdout+stderr)."""
+    path = worker_path(script)
+    rc, out, timed_out = _launch(path, np, args, timeout, env)
+    name = os.path.basename(path)
+    if timed_out:
+        pytest.fail(f"{name} on {np} ranks did not finish in {timeout}s:\n{out[-4000:]}")
+    if expect_ok and rc != 0:
+        pytest.fail(f"{name} on {np} ranks exited {rc}:\n{out[-6000:]}")
+    return rc, out
+
+
+# --- harness workers: one pytest item per case ---------------------------------------------------
+
+
+def worker_cases(script):
+    """The names of a worker's top-level ``case_*`` functions, in the order the harness runs
+    them (definition order), read from its source without running it."""
+    path = worker_path(script)
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    names = [n.name for n in tree.body
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name.startswith("case_")]
+    return list(dict.fromkeys(names))  # a redefinition keeps its first place, as in globals()
+
+
+CLEAN_EXIT = "clean_exit"
+
+
+class WorkerCase:
+    """One case of a harness worker at one world size (``np=None``: plain ``python``, a world
+    of one without mpiexec). ``name`` is a case name or CLEAN_EXIT."""
+
+    def __init__(self, script, np, name, timeout):
+        self.script, self.np, self.name, self.timeout = script, np, name, timeout
+
+    def __repr__(self):
+        return f"{self.script}[np={self.np}]::{self.name}"
+
+    def run(self, env=None):
+        """Launch the worker (once per session for this script, world size and env) and fail
+        with this case's own report unless it passed on every rank. Returns the job's output."""
+        launch = launch_worker(self.script, self.np, timeout=self.timeout, env=env,
+                               cases=_SELECTED.get((self.script, self.np)))
+        if self.name == CLEAN_EXIT:
+            launch.check_exit()
+        else:
+            launch.check_case(self.name)
+        return launch.output
+
+
+def worker_params(script, world_sizes, timeout=180):
+    """pytest parameters: every case of `script` at every world size (None: without mpiexec),
+    then a clean-exit check per world size, with ids like ``np=2-case_x``."""
+    names = worker_cases(script)
+    params = []
+    for np in world_sizes:
+        prefix = "" if np is None else f"np={np}-"
+        for name in names + [CLEAN_EXIT]:
+            params.append(pytest.param(WorkerCase(script, np, name, timeout), id=prefix + name))
+    return params
+
+
+# (script, np) -> the case names the session selected, when not all of them (see conftest.py)
+_SELECTED = {}
+
+
+def select_cases(worker_cases_selected):
+    """Record which cases of each worker and world size the session will run."""
+    chosen = {}
+    for c in worker_cases_selected:
+        if c.name != CLEAN_EXIT:
+            chosen.setdefault((c.script, c.np), set()).add(c.name)
+    _SELECTED.clear()
+    for key, names in chosen.items():
+        every = worker_cases(key[0])
+        if set(every) - names:
+            _SELECTED[key] = tuple(n for n in every if n in names)
+
+
+_LAUNCHES = {}
+
+
+def launch_worker(script, np, timeout=180, env=None, cases=None):
+    """Run a harness worker once for the session (per script, world size, env and case
+    selection) and return its Launch. ``cases``: the names to run, default all."""
+    key = (script, np, timeout, tuple(sorted((env or {}).items())), cases)
+    if key not in _LAUNCHES:
+        with tempfile.TemporaryDirectory(prefix="harness-results-") as results:
+            extra = dict(env or {}, **{RESULTS_ENV: results})
+            if cases:
+                extra[CASES_ENV] = ",".join(cases)
+            t0 = time.monotonic()
+            rc, out, timed_out = _launch(worker_path(script), np, (), timeout, extra)
+            seconds = time.monotonic() - t0
+            records = _read_records(results)
+        _LAUNCHES[key] = Launch(script, np, timeout, rc, out, timed_out, seconds, records)
+    return _LAUNCHES[key]
+
+
+def _read_records(directory):
+    records = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:  # a line cut short by a kill
+                    pass
+    return records
+
+
+def _ranks(rs):
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+class Launch:
+    """One run of a harness worker: its exit, output and every rank's case records."""
+
+    def __init__(self, script, np, timeout, rc, output, timed_out, seconds, records):
+        self.script, self.np, self.timeout = script, np, timeout
+        self.rc, self.output, self.timed_out, self.seconds = rc, output, timed_out, seconds
+        self.records = records
+        self.world = 1 if np is None else np
+        self.where = f"{script} on {self.world} rank{'s' if self.world > 1 else ''}" + (
+            " (without mpiexec)" if np is None else "")
+
+    # -- what the records say
+    def _with(self, status, case=None):
+        return [r for r in self.records if r["status"] == status
+                and (case is None or r["case"] == case)]
+
+    def _ending(self):
+        """How the job ended, in words."""
+        if self.timed_out:
+            return f"the job was killed after the {self.timeout}s timeout"
+        return f"the job exited with code {self.rc} after {self.seconds:.1f}s"
+
+    def _tail(self):
+        return f"\n--- last {TAIL} characters of the output ---\n{self.output[-TAIL:]}"
+
+    def _fail(self, text):
+        pytest.fail(f"{self.where}: {text}", pytrace=False)
+
+    def _check_world(self):
+        begun = self._with("begin")
+        if not begun:
+            self._fail(f"no rank started the cases; {self._ending()}{self._tail()}")
+        seen = sorted((r["rank"], r["world"]) for r in begun)
+        if seen != [(r, self.world) for r in range(self.world)]:
+            got = ", ".join(f"rank {r} of {w}" for r, w in seen)
+            self._fail(f"expected ranks 0..{self.world - 1} of a world of {self.world}, "
+                       f"got {got}{self._tail()}")
+
+    def _first_failure(self):
+        failed = sorted(self._with("failed"), key=lambda r: r["time"])
+        return failed[0] if failed else None
+
+    def _interrupted(self):
+        """(case, ranks) of the case some ranks started and never finished, or None."""
+        done = {(r["rank"], r["case"]) for r in self.records if r["status"] in ("passed", "failed")}
+        open_ = [r for r in self._with("started") if (r["rank"], r["case"]) not in done]
+        if not open_:
+            return None
+        case = open_[0]["case"]
+        return case, [r["rank"] for r in open_ if r["case"] == case]
+
+    def _failure_report(self, case):
+        failed = sorted(self._with("failed", case), key=lambda r: r["time"])
+        first = failed[0]
+        same = [r["rank"] for r in failed if r["message"] == first["message"]]
+        # The message on the first line: pytest's summary line shows only that one.
+        lines = [f"{case} failed on {_ranks(same)} of {self.world}: {first['message']}", "",
+                 f"traceback on rank {first['rank']} ({first['seconds']:.2f}s into the case):",
+                 first["traceback"].rstrip()]
+        for r in failed:
+            if r["message"] != first["message"]:
+                lines.append(f"\nalso failed on rank {r['rank']}: {r['message']}")
+        return "\n".join(lines)
+
+    # -- the checks of one pytest item
+    def check_case(self, case):
+        """Fail with this case's own report unless it passed on every rank."""
+        self._check_world()
+        if self._with("failed", case):
+            self._fail(self._failure_report(case))
+        passed = {r["rank"] for r in self._with("passed", case)}
+        if passed == set(range(self.world)):
+            return
+        begun = self._with("begin")
+        if all(case not in r["cases"] for r in begun):
+            self._fail(f"the harness did not run {case} (cases it ran: {begun[0]['cases']})")
+        first = self._first_failure()
+        if first is not None:
+            self._fail(f"not run: {first['case']} failed on rank {first['rank']}")
+        stuck = self._interrupted()
+        if stuck and stuck[0] == case:
+            self._fail(f"{case} did not finish on {_ranks(stuck[1])}: {self._ending()}"
+                       f"{self._tail()}")
+        if stuck:
+            self._fail(f"not run: {stuck[0]} did not finish on {_ranks(stuck[1])} "
+                       f"({self._ending()})")
+        missing = sorted(set(range(self.world)) - passed)
+        self._fail(f"{case} has no result from {_ranks(missing)}: {self._ending()}{self._tail()}")
+
+    def check_exit(self):
+        """After the cases: every rank reached the end and the job exited 0 in time. Skipped
+        when a case's failure ended the job (that case's item reports it)."""
+        self._check_world()
+        first = self._first_failure()
+        if first is not None:
+            pytest.skip(f"the job ended with the failure of {first['case']} on rank "
+                        f"{first['rank']}, reported by that case")
+        stuck = self._interrupted()
+        if stuck:
+            pytest.skip(f"the job ended during {stuck[0]}, reported by that case")
+        ran = self._with("begin")[0]["cases"]
+        unknown = [c for c in ran if c not in worker_cases(self.script)]
+        if unknown:
+            self._fail(f"the harness ran {', '.join(unknown)}, which pytest does not collect: "
+                       "define each case_* with `def` at the top level of the worker")
+        ended = {r["rank"] for r in self._with("end")}
+        if ended != set(range(self.world)) or self.timed_out or self.rc != 0:
+            missing = sorted(set(range(self.world)) - ended)
+            not_end = f"; {_ranks(missing)} did not reach the end of the cases" if missing else ""
+            self._fail(f"every case passed, but {self._ending()}{not_end}{self._tail()}")
+
+    def problems(self):
+        """The report of every failed case and of a job that did not end cleanly (empty when
+        all is well); cases not run because of an earlier failure are left out."""
+        begun = self._with("begin")
+        names = begun[0]["cases"] if begun else []
+        found = []
+        for check, args in [(self.check_case, (c,)) for c in names] + [(self.check_exit, ())]:
+            try:
+                check(*args)
+            except pytest.fail.Exception as e:
+                if ": not run: " not in str(e):
+                    found.append(str(e))
+            except pytest.skip.Exception:
+                pass
+        return found
 
 
 def run_cases_on(script, np, timeout=180, env=None):
-    """Run a harness worker and check that rank 0 reported every case passed."""
-    rc, out = run_mpi(script, np, timeout=timeout, env=env)
-    assert "HARNESS: all" in out and "cases passed" in out, out[-4000:]
-    return out
+    """Run a harness worker on `np` ranks as one check: fail listing every failed case (prefer
+    worker_params, which makes each case its own pytest item). Returns the output."""
+    launch = launch_worker(script, np, timeout=timeout, env=env)
+    found = launch.problems()
+    if found:
+        pytest.fail("\n\n".join(found), pytrace=False)
+    return launch.output

@@ -5,10 +5,16 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import run_cases_on  # noqa: E402
+from mpi_util import worker_params  # noqa: E402
 
 
-@pytest.mark.parametrize("np", [1, 2, 3])
-def test_checkpoint_round_trip_and_errors(np, tmp_path):
-    out = run_cases_on("checkpoint_worker.py", np, timeout=180, env={"CKPT_DIR": str(tmp_path)})
-    assert f"on {np} ranks" in out
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    # One directory for every launch (the worker makes a subdirectory per world size): the
+    # launch is shared by all the cases of a world size, so its environment must be too.
+    return str(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.mark.parametrize("case", worker_params("checkpoint_worker.py", [1, 2, 3], timeout=180))
+def test_checkpoint_round_trip_and_errors(case, ckpt_dir):
+    case.run(env={"CKPT_DIR": ckpt_dir})

@@ -1,10 +1,13 @@
 """A job whose rank fails or leaves early must end, with a message, instead of hanging; a job
-that ends normally must exit 0 promptly. Workers: tests/workers/failure_worker.py and
-failing_worker.py. The only time limit here is the hard kill timeout of each launch (run_mpi
-fails the test if it fires): times are printed, not asserted."""
+that ends normally must exit 0 promptly; a failing case of a harness worker is reported under
+its own name. Workers: tests/workers/failure_worker.py and failing_worker.py. The only time
+limit here is the hard kill timeout of each launch (run_mpi fails the test if it fires): times
+are printed, not asserted."""
 import os
+import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -54,7 +57,59 @@ def test_normal_end_exits_zero(mode, np):
 
 
 def test_failing_assertion_on_one_rank_fails_the_launch():
+    # run_cases_on: the whole worker as one check, failing with the failed case's report
     with pytest.raises(pytest.fail.Exception) as info:
         run_cases_on("failing_worker.py", 2, timeout=TIMEOUT)
     msg = str(info.value)
-    assert "exited" in msg and "deliberate assertion failure on rank 1" in msg, msg[-3000:]
+    assert "case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate assertion " \
+           "failure on rank 1" in msg, msg[-3000:]
+
+
+FAILING_WORKER_TEST = """
+import sys
+sys.path.insert(0, {tests!r})
+import pytest
+from mpi_util import worker_params
+
+@pytest.mark.parametrize("case", worker_params("failing_worker.py", [2], timeout={timeout}))
+def test_failing_worker(case):
+    case.run()
+"""
+
+
+def test_failing_case_is_reported_under_its_own_name(tmp_path):
+    # A pytest session of its own over failing_worker.py's cases at 2 ranks: each case is an
+    # item; the failing one shows its message and rank 1's traceback, not the job's output.
+    (tmp_path / "test_failing.py").write_text(
+        FAILING_WORKER_TEST.format(tests=os.path.dirname(__file__), timeout=TIMEOUT))
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+         "--junitxml", str(tmp_path / "report.xml"), "test_failing.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=2 * TIMEOUT,
+        env=dict(os.environ, COLUMNS="300"))  # summary lines in full
+    print(f"pytest over failing_worker.py: exit code {p.returncode} after "
+          f"{time.monotonic() - t0:.1f}s")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-4000:]  # 1: some tests failed
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "report.xml").iter("testcase")}
+    name = "test_failing_worker[np=2-{}]".format
+    assert set(cases) == {name(c) for c in ("case_passes", "case_fails_on_rank_1",
+                                             "case_after_the_failure", "clean_exit")}, out
+    assert cases[name("case_passes")].find("failure") is None, out[-4000:]
+    failure = cases[name("case_fails_on_rank_1")].find("failure")
+    text = failure.get("message") + "\n" + (failure.text or "")
+    for needle in ("failing_worker.py on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: "
+                   "AssertionError: deliberate assertion failure on rank 1",
+                   "traceback on rank 1 (", 'failing_worker.py", line',
+                   "in case_fails_on_rank_1"):
+        assert needle in text, text
+    # only that case's report: not rank 0's progress lines nor the abort that followed
+    assert "ok case_passes" not in text and "MPI_ABORT" not in text, text
+    after = cases[name("case_after_the_failure")].find("failure")
+    assert "not run: case_fails_on_rank_1 failed on rank 1" in after.get("message"), out
+    assert cases[name("clean_exit")].find("skipped") is not None, out
+    # pytest's summary line: the case's name and its message
+    assert f"FAILED test_failing.py::{name('case_fails_on_rank_1')} - Failed: failing_worker.py " \
+           "on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate " \
+           "assertion failure on rank 1" in out, out[-4000:]

@@ -5,13 +5,12 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import run_cases_on  # noqa: E402
+from mpi_util import worker_params  # noqa: E402
 
 
-@pytest.mark.parametrize("np", [1, 2, 3])
-def test_optimizer_multirank(np):
-    out = run_cases_on("optimizer_worker.py", np, timeout=300)
-    assert f"on {np} ranks" in out
+@pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
+def test_optimizer_multirank(case):
+    case.run()
 
 
 def test_planner_buckets():

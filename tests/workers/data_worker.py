@@ -3,6 +3,7 @@
 Every rank builds its shard from Init's rank and world size; allreduce_ of per-index count
 tensors then shows what all ranks hold together, which must match closed forms.
 """
+import functools
 import inspect
 import itertools
 import warnings
@@ -76,7 +77,7 @@ def case_every_rank_derives_the_same_permutation():
 
 
 def case_sampler_matches_container():
-    for mode, kw in MODES.items():
+    for kw in MODES.values():
         d = fm.DistributedDataContainer(list(range(101)), shuffle=True, seed=5, **kw)
         s = fm.DistributedSampler(101, seed=5, **kw)
         d.set_epoch(2)
@@ -105,8 +106,8 @@ def case_ranks_that_disagree_raise_everywhere():
     if fm.total_workers() == 1:
         return
     for kwargs in ({"seed": fm.local_rank()}, {"shuffle": fm.local_rank() == 0}):
-        for make in (lambda: fm.DistributedDataContainer(list(range(10)), **kwargs),
-                     lambda: fm.DistributedSampler(10, **kwargs)):
+        for make in (functools.partial(fm.DistributedDataContainer, list(range(10)), **kwargs),
+                     functools.partial(fm.DistributedSampler, 10, **kwargs)):
             try:
                 make()
             except ValueError as e:

@@ -1,5 +1,6 @@
 """A harness worker whose assertion fails on rank 1 only: its launch must be reported as a
-failure (this proves that a multi-rank test can fail at all)."""
+failure (this proves that a multi-rank test can fail at all), under the failing case's own
+name, and the case after it as not run (tests/test_failures.py)."""
 import os
 import sys
 
@@ -14,6 +15,10 @@ def case_passes():
 
 def case_fails_on_rank_1():
     assert fm.local_rank() != 1, "deliberate assertion failure on rank 1"
+
+
+def case_after_the_failure():
+    print("case_after_the_failure ran", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def main(mode):
         return
     if mode == "root_leaves":
         small = torch.zeros(16)
-        for k in range(200):
+        for _ in range(200):
             fm.bcast_(small, root_rank=0)
         assert r == 0 or small.sum().item() == 0.0
         print(f"rank {r} done", flush=True)

@@ -3,15 +3,28 @@
 Each case is a collective: all ranks run it. A failed assertion on any rank is an uncaught
 exception, which fluxmpi_py's excepthook turns into an abort of the whole job, so the launch
 fails at once instead of hanging. Rank 0 prints ``HARNESS: all N cases passed`` at the end.
+
+When the environment names a results directory (``HARNESS_RESULTS``), each rank also appends
+one JSON object per line to ``rank<R>-<pid>.jsonl`` there: a ``begin`` record (rank, world
+size, the cases it will run), ``started`` before each case, ``passed`` or ``failed`` (with
+the message and the traceback) after it, and ``end``. A failure is written, and flushed to the
+file, before the job is aborted, so the launcher (tests/mpi_util.py) can report each case
+under its own name. ``HARNESS_CASES`` (comma-separated names) runs only those cases.
 """
+
+import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import fluxmpi_py as fm  # noqa: E402
+
+RESULTS_ENV = "HARNESS_RESULTS"
+CASES_ENV = "HARNESS_CASES"
 
 
 def raises(exc_type, fn, *needles):
@@ -28,18 +41,63 @@ def raises(exc_type, fn, *needles):
     raise AssertionError(f"expected {exc_type.__name__}, nothing raised")
 
 
+class _Results:
+    """This rank's JSON-lines record of the run; does nothing without HARNESS_RESULTS."""
+
+    def __init__(self, directory):
+        self.rank, self.world = fm.local_rank(), fm.total_workers()
+        self.file = None
+        if directory:
+            path = os.path.join(directory, f"rank{self.rank}-{os.getpid()}.jsonl")
+            self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, status, case=None, **fields):
+        if self.file is None:
+            return
+        record = dict(rank=self.rank, world=self.world, pid=os.getpid(), time=time.time(),
+                      status=status, case=case, **fields)
+        # Flushed at once: an abort may follow within milliseconds.
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+
+def _selected(cases):
+    """The cases to run: HARNESS_CASES (exact names), else command-line substrings, else all."""
+    names = [n for n in os.environ.get(CASES_ENV, "").split(",") if n]
+    if names:
+        known = {k for k, _ in cases}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SystemExit(f"harness: no case named {', '.join(unknown)}")
+        return [(k, v) for k, v in cases if k in names]
+    wanted = sys.argv[1:]
+    if wanted:
+        return [(k, v) for k, v in cases if any(w in k for w in wanted)]
+    return cases
+
+
 def run_cases(namespace):
     torch.set_num_threads(1)
     fm.Init()
-    cases = [(k, v) for k, v in namespace.items() if k.startswith("case_") and callable(v)]
-    wanted = sys.argv[1:]
-    if wanted:
-        cases = [(k, v) for k, v in cases if any(w in k for w in wanted)]
+    cases = _selected([(k, v) for k, v in namespace.items()
+                       if k.startswith("case_") and callable(v)])
+    results = _Results(os.environ.get(RESULTS_ENV))
+    results.write("begin", cases=[k for k, _ in cases])
     for name, fn in cases:
+        results.write("started", name)
         t0 = time.perf_counter()
-        fn()
-        fm.barrier()
+        try:
+            fn()
+            fm.barrier()  # every rank finished the case
+        except BaseException as e:
+            # The traceback from the case down (this frame left out), then abort as before.
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+            results.write("failed", name, message=f"{type(e).__name__}: {e}", traceback=tb,
+                          seconds=time.perf_counter() - t0)
+            raise
+        results.write("passed", name, seconds=time.perf_counter() - t0)
         if fm.local_rank() == 0:
             print(f"ok {name} ({time.perf_counter() - t0:.2f}s)", flush=True)
+    results.write("end")
     if fm.local_rank() == 0:
         print(f"HARNESS: all {len(cases)} cases passed on {fm.total_workers()} ranks", flush=True)

@@ -92,11 +92,17 @@ def train(opt_factory, distributed, steps=STEPS, set_to_none=True, wrap=None, cl
     return model, opt
 
 
+def labelled(label):
+    """An assert_close `msg` that puts `label` (which parameter, which mode) before torch's own
+    message; made by a call, so a label from a loop is bound when the check is written."""
+    return lambda m: f"{label}: {m}"
+
+
 def check_equivalent(opt_factory, rtol=1e-5, atol=1e-6, **kw):
     dist, _ = train(opt_factory, True, **kw)
     ref, _ = train(opt_factory, False, **{k: v for k, v in kw.items() if k != "wrap"})
     for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=labelled(name))
     # the branch nobody uses kept grad None, so weight decay never touched it
     assert dist.unused.weight.grad is None
     torch.testing.assert_close(dist.unused.weight, make_model().unused.weight, rtol=0, atol=0)
@@ -157,7 +163,7 @@ def case_large_gradients_reduced_in_place():
         assert_identical_across_ranks(dist)
         ref = run(False, set_to_none, accumulate)
         for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(name))
 
 
 def case_zero_grad_in_place():
@@ -208,7 +214,7 @@ def case_accumulation_equals_double_batch():
             F.mse_loss(ref(x, tok, flag), y).backward()
             ropt.step()
         for (k, a), b in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{mode} {k}: {m}")
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"{mode} {k}"))
 
 
 def case_compression():
@@ -216,7 +222,7 @@ def case_compression():
     for comp, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
         m, _ = train(SGD, True, steps=2, wrap=dict(compression=comp))
         for (k, a), b in zip(m.named_parameters(), exact.parameters()):
-            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda msg: f"{comp} {k}: {msg}")
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=labelled(f"{comp} {k}"))
 
 
 def case_clip_after_synchronize_and_scheduler():
@@ -302,7 +308,7 @@ def case_allreduce_gradients_function():
         if b.grad is None:
             assert a.grad is None, k
         else:
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=labelled(k))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ leave every rank's values as they were.
 import collections
 import copy
 import dataclasses
+import functools
 import os
 import sys
 
@@ -622,7 +623,8 @@ def case_shape_mismatch_raises_everywhere_and_changes_nothing():
             a=nn.Linear(3, 3), fc=nn.Linear(5, 10 if R() != bad else 9)))
         fill(model, R())
         before = snapshot(model.state_dict().values())
-        msg = expect_raise(ValueError, lambda: fm.synchronize_({"model": model}, root_rank=root),
+        msg = expect_raise(ValueError,
+                           functools.partial(fm.synchronize_, {"model": model}, root_rank=root),
                            f"model.fc.weight: shape (9, 5) on rank {bad}, (10, 5) on root {root}")
         assert f"rank {bad}" in msg
         for a, b in zip(model.state_dict().values(), before):
@@ -630,11 +632,11 @@ def case_shape_mismatch_raises_everywhere_and_changes_nothing():
         # a mismatch at the very end of a container: the tensors before it stay untouched too
         ts = [form(R(), 3), form(R(), 4), form(R(), 5 if R() != bad else 6)]
         before = snapshot(ts)
-        expect_raise(ValueError, lambda: fm.synchronize_(ts, root_rank=root, **SMALL),
+        expect_raise(ValueError, functools.partial(fm.synchronize_, ts, root_rank=root, **SMALL),
                      f"[2]: shape (6,) on rank {bad}, (5,) on root {root}")
         assert all(torch.equal(a, b) for a, b in zip(ts, before))
         d = {"x": form(R(), 3, torch.float32 if R() != bad else torch.float64)}
-        expect_raise(ValueError, lambda: fm.synchronize_(d, root_rank=root),
+        expect_raise(ValueError, functools.partial(fm.synchronize_, d, root_rank=root),
                      f"x: dtype torch.float64 on rank {bad}, torch.float32 on root {root}")
 
 

@@ -65,6 +65,12 @@ class Permutation {
   std::uint64_t keys_[kRounds] = {};
 };
 
+// out[i] = the preimage of values[i] under the (seed, epoch) permutation of [0, n), for
+// i < count (tests check bijectivity at large n with it). ValueError naming n when it is
+// outside [0, 2**62], or naming values[i] when it is outside [0, n).
+void permutation_inverse(std::int64_t n, std::uint64_t seed, std::uint64_t epoch,
+                         const std::int64_t* values, std::int64_t count, std::int64_t* out);
+
 // Everything that fixes one rank's sequence of global indices in one epoch.
 struct ShardSpec {
   std::int64_t n = 0;

@@ -1,6 +1,7 @@
 #include "backend/mpi_ring.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -31,6 +32,8 @@ RingOptions from_environment() {
   }
   return o;
 }
+
+std::atomic<std::int64_t> g_ring_calls{0};
 
 struct Settings {
   std::mutex mu;
@@ -149,10 +152,13 @@ bool ring_applies(const RingOptions& opts, std::int64_t count, c10::ScalarType d
   return count * static_cast<std::int64_t>(c10::elementSize(dt)) >= from;
 }
 
+std::int64_t ring_calls() { return g_ring_calls.load(); }
+
 void ring_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, int divisor,
                     const RingOptions& opts, MPI_Comm comm, int rank, int size) {
   TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
               "fluxmpi_py: the ring allreduce takes float or double, got ", dt);
+  ++g_ring_calls;
   if (dt == c10::kFloat) {
     ring(static_cast<float*>(buf), count, divisor, opts, MPI_FLOAT, comm, rank, size);
   } else {

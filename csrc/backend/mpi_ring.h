@@ -48,6 +48,10 @@ void set_ring_options(const RingOptions& opts);
 bool ring_applies(const RingOptions& opts, std::int64_t count, c10::ScalarType dt, int divisor,
                   int world);
 
+// How many allreduces this process has sent through the ring (tests check with it that their
+// options reach the ring).
+std::int64_t ring_calls();
+
 // In place: buf <- (sum over the ranks of `comm`) / divisor, for kFloat or kDouble, cut into
 // segments by `opts`. A blocking collective: the caller holds the BlockingCall.
 void ring_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, int divisor,

@@ -49,6 +49,8 @@ void bind_ring_options(py::module_& m) {
   m.def("set_ring_options", &set_ring_options, py::arg("options"),
         "Replace the RingOptions. Not a collective: call it with the same values on every rank, "
         "between collectives (ranks that disagree wait for each other forever)");
+  m.def("ring_calls", &ring_calls,
+        "How many allreduces this process has sent through the ring (for tests)");
 }
 
 }  // namespace

@@ -34,10 +34,10 @@ struct TensorList {
 void bind_options(py::module_& m) {
   py::enum_<ErrorClass>(m, "ErrorClass",
                         "The exception a rank's local error becomes on every rank")
-      .value("NONE", ErrorClass::None)
-      .value("VALUE", ErrorClass::Value)
-      .value("TYPE", ErrorClass::Type)
-      .value("RUNTIME", ErrorClass::Runtime);
+      .value("NONE", ErrorClass::None, "no error")
+      .value("VALUE", ErrorClass::Value, "ValueError")
+      .value("TYPE", ErrorClass::Type, "TypeError")
+      .value("RUNTIME", ErrorClass::Runtime, "RuntimeError");
 
   const BroadcastPlanOptions dp;
   py::class_<BroadcastPlanOptions> plan(m, "BroadcastPlanOptions",
@@ -82,14 +82,16 @@ void bind_sync(py::module_& m) {
   bind_options(m);
 
   py::class_<TensorList>(m, "TensorList")
-      .def(py::init([](std::vector<at::Tensor> ts) { return TensorList{std::move(ts), {}}; }))
+      .def(py::init([](std::vector<at::Tensor> ts) { return TensorList{std::move(ts), {}}; }),
+           py::arg("tensors"))
       .def("__len__", [](const TensorList& l) { return l.items.size(); });
 
   m.def("dict_version", [](py::handle d) {
     TORCH_CHECK_TYPE(PyDict_Check(d.ptr()), "dict_version takes a dict");
     return dict_version(d.ptr());
-  });
-  m.def("dicts_unchanged", [](py::handle snapshot) { return dicts_unchanged(snapshot.ptr()); });
+  }, py::arg("d"));
+  m.def("dicts_unchanged", [](py::handle snapshot) { return dicts_unchanged(snapshot.ptr()); },
+        py::arg("snapshot"));
 
   m.def("sync_fast_path",
         [](TensorList& tensors, std::int64_t root, std::int64_t structure_hash,

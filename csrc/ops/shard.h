@@ -88,14 +88,12 @@ class ShardIndexer {
  public:
   explicit ShardIndexer(const ShardSpec& spec);
 
-  std::int64_t length() const { return range_.length; }
   std::int64_t at(std::int64_t position) const;
   void fill(std::int64_t first, std::int64_t count, std::int64_t* out) const;
-  // ValueError unless 0 <= first <= first + count <= length().
+  // ValueError unless 0 <= first <= first + count <= the shard's length.
   void check_positions(std::int64_t first, std::int64_t count) const;
 
  private:
-
   ShardSpec spec_;
   ShardRange range_;
   Permutation perm_;

@@ -16,7 +16,8 @@ from ._agreement import hash64
 from ._loader import C
 
 # Error classes understood by the compiled agreement (ops/consensus.h: ErrorClass).
-_NONE, _VALUE, _TYPE, _RUNTIME = 0, 1, 2, 3
+_NONE, _VALUE, _TYPE, _RUNTIME = (C.ErrorClass.NONE, C.ErrorClass.VALUE, C.ErrorClass.TYPE,
+                                  C.ErrorClass.RUNTIME)
 _MISSING = object()
 
 

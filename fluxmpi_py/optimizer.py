@@ -95,8 +95,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError("the optimizer is already a DistributedOptimizer")
         if op not in ("sum", "average", "avg", "mean"):
             raise ValueError(f"DistributedOptimizer(op={op!r}): expected 'average' or 'sum'")
-        if compression not in (None, "none", "fp16", "bf16", "float16", "bfloat16"):
-            raise ValueError(f"DistributedOptimizer(compression={compression!r}): expected None, 'fp16' or 'bf16'")
+        # Parsed where the reducer reads it (ValueError for an unknown name), before any collective.
+        compression = C.ReducerOptions(compression=compression).compression
         if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
         if not bucket_cap_mb > 0:
@@ -140,7 +140,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                        str(self._direct_min_bytes)]))
         params = _plan_order(params)
         self._params = params
-        self._reducer = C.GradientReducer(params, self._cap_bytes, self._direct_min_bytes, self._op, self._compression, plan_hash)
+        self._reducer = C.GradientReducer(params, C.ReducerOptions(
+            plan=C.PlanOptions(cap_bytes=self._cap_bytes, direct_min_bytes=self._direct_min_bytes),
+            op=self._op, compression=self._compression, plan_hash=plan_hash))
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
 
@@ -280,6 +282,8 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
         params = _plan_order([p for _, p in named])
         if len(_reducer_cache) > 8:
             _reducer_cache.clear()
-        hit = (given, C.GradientReducer(params, int(bucket_cap_mb * _MiB), direct, op, "", h))
+        hit = (given, C.GradientReducer(params, C.ReducerOptions(
+            plan=C.PlanOptions(cap_bytes=int(bucket_cap_mb * _MiB), direct_min_bytes=direct),
+            op=op, plan_hash=h)))
         _reducer_cache[key] = hit
     hit[1].finalize()

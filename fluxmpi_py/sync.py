@@ -85,6 +85,9 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
         err = err or _SyncError(_TYPE, "bucket_bytes and direct_bytes must be ints")
         bucket_bytes = direct_bytes = 1
     relocate = bool(relocate)
+    options = C.CoalescedOptions(
+        plan=C.BroadcastPlanOptions(bucket_bytes=bucket_bytes, direct_bytes=direct_bytes),
+        relocate=relocate)
     if err is None and isinstance(obj, nn.Module):
         # The common case, synchronize_(model), straight from the cached walk: no tree, and no
         # per-parameter Python work on a call whose module still holds the same tensors.
@@ -93,23 +96,22 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
         except Exception:  # noqa: BLE001 - the full walk below names the problem
             walk = None
         if walk is not None:
-            if C.sync_fast_path(walk.ctensors(), root, walk.structure_hash(), False, _NONE, "",
-                                bucket_bytes, direct_bytes, relocate):
+            if C.sync_fast_path(walk.ctensors(), root, walk.structure_hash(), options):
                 return obj
             # The ranks' structures differ: every rank is now on the slow path below.
-            return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate)
+            return _slow_path(obj, rank, root, options)
     flat, tree = _Flattener(), None
     if err is None:
         flat, tree, err = _walk(obj)
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
     tensors = C.TensorList(flat.tensors if err is None else [])
-    if C.sync_fast_path(tensors, root, flat.structure_hash(), not flat.pure, cls, text,
-                        bucket_bytes, direct_bytes, relocate):
+    if C.sync_fast_path(tensors, root, flat.structure_hash(), options, needs_skeleton=not flat.pure,
+                        error_class=cls, error_text=text):
         if rank != root:
             for gen, i in flat.generators:
                 gen.set_state(flat.tensors[i])
         return obj
-    return _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat, tree)
+    return _slow_path(obj, rank, root, options, flat, tree)
 
 
 def _walk(obj):
@@ -125,13 +127,13 @@ def _walk(obj):
                                       f"walking the object failed: {type(e).__name__}: {e}")
 
 
-def _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat=None, tree=None):
+def _slow_path(obj, rank, root, options, flat=None, tree=None):
     """The root's tree travels, then every rank lines up against it."""
     if flat is None:
         flat, tree, err = _walk(obj)
         if err is not None:
             # Every rank reaches the skeleton stage: fail there, on every rank.
-            C.broadcast_bytes(None, root, err.cls, err.msg)
+            C.broadcast_bytes(None, root, error_class=err.cls, error_text=err.msg)
             raise AssertionError("unreachable: the agreement raises")  # pragma: no cover
     payload, err = None, None
     if rank == root:
@@ -140,9 +142,9 @@ def _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat=None,
         except Exception as e:  # noqa: BLE001 - name the part that does not pickle
             err = _pickle_error(tree, "", e)
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
-    data = C.broadcast_bytes(payload, root, cls, text)
+    data = C.broadcast_bytes(payload, root, error_class=cls, error_text=text)
     if rank == root:
-        C.coalesced_broadcast(flat.tensors, root, _NONE, "", bucket_bytes, direct_bytes, relocate)
+        C.coalesced_broadcast(flat.tensors, root, options)
         return obj
     planner, err = None, None
     try:
@@ -154,6 +156,6 @@ def _slow_path(obj, rank, root, bucket_bytes, direct_bytes, relocate, flat=None,
     except Exception as e:  # noqa: BLE001 - e.g. the root's classes do not import here
         err = _SyncError(_RUNTIME, f"reading the root's objects failed: {type(e).__name__}: {e}")
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
-    C.coalesced_broadcast(planner.targets if err is None else [], root, cls, text,
-                          bucket_bytes, direct_bytes, relocate)
+    C.coalesced_broadcast(planner.targets if err is None else [], root, options, error_class=cls,
+                          error_text=text)
     return planner.rebuild(root_tree, obj)

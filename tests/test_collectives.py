@@ -30,3 +30,41 @@ def test_collectives_under_mpiexec(case):
 def test_collectives_without_mpiexec(case):
     # A plain `python script.py` is a world of one (MPI singleton), as in Jupyter.
     case.run()
+
+
+def test_ring_options_round_trip_and_checks():
+    from fluxmpi_py._loader import C
+
+    saved = C.ring_options()
+    try:
+        o = C.RingOptions(sum_min_bytes=100, min_segment_bytes=8, max_segment_bytes=8)
+        assert (o.enabled, o.average_min_bytes) == (True, 1 << 20)  # the other defaults
+        C.set_ring_options(o)
+        assert C.ring_options() == o
+        assert "sum_min_bytes=100" in repr(C.ring_options())
+        with pytest.raises(ValueError, match="min_segment_bytes <= max_segment_bytes"):
+            C.set_ring_options(C.RingOptions(min_segment_bytes=9, max_segment_bytes=8))
+        with pytest.raises(ValueError, match="min_segment_bytes <= max_segment_bytes"):
+            C.set_ring_options(C.RingOptions(min_segment_bytes=0, max_segment_bytes=8))
+        with pytest.raises(ValueError, match="ring thresholds must be >= 0"):
+            C.set_ring_options(C.RingOptions(sum_min_bytes=-1))
+        assert C.ring_options() == o  # a rejected set changes nothing
+    finally:
+        C.set_ring_options(saved)
+
+
+@pytest.mark.parametrize("value, expect", [
+    ("", "RingOptions(enabled=True, sum_min_bytes=16777216"),
+    ("12345", "RingOptions(enabled=True, sum_min_bytes=12345"),
+    ("0", "RingOptions(enabled=False, sum_min_bytes=16777216"),
+    ("lots", "ValueError: fluxmpi_py: FLUXMPI_RING_MIN_BYTES must be a byte count >= 0, got 'lots'"),
+])
+def test_ring_min_bytes_environment_variable(value, expect):
+    # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
+    code = ("from fluxmpi_py._loader import C\n"
+            "try:\n    print(repr(C.ring_options()))\n"
+            "except ValueError as e:\n    print('ValueError:', e)\n")
+    env = dict(mpi_env(), FLUXMPI_RING_MIN_BYTES=value)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith(expect), proc.stdout + proc.stderr

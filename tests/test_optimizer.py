@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import pytest
@@ -14,15 +15,13 @@ def test_optimizer_multirank(case):
 
 
 def test_planner_buckets():
-    import fluxmpi_py as fm
+    # The bucket planner is pure: no Init (checked in a fresh process below).
     from fluxmpi_py._loader import C
 
-    fm.Init()
     params = [torch.zeros(n, dtype=dt) for n, dt in
               [(10, torch.float32), (300, torch.float32), (5, torch.float64), (20, torch.float32), (7, torch.float64)]]
     # cap 100 bytes: 25 floats; direct from 1000 bytes
-    r = C.GradientReducer(params, 100, 1000, "average", "", 0)
-    plan = r.plan()
+    plan = C.plan_buckets(params, C.PlanOptions(cap_bytes=100, direct_min_bytes=1000))
     assert [b["members"] for b in plan] == [[1], [0], [2, 4], [3]], plan
     assert plan[0]["direct"] and not plan[1]["direct"]
     for b in plan:
@@ -30,5 +29,67 @@ def test_planner_buckets():
             esz = 8 if b["dtype"] == "Double" else 4
             assert b["numel"] * esz <= 100
     assert {b["dtype"] for b in plan} == {"Float", "Double"}
-    with pytest.raises(ValueError, match="compression"):
-        C.GradientReducer(params, 100, 1000, "average", "int8", 0)
+    with pytest.raises(ValueError, match="bucket cap must be positive"):
+        C.plan_buckets(params, C.PlanOptions(cap_bytes=0))
+
+
+def test_reducer_plan_is_the_planners():
+    import fluxmpi_py as fm
+    from fluxmpi_py._loader import C
+
+    fm.Init()
+    params = [torch.zeros(n) for n in (10, 300, 20)]
+    opts = C.PlanOptions(cap_bytes=100, direct_min_bytes=1000)
+    r = C.GradientReducer(params, C.ReducerOptions(plan=opts))
+    assert r.plan() == C.plan_buckets(params, opts)
+
+
+def test_reducer_options_are_keyword_objects():
+    from fluxmpi_py._loader import C
+
+    o = C.ReducerOptions(plan=C.PlanOptions(cap_bytes=100), op="avg", compression="float16",
+                         plan_hash=7)
+    assert (o.plan.cap_bytes, o.plan.direct_min_bytes, o.op, o.compression, o.plan_hash) == (
+        100, 1 << 20, "average", "fp16", 7)
+    assert repr(o) == ("ReducerOptions(plan=PlanOptions(cap_bytes=100, direct_min_bytes=1048576), "
+                       "op='average', compression='fp16', plan_hash=7)")
+    o.plan.cap_bytes = 200  # fields are read and written in place
+    o.compression = None
+    assert o == C.ReducerOptions(plan=C.PlanOptions(cap_bytes=200), plan_hash=7)
+    with pytest.raises(TypeError):
+        C.ReducerOptions(100)  # keywords only
+    with pytest.raises(ValueError, match="unknown reduction op 'median'"):
+        C.ReducerOptions(op="median")
+    # compression is checked in one place, the C++ parser, whatever builds the options
+    for bad in ("int8", 5):
+        with pytest.raises(ValueError, match=r"DistributedOptimizer\(compression='?(int8|5)'?\): "
+                                             r"expected None, 'fp16' or 'bf16'"):
+            C.ReducerOptions(compression=bad)
+        with pytest.raises(ValueError, match="compression"):
+            o.compression = bad
+
+
+def test_distributed_optimizer_rejects_bad_compression_before_any_collective():
+    import fluxmpi_py as fm
+
+    fm.Init()
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"compression='int8'"):
+        fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="int8")
+
+
+def test_planners_need_no_init():
+    # A fresh interpreter that never calls Init reaches both pure planners.
+    code = (
+        "import torch\n"
+        "from fluxmpi_py._loader import C\n"
+        "assert not C.initialized()\n"
+        "b = C.plan_buckets([torch.zeros(3)], C.PlanOptions())\n"
+        "s = C.plan_broadcast([torch.zeros(3)], C.BroadcastPlanOptions())\n"
+        "assert not C.initialized()\n"
+        "print(len(b), len(s))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr

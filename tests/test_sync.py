@@ -11,9 +11,14 @@ from mpi_util import worker_params  # noqa: E402
 from fluxmpi_py._loader import C  # noqa: E402
 
 
+def options(bucket, direct, pack_cpu=False):
+    return C.BroadcastPlanOptions(bucket_bytes=bucket, direct_bytes=direct, pack_cpu=pack_cpu)
+
+
 def plan(sizes, bucket, direct, dtype=torch.float32, pack_cpu=False):
     return [(d, list(m), b) for d, m, b in
-            C.sync_plan([torch.empty(n, dtype=dtype) for n in sizes], bucket, direct, pack_cpu)]
+            C.plan_broadcast([torch.empty(n, dtype=dtype) for n in sizes],
+                             options(bucket, direct, pack_cpu))]
 
 
 def test_plan_packs_small_tensors_in_order_at_aligned_offsets():
@@ -71,7 +76,7 @@ def test_plan_sends_large_tensors_alone():
 def test_plan_mixes_dtypes_in_one_byte_buffer():
     ts = [torch.empty(3, dtype=torch.float64), torch.empty(5, dtype=torch.int8),
           torch.empty(2, dtype=torch.bool)]
-    assert [(d, list(m), b) for d, m, b in C.sync_plan(ts, 1024, 1024)] == [
+    assert [(d, list(m), b) for d, m, b in C.plan_broadcast(ts, options(1024, 1024))] == [
         (False, [0, 1, 2], 192)]
 
 

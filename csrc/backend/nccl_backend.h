@@ -22,10 +22,11 @@ Backend& nccl_backend();
 std::string nccl_version_string();
 
 // Destroy every NCCL communicator. Collective over the ranks that created them: call it on
-// every rank while all ranks are still alive, before MPI is finalized (e.g. from shutdown()
-// after the exit handshake). Never called from a static destructor: at exit the
-// communicators are left to the operating system instead, because by then MPI is finalized
-// and the CUDA runtime may already be unloading. A later collective creates new ones.
+// every rank while all ranks are still alive, before MPI is finalized. It is registered as a
+// shutdown hook (runtime/environment.h), so shutdown() calls it after the exit handshake.
+// Never called from a static destructor: at exit the communicators are left to the operating
+// system instead, because by then MPI is finalized and the CUDA runtime may already be
+// unloading. A later collective creates new ones.
 void nccl_shutdown();
 
 }  // namespace fluxmpi

@@ -22,4 +22,20 @@ Backend& backend_for(const at::Tensor& t) {
   return mpi_backend();
 }
 
+bool compiled_with_cuda() {
+#ifdef FLUXMPI_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string nccl_version() {
+#ifdef FLUXMPI_WITH_CUDA
+  return nccl_version_string();
+#else
+  return "";
+#endif
+}
+
 }  // namespace fluxmpi

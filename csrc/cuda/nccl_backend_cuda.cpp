@@ -195,4 +195,14 @@ std::string nccl_version_string() {
 
 void nccl_shutdown() { nccl::destroy_all_comms(); }
 
+namespace {
+
+// The runtime's shutdown() tears the communicators down on every rank alike; registered when
+// the library loads, so it runs in every shutdown, whether or not a communicator was made.
+struct RegisterShutdown {
+  RegisterShutdown() { add_shutdown_hook(nccl_shutdown); }
+} g_register_shutdown;
+
+}  // namespace
+
 }  // namespace fluxmpi

@@ -110,80 +110,6 @@ ErrorClass validate(const std::vector<at::Tensor>& ts, std::string& msg) {
 
 CopyCounters copy_counters() { return {g_copied.load(), g_in_place.load()}; }
 
-std::vector<BroadcastStep> plan_broadcast(const std::vector<at::Tensor>& tensors,
-                                          const CoalescedOptions& opts) {
-  std::vector<BroadcastStep> steps;
-  std::map<c10::DeviceType, std::size_t> open;  // the bucket still filling, per device type
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    std::int64_t n = nbytes_of(t);
-    if (n == 0) continue;
-    auto dev = t.device().type();
-    bool large = n >= opts.direct_bytes && !(opts.pack_cpu && dev == c10::DeviceType::CPU);
-    if (large || align_up(n) > opts.bucket_bytes) {
-      steps.push_back({true, dev, {i}, n});
-      continue;
-    }
-    auto it = open.find(dev);
-    if (it == open.end() || steps[it->second].bytes + align_up(n) > opts.bucket_bytes) {
-      steps.push_back({false, dev, {}, 0});
-      it = open.insert_or_assign(dev, steps.size() - 1).first;
-    }
-    auto& s = steps[it->second];
-    s.members.push_back(i);
-    s.bytes += align_up(n);
-  }
-  return steps;
-}
-
-std::int64_t tensors_hash(const std::vector<at::Tensor>& tensors, std::int64_t seed,
-                          std::vector<Probe>* probes) {
-  // Word by word (hash_bytes goes byte by byte: ~35 us for a thousand tensors' shapes).
-  std::uint64_t h = static_cast<std::uint64_t>(hash_bytes(nullptr, 0, seed));
-  auto mix = [&h](std::uint64_t w) {
-    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xff51afd7ed558ccdull;
-  };
-  // Each TensorImpl (176 bytes, 3 or 4 cache lines) is read from memory when the model is
-  // cold in cache (a thousand of them took ~40 us); fetching a few ahead overlaps the misses.
-  constexpr std::size_t kAhead = 8;
-  auto prefetch = [&](std::size_t i) {
-    if (i < tensors.size() && tensors[i].defined()) {
-      const char* p = reinterpret_cast<const char*>(tensors[i].unsafeGetTensorImpl());
-      constexpr std::size_t last = sizeof(c10::TensorImpl) - 1;
-      __builtin_prefetch(p);
-      __builtin_prefetch(p + 64);
-      __builtin_prefetch(p + 128);
-      __builtin_prefetch(p + last);
-    }
-  };
-  if (probes != nullptr) probes->assign(tensors.size(), Probe{});
-  for (std::size_t i = 0; i < kAhead; ++i) prefetch(i);
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    prefetch(i + kAhead);
-    const auto& t = tensors[i];
-    if (!t.defined()) {
-      mix(~std::uint64_t(0));
-      continue;
-    }
-    mix(static_cast<std::uint64_t>(t.dim()));
-    for (auto d : t.sizes()) mix(static_cast<std::uint64_t>(d));
-    mix(static_cast<std::uint64_t>(t.scalar_type()) << 8 |
-        static_cast<std::uint64_t>(t.device().type()));
-    if (probes != nullptr) {
-      Probe& p = (*probes)[i];
-      p.nbytes = nbytes_of(t);
-      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      if (impl->is_cpu() && impl->has_storage() && impl->is_contiguous()) {
-        const c10::StorageImpl* st = impl->unsafe_storage().unsafeGetStorageImpl();
-        p.storage = st;
-        p.data = static_cast<const char*>(st->data()) + impl->storage_offset() * impl->itemsize();
-      }
-    }
-  }
-  return static_cast<std::int64_t>(h >> 1);
-}
-
 void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
                               const CoalescedOptions& opts,
                               const std::vector<BroadcastStep>* plan,
@@ -196,7 +122,7 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
   bool is_root = e.rank == root;
   std::vector<BroadcastStep> own;
   if (plan == nullptr) {
-    own = plan_broadcast(tensors, opts);
+    own = plan_broadcast(tensors, opts.plan);
     plan = &own;
   }
   const auto& steps = *plan;
@@ -259,31 +185,28 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
   }
 }
 
-void coalesced_broadcast_checked(const std::vector<at::Tensor>& tensors, std::int64_t root,
-                                 ErrorClass err, const std::string& err_text,
-                                 const CoalescedOptions& opts) {
-  const auto& e = env();
-  Signature s;
-  s.kind = CallKind::CoalescedBroadcast;
-  s.root = root;
-  s.numel = static_cast<std::int64_t>(tensors.size());
-  std::string msg = err_text;
-  s.error = err;
-  if (s.error == ErrorClass::None && (root < 0 || root >= e.size)) {
-    s.error = ErrorClass::Value;
-    msg = "root_rank " + std::to_string(root) + " is out of range; expected 0 <= root_rank < " +
-          std::to_string(e.size);
-  }
+void check_plan_options(const BroadcastPlanOptions& opts, Signature& s, std::string& msg) {
   if (s.error == ErrorClass::None && (opts.bucket_bytes <= 0 || opts.direct_bytes <= 0)) {
     s.error = ErrorClass::Value;
     msg = "bucket_bytes and direct_bytes must be positive, got " +
           std::to_string(opts.bucket_bytes) + " and " + std::to_string(opts.direct_bytes);
   }
+}
+
+void coalesced_broadcast_checked(const std::vector<at::Tensor>& tensors, std::int64_t root,
+                                 ErrorClass err, const std::string& err_text,
+                                 const CoalescedOptions& opts) {
+  Signature s;
+  s.kind = CallKind::CoalescedBroadcast;
+  s.numel = static_cast<std::int64_t>(tensors.size());
+  std::string msg = err_text;
+  s.error = err;
+  check_root(root, s, msg);
+  check_plan_options(opts.plan, s, msg);
   if (s.error == ErrorClass::None) s.error = validate(tensors, msg);
   if (s.error == ErrorClass::None) {
     // The plan depends on the options too, so ranks must agree on them as on the shapes.
-    std::int64_t o[2] = {opts.bucket_bytes, opts.direct_bytes};
-    s.detail = tensors_hash(tensors, hash_bytes(o, sizeof(o)));
+    s.detail = tensors_hash(tensors, plan_options_hash(opts.plan));
     msg = std::to_string(tensors.size()) + " tensors";
   }
   agree(s, "fluxmpi_py.synchronize_", msg);

@@ -8,6 +8,7 @@
 
 #include "backend/select.h"
 #include "runtime/environment.h"
+#include "runtime/hash.h"
 
 namespace fluxmpi {
 
@@ -198,15 +199,6 @@ ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) 
   }
 }
 
-void check_root(std::int64_t root, int size, Signature& s, std::string& msg) {
-  s.root = root;
-  if (s.error == ErrorClass::None && (root < 0 || root >= size)) {
-    s.error = ErrorClass::Value;
-    msg = "root_rank " + std::to_string(root) + " is out of range; expected 0 <= root_rank < " +
-          std::to_string(size);
-  }
-}
-
 // This rank's part of the agreement for tensor `t`: a local error (the caller's first, then
 // the tensor's own) or none. `msg` gets the error's text.
 void validate_into(const at::Tensor& t, const std::string& local_error, Signature& s,
@@ -234,11 +226,11 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
 }
 
 void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string& local_error) {
-  const auto& e = env();
+  env();  // "call Init first"
   Signature s = signature_of(CallKind::Broadcast, t);
   std::string msg;
   validate_into(t, local_error, s, msg);
-  check_root(root, e.size, s, msg);
+  check_root(root, s, msg);
   agree(s, "fluxmpi_py.bcast_", msg, [&] { return describe(t); });
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }
@@ -250,9 +242,16 @@ void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t
   std::string msg;
   validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
-  check_root(root, e.size, s, msg);
+  check_root(root, s, msg);
   agree(s, "fluxmpi_py.reduce_", msg, [&] { return describe(t); });
   reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank, e.size);
+}
+
+void barrier_checked() {
+  Signature s;
+  s.kind = CallKind::Barrier;
+  agree(s, "fluxmpi_py.barrier", "");
+  mpi_backend().barrier();
 }
 
 }  // namespace fluxmpi

@@ -1,6 +1,7 @@
-// Tensor collectives: the shared core of allreduce_, bcast_, reduce_ and their async forms.
-// Each checks its arguments locally, agrees with the other ranks (ops/consensus.h), then moves
-// the data in place. Validation never throws before agree(), so every rank raises together.
+// Tensor collectives: the shared core of allreduce_, bcast_, reduce_, their async forms and
+// barrier. Each checks its arguments locally, agrees with the other ranks (ops/consensus.h),
+// then moves the data in place. Validation never throws before agree(), so every rank raises
+// together.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,5 +42,8 @@ void broadcast_checked(const at::Tensor& t, std::int64_t root,
                        const std::string& local_error = {});
 void reduce_checked(const at::Tensor& t, const std::string& op, std::int64_t root,
                     const std::string& local_error = {});
+// Agree that every rank is in a barrier, then wait for all of them (MPI, whatever devices the
+// ranks use).
+void barrier_checked();
 
 }  // namespace fluxmpi

@@ -19,23 +19,11 @@ const char* kind_name(CallKind k) {
     case CallKind::Broadcast: return "bcast_";
     case CallKind::Reduce: return "reduce_";
     case CallKind::Barrier: return "barrier";
-    case CallKind::Allgather: return "allgather";
     case CallKind::GradientBuckets: return "gradient allreduce";
     case CallKind::CoalescedBroadcast: return "synchronize_ (tensors)";
     case CallKind::ObjectBroadcast: return "synchronize_ (objects)";
-    case CallKind::PrintOrdered: return "fluxmpi_println(ordered=True)";
   }
   return "unknown collective";
-}
-
-std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed) {
-  std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint64_t>(seed);
-  auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return static_cast<std::int64_t>(h >> 1);
 }
 
 void raise_error(ErrorClass cls, const std::string& msg) {
@@ -122,6 +110,16 @@ const char* field_name(int field) {
 }
 
 }  // namespace
+
+void check_root(std::int64_t root, Signature& s, std::string& msg) {
+  s.root = root;
+  const int size = env().size;
+  if (s.error == ErrorClass::None && (root < 0 || root >= size)) {
+    s.error = ErrorClass::Value;
+    msg = "root_rank " + std::to_string(root) + " is out of range; expected 0 <= root_rank < " +
+          std::to_string(size);
+  }
+}
 
 std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);

@@ -20,11 +20,9 @@ enum class CallKind : std::int64_t {
   Broadcast = 2,
   Reduce = 3,
   Barrier = 4,
-  Allgather = 5,
   GradientBuckets = 6,   // the DistributedOptimizer's fused reduction (plan hash in `detail`)
   CoalescedBroadcast = 7,  // synchronize_'s packed tensors
   ObjectBroadcast = 8,     // pickled skeletons
-  PrintOrdered = 9,
 };
 
 const char* kind_name(CallKind k);
@@ -49,9 +47,6 @@ struct Signature {
   std::int64_t veto = 0;
 };
 
-// A 63-bit FNV-1a hash, for Signature::detail.
-std::int64_t hash_bytes(const void* data, std::size_t n, std::int64_t seed = 0);
-
 // `what` names the call for messages ("fluxmpi_py.allreduce_"). `text` is this rank's error
 // message when sig.error != None, else a short description of its argument (shape, name)
 // that is shown only if the ranks disagree. Must run where collectives may run (inline on
@@ -65,6 +60,10 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe, bool* vetoed = nullptr);
+
+// Sets s.root to `root` and, unless `s` carries an error already, a ValueError (text in `msg`)
+// when `root` is not a rank of env().
+void check_root(std::int64_t root, Signature& s, std::string& msg);
 
 // "torch.float32" for c10::kFloat: dtype names as Python users write them.
 std::string dtype_name(c10::ScalarType t);

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ops/coalesced_broadcast.h"
+#include "fusion/broadcast_plan.h"
 
 namespace fluxmpi {
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "backend/select.h"
 #include "ops/collectives.h"
@@ -11,6 +12,37 @@
 #include "runtime/environment.h"
 
 namespace fluxmpi {
+
+namespace {
+
+// The dtype a compressed bucket travels in; none without compression.
+std::optional<c10::ScalarType> compressed_dtype(Compression c) {
+  switch (c) {
+    case Compression::Fp16: return c10::kHalf;
+    case Compression::Bf16: return c10::kBFloat16;
+    case Compression::None: break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Compression parse_compression(const std::string& name) {
+  if (name.empty() || name == "none") return Compression::None;
+  if (name == "fp16" || name == "float16") return Compression::Fp16;
+  if (name == "bf16" || name == "bfloat16") return Compression::Bf16;
+  TORCH_CHECK_VALUE(false, "DistributedOptimizer(compression='", name,
+                    "'): expected None, 'fp16' or 'bf16'");
+}
+
+const char* compression_name(Compression c) {
+  switch (c) {
+    case Compression::Fp16: return "fp16";
+    case Compression::Bf16: return "bf16";
+    case Compression::None: break;
+  }
+  return "none";
+}
 
 GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts)
     : params_(std::move(params)), opts_(opts) {
@@ -23,10 +55,6 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     auto err = validate_tensor(p, msg);
     if (err != ErrorClass::None) raise_error(err, "parameter " + std::to_string(i) + ": " + msg);
     metas.push_back({p.scalar_type(), p.device(), p.numel()});
-  }
-  if (opts_.compression) {
-    TORCH_CHECK_VALUE(*opts_.compression == c10::kHalf || *opts_.compression == c10::kBFloat16,
-                      "compression must be float16 or bfloat16");
   }
   buckets_ = plan_buckets(metas, opts_.plan);
   bucket_of_.assign(params_.size(), -1);
@@ -150,7 +178,7 @@ void GradientReducer::launch(std::int64_t b) {
     }
   }
   auto op = opts_.op;
-  auto comp = opts_.compression;
+  auto comp = compressed_dtype(opts_.compression);
   int world = env().size;
   auto failed = failed_;
   state_[b].launched = true;

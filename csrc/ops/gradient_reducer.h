@@ -17,7 +17,6 @@
 
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,11 +26,22 @@
 
 namespace fluxmpi {
 
+// How buckets travel: in the gradients' own dtype, or in 16 bits (float16 or bfloat16; the
+// result comes back into the full-precision gradients).
+enum class Compression { None, Fp16, Bf16 };
+
+// DistributedOptimizer's `compression`: "" or "none" -> None, "fp16" or "float16" -> Fp16,
+// "bf16" or "bfloat16" -> Bf16; a ValueError naming `name` otherwise.
+Compression parse_compression(const std::string& name);
+
+// "none", "fp16" or "bf16".
+const char* compression_name(Compression c);
+
 struct ReducerOptions {
   PlanOptions plan;
   ReduceOp op = ReduceOp::Average;
-  std::optional<c10::ScalarType> compression;  // kHalf or kBFloat16: buckets travel in 16 bits
-  std::int64_t plan_hash = 0;                  // identity of the parameter list, checked per step
+  Compression compression = Compression::None;
+  std::int64_t plan_hash = 0;  // identity of the parameter list, checked per step
 };
 
 class GradientReducer {

@@ -172,6 +172,17 @@ void Permutation::apply_range(std::uint64_t first, std::int64_t count, std::int6
 
 static_assert(Permutation::kRounds % 2 == 0, "the rounds run in (hi, lo) pairs");
 
+void permutation_inverse(std::int64_t n, std::uint64_t seed, std::uint64_t epoch,
+                         const std::int64_t* values, std::int64_t count, std::int64_t* out) {
+  TORCH_CHECK_VALUE(n >= 0 && n <= kMaxShardLength, "n must be in [0, 2**62], got ", n);
+  Permutation perm(static_cast<std::uint64_t>(n), seed, epoch);
+  for (std::int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK_VALUE(values[i] >= 0 && values[i] < n, "values[", i, "] must be in [0, n=", n,
+                      "), got ", values[i]);
+    out[i] = static_cast<std::int64_t>(perm.inverse(static_cast<std::uint64_t>(values[i])));
+  }
+}
+
 ShardIndexer::ShardIndexer(const ShardSpec& spec)
     : spec_(spec),
       range_(shard_range(spec.n, spec.world, spec.rank, spec.mode)),

@@ -65,6 +65,12 @@ class Permutation {
   std::uint64_t keys_[kRounds] = {};
 };
 
+// out[i] = the preimage of values[i] under the (seed, epoch) permutation of [0, n), for
+// i < count (tests check bijectivity at large n with it). ValueError naming n when it is
+// outside [0, 2**62], or naming values[i] when it is outside [0, n).
+void permutation_inverse(std::int64_t n, std::uint64_t seed, std::uint64_t epoch,
+                         const std::int64_t* values, std::int64_t count, std::int64_t* out);
+
 // Everything that fixes one rank's sequence of global indices in one epoch.
 struct ShardSpec {
   std::int64_t n = 0;
@@ -82,14 +88,12 @@ class ShardIndexer {
  public:
   explicit ShardIndexer(const ShardSpec& spec);
 
-  std::int64_t length() const { return range_.length; }
   std::int64_t at(std::int64_t position) const;
   void fill(std::int64_t first, std::int64_t count, std::int64_t* out) const;
-  // ValueError unless 0 <= first <= first + count <= length().
+  // ValueError unless 0 <= first <= first + count <= the shard's length.
   void check_positions(std::int64_t first, std::int64_t count) const;
 
  private:
-
   ShardSpec spec_;
   ShardRange range_;
   Permutation perm_;

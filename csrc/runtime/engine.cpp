@@ -93,11 +93,6 @@ void Engine::run_inline(const std::function<void()>& fn) {
   idle_cv_.notify_all();
 }
 
-void Engine::drain() {
-  std::unique_lock<std::mutex> lk(mu_);
-  idle_cv_.wait(lk, [this] { return queue_.empty() && !busy_; });
-}
-
 void Engine::loop() {
   t_on_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);

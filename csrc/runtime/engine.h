@@ -46,9 +46,6 @@ class Engine {
   // the engine there would wait for itself).
   void run_inline(const std::function<void()>& fn);
 
-  // Wait until the queue is empty and nothing runs.
-  void drain();
-
   // Finish queued work and join the thread (at exit). submit() after stop() runs inline.
   void stop();
 

@@ -13,10 +13,6 @@
 
 #include "runtime/engine.h"
 
-#ifdef FLUXMPI_WITH_CUDA
-#include "backend/nccl_backend.h"
-#endif
-
 namespace fluxmpi {
 namespace {
 
@@ -35,6 +31,13 @@ const char* g_wd_what = "";
 std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;
+
+// Registered by add_shutdown_hook. Leaked on purpose, so that a hook registered while the
+// library loads (a static initializer in another file) never sees it unconstructed.
+std::vector<std::function<void()>>& shutdown_hooks() {
+  static auto* hooks = new std::vector<std::function<void()>>();
+  return *hooks;
+}
 
 // MPI_Comm is a pointer in Open MPI and an int in MPICH; mpi4py hands us either as an integer.
 template <typename Comm>
@@ -206,12 +209,16 @@ void shutdown() {
   g_initialized = false;
   if (fin) return;  // somebody finalized MPI under us; there is nothing left to free
   if (g_env.size > 1) exchange_exit_notices();
-#ifdef FLUXMPI_WITH_CUDA
-  nccl_shutdown();  // every rank is here (after the exit handshake): collective teardown is safe
-#endif
+  // Every rank is here (after the exit handshake): collective teardown is safe.
+  const auto& hooks = shutdown_hooks();
+  for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
   MPI_Comm_free(&g_env.comm);
   MPI_Comm_free(&g_env.control);
   if (g_env.we_initialized_mpi) MPI_Finalize();
+}
+
+void add_shutdown_hook(std::function<void()> hook) {
+  shutdown_hooks().push_back(std::move(hook));
 }
 
 void abort_job(const std::string& why, int code) {
@@ -230,6 +237,12 @@ std::string mpi_library_version() {
   if (nl != std::string::npos) s.resize(nl);
   while (!s.empty() && (s.back() == ',' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
   return s;
+}
+
+std::string mpi_standard_version() {
+  int version = 0, subversion = 0;
+  MPI_Get_version(&version, &subversion);
+  return std::to_string(version) + "." + std::to_string(subversion);
 }
 
 }  // namespace fluxmpi

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace fluxmpi {
@@ -36,11 +37,21 @@ void init(std::intptr_t comm_handle);
 // collective sees the notice through its watchdog and aborts the job instead of hanging.
 void shutdown();
 
+// Run `hook` in every later shutdown() on every rank, after the exit handshake (all ranks are
+// there, none is inside a collective) and before the communicators are freed and MPI is
+// finalized; hooks run in reverse order of registration. A backend that holds collective
+// resources (the NCCL communicators) registers their teardown here, so that the runtime never
+// calls up into a backend.
+void add_shutdown_hook(std::function<void()> hook);
+
 // Print `why` prefixed with the rank to stderr and abort every rank of the job.
 [[noreturn]] void abort_job(const std::string& why, int code = 1);
 
 // Vendor and version string of the MPI library (MPI_Get_library_version, first line).
 std::string mpi_library_version();
+
+// Version of the MPI standard the library implements, "major.minor" (MPI_Get_version).
+std::string mpi_standard_version();
 
 // RAII marker around every blocking collective. Contract: one BlockingCall per collective on
 // env().comm (or a communicator of the same ranks), entered by every rank in the same order,

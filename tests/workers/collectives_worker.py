@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py._loader import C  # noqa: E402
 from harness import raises, run_cases  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -106,29 +107,63 @@ def case_allreduce_large_buffer():
         check_equal(t, want, f"large sum {dtype}")
 
 
-def case_ring_allreduce_sizes_and_identical_bits():
-    # float32/float64 averages of >= 1 MiB and sums of >= 16 MiB take fluxmpi's own ring
-    # (reduce-scatter, then allgather); "average" divides inside its last reduction step.
-    # Sizes that do not split evenly over the ranks, at the thresholds, several segments.
+def check_ring_sum_and_average(dtype, numel, what):
+    """Sum and average of `numel` elements of `dtype`, against closed forms; the average's bits
+    must be the same on every rank. Returns how many of the three allreduces took the ring."""
     n, r = world(), rank()
+    before = C.ring_calls()
+    base = torch.arange(numel, dtype=torch.float64).remainder(13)
+    t = (base * (r + 1) + r).to(dtype)
+    fm.allreduce_(t)
+    want = (base * (n * (n + 1) // 2) + n * (n - 1) // 2).to(dtype)
+    check_equal(t, want, f"{what}: sum {dtype} [{numel}]")
+    # Values whose average is inexact: every rank must still hold the same bits.
+    a = (torch.rand(numel, generator=torch.Generator().manual_seed(r)) * 3).to(dtype)
+    mine = a.clone()
+    fm.allreduce_(a, op="average")
+    total = fm.allreduce_(mine.to(torch.float64), op="sum")
+    assert torch.allclose(a.to(torch.float64), total / n, rtol=1e-6, atol=1e-6), (what, dtype, numel)
+    first = a.clone()
+    fm.bcast_(first, root_rank=0)
+    assert torch.equal(first, a), f"{what}: average {dtype} [{numel}]: ranks differ"
+    return C.ring_calls() - before
+
+
+def case_ring_allreduce_sizes_and_identical_bits():
+    # With the default RingOptions, float32/float64 averages of >= 1 MiB and sums of >= 16 MiB
+    # take fluxmpi's own ring (reduce-scatter, then allgather); "average" divides inside its
+    # last reduction step. Sizes that do not split evenly over the ranks, at the thresholds.
+    n, o = world(), C.ring_options()  # the defaults, unless FLUXMPI_RING_MIN_BYTES is set
+    on = o.enabled and n > 1
+    sum_from = o.sum_min_bytes if on else float("inf")
+    average_from = min(o.sum_min_bytes, o.average_min_bytes) if on else float("inf")
     for dtype in (torch.float32, torch.float64):
         esz = torch.tensor([], dtype=dtype).element_size()
         for numel in ((1 << 20) // esz - 1, (1 << 20) // esz, 300_007, 2_000_003,
                       (16 << 20) // esz + 5):
-            base = torch.arange(numel, dtype=torch.float64).remainder(13)
-            t = (base * (r + 1) + r).to(dtype)
-            fm.allreduce_(t)
-            want = (base * (n * (n + 1) // 2) + n * (n - 1) // 2).to(dtype)
-            check_equal(t, want, f"ring sum {dtype} [{numel}]")
-            # Values whose average is inexact: every rank must still hold the same bits.
-            a = (torch.rand(numel, generator=torch.Generator().manual_seed(r)) * 3).to(dtype)
-            mine = a.clone()
-            fm.allreduce_(a, op="average")
-            total = fm.allreduce_(mine.to(torch.float64), op="sum")
-            assert torch.allclose(a.to(torch.float64), total / n, rtol=1e-6, atol=1e-6), dtype
-            first = a.clone()
-            fm.bcast_(first, root_rank=0)
-            assert torch.equal(first, a), f"ring average {dtype} [{numel}]: ranks differ"
+            rings = check_ring_sum_and_average(dtype, numel, "default ring")
+            # the sum in dtype, the average, the check's sum in float64
+            want = ((numel * esz >= sum_from) + (numel * esz >= average_from) +
+                    (numel * 8 >= sum_from))
+            assert rings == want, f"{dtype} [{numel}]: {rings} ring calls, expected {want}"
+
+
+def case_ring_multi_segment_small_inputs():
+    # RingOptions with tiny thresholds and segments (set alike on every rank) send small
+    # buffers through the ring in many segments of 8 to 24 bytes: chunks that are empty (fewer
+    # elements than ranks), uneven (one element shorter) and of many segments.
+    n = world()
+    saved = C.ring_options()
+    C.set_ring_options(C.RingOptions(sum_min_bytes=1, average_min_bytes=1, min_segment_bytes=8,
+                                     max_segment_bytes=24))
+    try:
+        for dtype in (torch.float32, torch.float64):
+            for numel in (1, 2, 3, 5, 7, 64, 1001):
+                rings = check_ring_sum_and_average(dtype, numel, "small ring")
+                assert rings == (3 if n > 1 else 0), f"{dtype} [{numel}]: {rings} ring calls"
+    finally:
+        C.set_ring_options(saved)
+    assert C.ring_options() == saved
 
 
 def case_bcast_every_dtype_root_size():

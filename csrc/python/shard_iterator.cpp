@@ -1,5 +1,5 @@
 // The ShardIterator type (see shard_iterator.h), written against the CPython C API.
-#include "ops/shard_iterator.h"
+#include "python/shard_iterator.h"
 
 #include <algorithm>
 #include <array>

@@ -6,9 +6,9 @@
 
 #include <tuple>
 
-#include "bindings.h"
 #include "ops/shard.h"
-#include "ops/shard_iterator.h"
+#include "python/bindings.h"
+#include "python/shard_iterator.h"
 
 namespace py = pybind11;
 
@@ -74,19 +74,13 @@ void bind_shard(py::module_& m) {
 
   m.def("permutation_inverse", [](std::int64_t n, std::uint64_t seed, std::uint64_t epoch,
                                   const at::Tensor& values) {
-    TORCH_CHECK_VALUE(n >= 0 && n <= kMaxShardLength, "n must be in [0, 2**62], got ", n);
     TORCH_CHECK_TYPE(values.scalar_type() == at::kLong && values.device().is_cpu(),
                      "values must be a CPU int64 tensor, got ", values.scalar_type(), " on ",
                      values.device());
-    Permutation perm(static_cast<std::uint64_t>(n), seed, epoch);
     at::Tensor in = values.contiguous();
     at::Tensor out = at::empty_like(in);
-    const std::int64_t* src = in.data_ptr<std::int64_t>();
-    std::int64_t* dst = out.data_ptr<std::int64_t>();
-    for (std::int64_t i = 0; i < in.numel(); ++i) {
-      TORCH_CHECK_VALUE(src[i] >= 0 && src[i] < n, "values[", i, "] must be in [0, n=", n, "), got ", src[i]);
-      dst[i] = static_cast<std::int64_t>(perm.inverse(static_cast<std::uint64_t>(src[i])));
-    }
+    permutation_inverse(n, seed, epoch, in.data_ptr<std::int64_t>(), in.numel(),
+                        out.data_ptr<std::int64_t>());
     return out;
   }, py::arg("n"), py::arg("seed"), py::arg("epoch"), py::arg("values"),
      "Preimages under the (seed, epoch) permutation of [0, n); for tests");

@@ -1,0 +1,21 @@
+// MPI return codes as exceptions, for the MPI backend and its ring allreduce.
+#pragma once
+
+#include <mpi.h>
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace fluxmpi {
+
+// Throws a RuntimeError naming `what` and MPI's text for `rc`, unless rc is MPI_SUCCESS.
+inline void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  TORCH_CHECK(false, "fluxmpi_py: ", what, " failed: ", std::string(msg, len));
+}
+
+}  // namespace fluxmpi

@@ -1,0 +1,102 @@
+// Python face of the tensor collectives (ops/collectives.h) and of the MPI ring's options
+// (backend/mpi_ring.h).
+#include <optional>
+
+#include "backend/mpi_ring.h"
+#include "ops/collectives.h"
+#include "python/bindings.h"
+#include "runtime/engine.h"
+#include "runtime/environment.h"
+
+namespace py = pybind11;
+
+namespace fluxmpi {
+
+namespace {
+
+void bind_ring_options(py::module_& m) {
+  const RingOptions d;
+  py::class_<RingOptions> cls(m, "RingOptions",
+                              "When the MPI backend's ring allreduce runs and how it cuts its "
+                              "messages (bytes). Every rank must use the same values.");
+  cls.def(py::init([](bool enabled, std::int64_t sum_min_bytes, std::int64_t average_min_bytes,
+                      std::int64_t min_segment_bytes, std::int64_t max_segment_bytes) {
+            RingOptions o;
+            o.enabled = enabled;
+            o.sum_min_bytes = sum_min_bytes;
+            o.average_min_bytes = average_min_bytes;
+            o.min_segment_bytes = min_segment_bytes;
+            o.max_segment_bytes = max_segment_bytes;
+            return o;
+          }),
+          py::kw_only(), py::arg("enabled") = d.enabled, py::arg("sum_min_bytes") = d.sum_min_bytes,
+          py::arg("average_min_bytes") = d.average_min_bytes,
+          py::arg("min_segment_bytes") = d.min_segment_bytes,
+          py::arg("max_segment_bytes") = d.max_segment_bytes)
+      .def_readwrite("enabled", &RingOptions::enabled, "False: MPI_Allreduce always")
+      .def_readwrite("sum_min_bytes", &RingOptions::sum_min_bytes,
+                     "float/double sums of at least this many bytes take the ring")
+      .def_readwrite("average_min_bytes", &RingOptions::average_min_bytes,
+                     "averages of at least this many bytes (or sum_min_bytes) take the ring")
+      .def_readwrite("min_segment_bytes", &RingOptions::min_segment_bytes,
+                     "a chunk moves in segments of a quarter chunk, at least this large")
+      .def_readwrite("max_segment_bytes", &RingOptions::max_segment_bytes,
+                     "and at most this large");
+  def_fields(cls, {"enabled", "sum_min_bytes", "average_min_bytes", "min_segment_bytes",
+                   "max_segment_bytes"});
+  m.def("ring_options", &ring_options,
+        "This process's RingOptions (the defaults, with FLUXMPI_RING_MIN_BYTES applied)");
+  m.def("set_ring_options", &set_ring_options, py::arg("options"),
+        "Replace the RingOptions. Not a collective: call it with the same values on every rank, "
+        "between collectives (ranks that disagree wait for each other forever)");
+  m.def("ring_calls", &ring_calls,
+        "How many allreduces this process has sent through the ring (for tests)");
+}
+
+}  // namespace
+
+void bind_collectives(py::module_& m) {
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("wait", &Work::wait, py::call_guard<py::gil_scoped_release>())
+      .def("test", &Work::test)
+      .def_property_readonly("what", &Work::what);
+
+  // The tensor may be None: the Python wrapper passes None and a `local_error` for a
+  // non-tensor argument, so that every rank raises, not only the one that got it wrong.
+  using MaybeTensor = std::optional<at::Tensor>;
+  m.def("allreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { allreduce_checked(x, op, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+  m.def("bcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { broadcast_checked(x, root, err); });
+  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+  m.def("reduce_", [](const MaybeTensor& t, const std::string& op, std::int64_t root,
+                      const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    Engine::get().run_inline([&] { reduce_checked(x, op, root, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+  m.def("iallreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    return Engine::get().submit("Iallreduce", [x, op, err] { allreduce_checked(x, op, err); });
+  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
+  m.def("ibcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
+    env();
+    at::Tensor x = t.value_or(at::Tensor());
+    return Engine::get().submit("Ibcast", [x, root, err] { broadcast_checked(x, root, err); });
+  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+     py::call_guard<py::gil_scoped_release>());
+
+  bind_ring_options(m);
+}
+
+}  // namespace fluxmpi

@@ -1,0 +1,111 @@
+// Python face of the gradient reducer (ops/gradient_reducer.h) and of the bucket planner
+// (fusion/bucket_plan.h), which tests call without Init.
+#include <pybind11/stl.h>
+
+#include "fusion/bucket_plan.h"
+#include "ops/gradient_reducer.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace fluxmpi {
+
+namespace {
+
+py::list buckets_to_python(const std::vector<Bucket>& buckets) {
+  py::list out;
+  for (const auto& b : buckets) {
+    py::dict d;
+    d["members"] = b.members;
+    d["direct"] = b.direct;
+    d["numel"] = b.numel;
+    d["dtype"] = std::string(c10::toString(b.dtype));
+    d["device"] = b.device.str();
+    out.append(d);
+  }
+  return out;
+}
+
+// compression as Python spells it: None, or a name parse_compression knows.
+Compression compression_from_python(const py::object& v) {
+  if (v.is_none()) return Compression::None;
+  if (py::isinstance<py::str>(v)) return parse_compression(v.cast<std::string>());
+  return parse_compression(py::repr(v).cast<std::string>());  // a ValueError that shows it
+}
+
+py::object compression_to_python(Compression c) {
+  if (c == Compression::None) return py::none();
+  return py::str(compression_name(c));
+}
+
+}  // namespace
+
+void bind_gradients(py::module_& m) {
+  const PlanOptions dp;
+  py::class_<PlanOptions> plan(m, "PlanOptions", "The bucket planner's limits (bytes)");
+  plan.def(py::init([](std::int64_t cap_bytes, std::int64_t direct_min_bytes) {
+             PlanOptions o;
+             o.cap_bytes = cap_bytes;
+             o.direct_min_bytes = direct_min_bytes;
+             return o;
+           }),
+           py::kw_only(), py::arg("cap_bytes") = dp.cap_bytes,
+           py::arg("direct_min_bytes") = dp.direct_min_bytes)
+      .def_readwrite("cap_bytes", &PlanOptions::cap_bytes, "a fused bucket never exceeds this")
+      .def_readwrite("direct_min_bytes", &PlanOptions::direct_min_bytes,
+                     "tensors at least this large are reduced alone, in their own storage");
+  def_fields(plan, {"cap_bytes", "direct_min_bytes"});
+
+  const ReducerOptions dr;
+  py::class_<ReducerOptions> reducer(m, "ReducerOptions", "How a GradientReducer reduces");
+  reducer
+      .def(py::init([](const PlanOptions& plan, const std::string& op, const py::object& comp,
+                       std::int64_t plan_hash) {
+             ReducerOptions o;
+             o.plan = plan;
+             o.op = parse_op(op);
+             o.compression = compression_from_python(comp);
+             o.plan_hash = plan_hash;
+             return o;
+           }),
+           py::kw_only(), py::arg("plan") = dr.plan, py::arg("op") = op_name(dr.op),
+           py::arg("compression") = py::none(), py::arg("plan_hash") = dr.plan_hash)
+      .def_readwrite("plan", &ReducerOptions::plan)
+      .def_property(
+          "op", [](const ReducerOptions& o) { return std::string(op_name(o.op)); },
+          [](ReducerOptions& o, const std::string& op) { o.op = parse_op(op); },
+          "'sum' or 'average' (also 'avg', 'mean'; 'min', 'max', 'prod')")
+      .def_property(
+          "compression",
+          [](const ReducerOptions& o) { return compression_to_python(o.compression); },
+          [](ReducerOptions& o, const py::object& v) {
+            o.compression = compression_from_python(v);
+          },
+          "None, 'fp16' or 'bf16' (also 'float16', 'bfloat16'): buckets travel in 16 bits")
+      .def_readwrite("plan_hash", &ReducerOptions::plan_hash,
+                     "identity of the parameter list, compared across ranks every step");
+  def_fields(reducer, {"plan", "op", "compression", "plan_hash"});
+
+  m.def("plan_buckets",
+        [](const std::vector<at::Tensor>& tensors, const PlanOptions& options) {
+          std::vector<TensorMeta> metas;
+          metas.reserve(tensors.size());
+          for (const auto& t : tensors) metas.push_back({t.scalar_type(), t.device(), t.numel()});
+          return buckets_to_python(plan_buckets(metas, options));
+        },
+        py::arg("tensors"), py::arg("options"),
+        "The bucket plan for tensors' dtypes, devices and sizes: a list of dicts (members, "
+        "direct, numel, dtype, device) in issue order. Pure: needs no Init");
+
+  py::class_<GradientReducer, std::shared_ptr<GradientReducer>>(m, "GradientReducer")
+      .def(py::init([](std::vector<at::Tensor> params, const ReducerOptions& options) {
+             return std::make_shared<GradientReducer>(std::move(params), options);
+           }),
+           py::arg("params"), py::arg("options"))
+      .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"))
+      .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("launched_early", &GradientReducer::launched_early)
+      .def("plan", [](const GradientReducer& r) { return buckets_to_python(r.plan()); });
+}
+
+}  // namespace fluxmpi

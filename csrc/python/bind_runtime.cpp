@@ -1,0 +1,34 @@
+// Python face of the runtime: Init, ranks, build information, barrier.
+#include <torch/version.h>
+
+#include "backend/select.h"
+#include "ops/collectives.h"
+#include "python/bindings.h"
+#include "runtime/engine.h"
+#include "runtime/environment.h"
+
+namespace py = pybind11;
+
+namespace fluxmpi {
+
+void bind_runtime(py::module_& m) {
+  m.def("init", &init, py::arg("comm_handle") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("initialized", &initialized);
+  m.def("shutdown", &shutdown, py::call_guard<py::gil_scoped_release>());
+  m.def("abort", [](const std::string& why, int code) { abort_job(why, code); },
+        py::arg("why"), py::arg("code") = 1);
+  m.def("rank", [] { return env().rank; });
+  m.def("size", [] { return env().size; });
+  m.def("node_rank", [] { return env().node_rank; });
+  m.def("node_size", [] { return env().node_size; });
+  m.def("thread_level", [] { return env().thread_level; });
+  m.def("mpi_library_version", &mpi_library_version);
+  m.def("mpi_standard_version", &mpi_standard_version);
+  m.def("compiled_with_cuda", &compiled_with_cuda);
+  m.def("nccl_version", &nccl_version);
+  m.attr("compiled_torch_version") = TORCH_VERSION;
+  m.def("barrier", [] { Engine::get().run_inline(barrier_checked); },
+        py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace fluxmpi

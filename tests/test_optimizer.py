@@ -33,3 +33,10 @@ def test_planner_buckets():
     assert {b["dtype"] for b in plan} == {"Float", "Double"}
     with pytest.raises(ValueError, match="compression"):
         C.GradientReducer(params, 100, 1000, "average", "int8", 0)
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_freeze_and_unfreeze_after_wrapping(np):
+    out = run_cases_on("freeze_worker.py", np, timeout=300)
+    assert f"on {np} ranks" in out
+

@@ -15,6 +15,7 @@ import torch
 
 from ._loader import C
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
+from .buffers import BufferSync, watch_unsynced_buffers
 from .collectives import allreduce_
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients"]
@@ -49,9 +50,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     together; that step's gradients of a newly unfrozen parameter are reduced too. Ranks
     that froze different parameters raise ValueError there, naming the parameter.
 
+    ``module=model`` also keeps ``model``'s buffers (BatchNorm's running statistics) equal on
+    every rank, after each step: ``buffers="average"`` (the default) averages floating
+    buffers (for BatchNorm's running_mean that is one process seeing every rank's batch) and
+    takes integer buffers from rank 0; ``"broadcast"`` takes all of them from rank 0, as DDP
+    does; ``None`` leaves them alone. See :func:`synchronize_buffers_`.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> model = torch.nn.Linear(4, 2)
-    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
     >>> model(torch.randn(8, 4)).pow(2).mean().backward()
     >>> opt.step(); opt.zero_grad()
     """
@@ -66,6 +73,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: int = 1,
         direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES,
         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+        module: Optional[torch.nn.Module] = None,
+        buffers: Optional[str] = "average",
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -79,6 +88,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        if buffers not in (None, "average", "broadcast"):
+            raise ValueError(f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None")
+        if module is None and buffers == "broadcast":
+            raise ValueError("DistributedOptimizer(buffers='broadcast') syncs the buffers of module=: pass module=model")
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise TypeError(f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}")
         if not C.initialized():
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
         # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
@@ -105,6 +120,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    compression=self._compression)
         self._num_groups = len(self.param_groups)
         self._hook(self._plan.order)
+        self._buffer_sync = None       # keeps module's buffers equal across ranks
+        self._buffer_watch = None      # warns once when unsynced buffers change
+        if module is not None and buffers is not None:
+            self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
+        elif module is None:
+            self._buffer_watch = watch_unsynced_buffers(self.param_groups)
 
     # ---- plan and hooks -------------------------------------------------------------
     def _named(self):
@@ -173,7 +194,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     def step(self, closure: Optional[Callable] = None):
-        """Wait for the gradient reduction, then step the wrapped optimizer.
+        """Wait for the gradient reduction, then step the wrapped optimizer (and sync the
+        module's buffers, overlapping the optimizer step, when built with ``module=``).
 
         With a closure (e.g. LBFGS, which re-evaluates it), every evaluation's gradients are
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
@@ -189,12 +211,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
             self._synchronized = False
             self._passes = 0
-            return self.optimizer.step(reduced_closure)
+            return self._step_and_sync_buffers(reduced_closure)
         if not self._skip_sync and not self._synchronized:
             self._reduce()
         self._synchronized = False
         self._passes = 0
-        return self.optimizer.step()
+        return self._step_and_sync_buffers(None)
+
+    def _step_and_sync_buffers(self, closure):
+        if self._buffer_watch is not None:
+            watch, self._buffer_watch = self._buffer_watch, None
+            watch.check()
+        if self._buffer_sync is None or closure is not None:
+            result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+            if self._buffer_sync is not None:
+                self._buffer_sync()  # the closure ran forward passes: sync after the last
+            return result
+        # The buffers travel while the optimizer steps (it touches parameters only).
+        pending = self._buffer_sync.start()
+        try:
+            return self.optimizer.step()
+        finally:
+            self._buffer_sync.finish(pending)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import run_cases_on  # noqa: E402
+from mpi_util import run_cases_on, run_mpi  # noqa: E402
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
@@ -40,3 +40,14 @@ def test_freeze_and_unfreeze_after_wrapping(np):
     out = run_cases_on("freeze_worker.py", np, timeout=300)
     assert f"on {np} ranks" in out
 
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_buffers_kept_in_sync(np):
+    out = run_cases_on("buffers_worker.py", np, timeout=300)
+    assert f"on {np} ranks" in out
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_docstring_examples_run(np):
+    _, out = run_mpi("doctest_worker.py", np, "fluxmpi_py.optimizer", "fluxmpi_py.buffers", timeout=180)
+    assert f"doctests passed on {np} ranks" in out, out[-4000:]

@@ -22,7 +22,7 @@ _os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 __version__ = "0.1.0"
 
 # One role per module; each lists its public names in __all__.
-_MODULES = ("runtime", "printing", "preferences", "collectives", "optimizer", "sync", "data",
+_MODULES = ("runtime", "printing", "preferences", "collectives", "optimizer", "buffers", "sync", "data",
             "launch", "checkpoint", "logs")
 
 __all__ = []

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 
-from ._agreement import first_difference, hash64
 from ._loader import C
+from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
+from .buffers import BufferSync, watch_unsynced_buffers
 from .collectives import allreduce_
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients"]
@@ -23,33 +24,6 @@ _MiB = 1 << 20
 _NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent fused buffer
 #: Gradients of at least this many bytes are reduced in their own storage, without a copy.
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
-
-
-def _describe(name: str, p: torch.Tensor) -> str:
-    return f"{name}: shape {tuple(p.shape)}, dtype {str(p.dtype).replace('torch.', '')}, device {p.device.type}"
-
-
-def _check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], what: str) -> int:
-    """Collective: verify every rank holds the same parameter list; return its hash.
-
-    On a difference every rank raises ValueError naming the first parameter (in the order
-    the optimizer lists them) that differs, the rank that has it and rank 0's version of it.
-    """
-    descs = [_describe(n, p) for n, p in zip(names, params)]
-    diff = first_difference(descs, "parameters")
-    if diff is not None:
-        index, rank, theirs, ref0 = diff
-        raise ValueError(
-            f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
-            f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
-            f"and optimizer (same parameters, order, shapes, dtypes and requires_grad)."
-        )
-    return hash64("\n".join(descs))
-
-
-def _plan_order(params: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    # Backward produces gradients roughly in reverse registration order: plan buckets so.
-    return list(params)[::-1]
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -71,9 +45,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
     reduction (or use the ``no_sync()`` context). Constructing it is a collective: the ranks
     check once that they hold the same parameters.
 
+    Only parameters with ``requires_grad`` are reduced. Freezing or unfreezing a parameter
+    later is noticed at the next ``step()`` (or ``synchronize()``), where every rank re-plans
+    together; that step's gradients of a newly unfrozen parameter are reduced too. Ranks
+    that froze different parameters raise ValueError there, naming the parameter.
+
+    ``module=model`` also keeps ``model``'s buffers (BatchNorm's running statistics) equal on
+    every rank, after each step: ``buffers="average"`` (the default) averages floating
+    buffers (for BatchNorm's running_mean that is one process seeing every rank's batch) and
+    takes integer buffers from rank 0; ``"broadcast"`` takes all of them from rank 0, as DDP
+    does; ``None`` leaves them alone. See :func:`synchronize_buffers_`.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> model = torch.nn.Linear(4, 2)
-    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
     >>> model(torch.randn(8, 4)).pow(2).mean().backward()
     >>> opt.step(); opt.zero_grad()
     """
@@ -88,6 +73,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: int = 1,
         direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES,
         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+        module: Optional[torch.nn.Module] = None,
+        buffers: Optional[str] = "average",
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -101,6 +88,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        if buffers not in (None, "average", "broadcast"):
+            raise ValueError(f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None")
+        if module is None and buffers == "broadcast":
+            raise ValueError("DistributedOptimizer(buffers='broadcast') syncs the buffers of module=: pass module=model")
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise TypeError(f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}")
         if not C.initialized():
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
         # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
@@ -122,32 +115,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip_sync = False        # True inside skip_synchronize()
         self._synchronized = False     # synchronize() already ran for this step
         self._handles = []
-        self._build()
+        self._plan = ReductionPlan(self._named(), "DistributedOptimizer", op=self._op,
+                                   cap_bytes=self._cap_bytes, direct_min_bytes=self._direct_min_bytes,
+                                   compression=self._compression)
+        self._num_groups = len(self.param_groups)
+        self._hook(self._plan.order)
+        self._buffer_sync = None       # keeps module's buffers equal across ranks
+        self._buffer_watch = None      # warns once when unsynced buffers change
+        if module is not None and buffers is not None:
+            self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
+        elif module is None:
+            self._buffer_watch = watch_unsynced_buffers(self.param_groups)
 
     # ---- plan and hooks -------------------------------------------------------------
-    def _build(self) -> None:
+    def _named(self):
+        return named_candidates(self.param_groups, self._names)
+
+    def _hook(self, order) -> None:
         for h in self._handles:
             h.remove()
-        self._handles = []
-        params, names = [], []
-        for g, group in enumerate(self.param_groups):
-            for i, p in enumerate(group["params"]):
-                if p.requires_grad:
-                    params.append(p)
-                    names.append(self._names.get(id(p), f"param_groups[{g}][{i}]"))
-        plan_hash = _check_same_parameters(names, params, "DistributedOptimizer")
-        plan_hash = hash64("\n".join([str(plan_hash), self._op, self._compression, str(self._cap_bytes),
-                                       str(self._direct_min_bytes)]))
-        params = _plan_order(params)
-        self._params = params
-        self._reducer = C.GradientReducer(params, C.ReducerOptions(
-            plan=C.PlanOptions(cap_bytes=self._cap_bytes, direct_min_bytes=self._direct_min_bytes),
-            op=self._op, compression=self._compression, plan_hash=plan_hash))
-        for i, p in enumerate(params):
-            self._handles.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+        self._reducer = self._plan.reducer
+        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                         for i, p in enumerate(order)]
 
     def _make_hook(self, index: int) -> Callable:
-        reducer_ref = self  # the hook must see a rebuilt reducer after add_param_group
+        reducer_ref = self  # the hook must see the reducer of a later plan
 
         def hook(param: torch.Tensor) -> None:
             if not reducer_ref._pass_hooked:
@@ -163,13 +155,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._sync_enabled:
             self._passes += 1
 
+    def _reduce(self) -> None:
+        """Finish this step's reduction; re-plan on every rank if any rank's parameters
+        changed (requires_grad flipped, or a group was added)."""
+        changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()
+        order = replan_if_changed(self._plan, changed, self._named)
+        if order is not None:
+            self._num_groups = len(self.param_groups)
+            self._hook(order)
+
     # ---- reduction control --------------------------------------------------------------
     def synchronize(self) -> None:
         """Finish the gradient reduction now (for clipping or GradScaler.unscale_ before step).
 
         Then call ``step()`` inside ``skip_synchronize()``.
         """
-        self._reducer.finalize()
+        self._reduce()
         self._synchronized = True
         self._passes = 0
 
@@ -193,7 +194,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     def step(self, closure: Optional[Callable] = None):
-        """Wait for the gradient reduction, then step the wrapped optimizer.
+        """Wait for the gradient reduction, then step the wrapped optimizer (and sync the
+        module's buffers, overlapping the optimizer step, when built with ``module=``).
 
         With a closure (e.g. LBFGS, which re-evaluates it), every evaluation's gradients are
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
@@ -202,29 +204,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
             def reduced_closure():
                 with torch.enable_grad():
                     loss = closure()
-                self._reducer.finalize()
+                self._reduce()
                 if isinstance(loss, torch.Tensor):
                     loss = allreduce_(loss.detach().clone(), "average")
                 return loss
 
             self._synchronized = False
             self._passes = 0
-            return self.optimizer.step(reduced_closure)
+            return self._step_and_sync_buffers(reduced_closure)
         if not self._skip_sync and not self._synchronized:
-            self._reducer.finalize()
+            self._reduce()
         self._synchronized = False
         self._passes = 0
-        return self.optimizer.step()
+        return self._step_and_sync_buffers(None)
+
+    def _step_and_sync_buffers(self, closure):
+        if self._buffer_watch is not None:
+            watch, self._buffer_watch = self._buffer_watch, None
+            watch.check()
+        if self._buffer_sync is None or closure is not None:
+            result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+            if self._buffer_sync is not None:
+                self._buffer_sync()  # the closure ran forward passes: sync after the last
+            return result
+        # The buffers travel while the optimizer steps (it touches parameters only).
+        pending = self._buffer_sync.start()
+        try:
+            return self.optimizer.step()
+        finally:
+            self._buffer_sync.finish(pending)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict) -> None:
-        """Add a group to the wrapped optimizer; a collective (the plan is rebuilt and checked)."""
+        """Add a group to the wrapped optimizer. Its parameters join the reduction at the next
+        ``step()`` (or ``synchronize()``), which re-plans on every rank together and also
+        reduces their gradients from the backward before it."""
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
             return super().add_param_group(param_group)
         self.optimizer.add_param_group(param_group)
-        self._build()
 
     def state_dict(self):
         return self.optimizer.state_dict()
@@ -246,7 +265,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._reducer.plan()
 
 
-_reducer_cache: dict = {}
+_plan_cache: dict = {}
 
 
 def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.Tensor]], op: str = "average",
@@ -256,7 +275,10 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
     ``allreduce_gradients``), for training loops without DistributedOptimizer.
 
     A gradient missing on some ranks counts as zeros there; missing on every rank stays None.
-    Small gradients may afterwards be views of a fused buffer (as DDP's gradient_as_bucket_view).
+    Parameters with ``requires_grad=False`` are left out; a call after some rank froze or
+    unfroze a parameter re-plans on every rank (or raises ValueError naming the parameter
+    where the ranks differ). Small gradients may afterwards be views of a fused buffer (as
+    DDP's gradient_as_bucket_view).
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> m = torch.nn.Linear(3, 1); m(torch.ones(2, 3)).sum().backward()
@@ -267,23 +289,23 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
     direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
     is_module = isinstance(model_or_params, torch.nn.Module)
     given = list(model_or_params.parameters()) if is_module else list(model_or_params)
-    # The same parameters as last time (checked by identity, at C speed): reuse the reducer,
-    # its plan and its buffers; per call that leaves only the reduction itself.
-    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
-    hit = _reducer_cache.get(key)
-    if hit is None or not all(map(operator.is_, hit[0], given)):
+
+    def named():
         if is_module:
-            named = [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
-        else:
-            if not all(isinstance(p, torch.Tensor) for p in given):
-                raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
-            named = [(f"params[{i}]", p) for i, p in enumerate(given) if p.requires_grad]
-        h = _check_same_parameters([n for n, _ in named], [p for _, p in named], "allreduce_gradients")
-        params = _plan_order([p for _, p in named])
-        if len(_reducer_cache) > 8:
-            _reducer_cache.clear()
-        hit = (given, C.GradientReducer(params, C.ReducerOptions(
-            plan=C.PlanOptions(cap_bytes=int(bucket_cap_mb * _MiB), direct_min_bytes=direct),
-            op=op, plan_hash=h)))
-        _reducer_cache[key] = hit
-    hit[1].finalize()
+            return list(model_or_params.named_parameters())
+        return [(f"params[{i}]", p) for i, p in enumerate(given)]
+
+    # The same parameters as last time (checked by identity, at C speed): reuse the plan, its
+    # reducer and its buffers; per call that leaves the requires_grad check and the reduction.
+    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
+    hit = _plan_cache.get(key)
+    if hit is None or not all(map(operator.is_, hit[0], given)):
+        if not is_module and not all(isinstance(p, torch.Tensor) for p in given):
+            raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
+        if len(_plan_cache) > 8:
+            _plan_cache.clear()
+        plan = ReductionPlan(named(), "allreduce_gradients", op=op, cap_bytes=int(bucket_cap_mb * _MiB),
+                             direct_min_bytes=direct)
+        hit = _plan_cache[key] = (given, plan)
+    plan = hit[1]
+    replan_if_changed(plan, plan.requires_grad_changed(), named)

@@ -23,6 +23,7 @@ import pickle
 
 from ._loader import C
 from ._sync_apply import _Planner
+from .buffers import note_synchronized_module
 from torch import nn
 
 from ._sync_walk import (_NONE, _RUNTIME, _TYPE, _Flattener, _module_walk, _SyncError, _pickle_error,
@@ -88,6 +89,8 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
     options = C.CoalescedOptions(
         plan=C.BroadcastPlanOptions(bucket_bytes=bucket_bytes, direct_bytes=direct_bytes),
         relocate=relocate)
+    if isinstance(obj, nn.Module):
+        note_synchronized_module(obj)  # lets DistributedOptimizer warn about unsynced buffers
     if err is None and isinstance(obj, nn.Module):
         # The common case, synchronize_(model), straight from the cached walk: no tree, and no
         # per-parameter Python work on a call whose module still holds the same tensors.

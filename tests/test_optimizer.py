@@ -6,7 +6,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import worker_params  # noqa: E402
+from mpi_util import run_mpi, worker_params  # noqa: E402
 
 
 @pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
@@ -93,3 +93,19 @@ def test_planners_need_no_init():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case", worker_params("freeze_worker.py", [1, 2, 3], timeout=300))
+def test_freeze_and_unfreeze_after_wrapping(case):
+    case.run()
+
+
+@pytest.mark.parametrize("case", worker_params("buffers_worker.py", [1, 2, 3], timeout=300))
+def test_buffers_kept_in_sync(case):
+    case.run()
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_docstring_examples_run(np):
+    _, out = run_mpi("doctest_worker.py", np, "fluxmpi_py.optimizer", "fluxmpi_py.buffers", timeout=180)
+    assert f"doctests passed on {np} ranks" in out, out[-4000:]

@@ -76,6 +76,19 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   zeros_.resize(params_.size());
 }
 
+void GradientReducer::watch_requires_grad(std::vector<at::Tensor> tensors) {
+  watched_ = std::move(tensors);
+  watched_flags_.resize(watched_.size());
+  for (std::size_t i = 0; i < watched_.size(); ++i) watched_flags_[i] = watched_[i].requires_grad();
+}
+
+bool GradientReducer::requires_grad_changed() const {
+  for (std::size_t i = 0; i < watched_.size(); ++i) {
+    if (watched_[i].requires_grad() != static_cast<bool>(watched_flags_[i])) return true;
+  }
+  return false;
+}
+
 void GradientReducer::open_step() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     state_[b].pending = static_cast<int>(buckets_[b].members.size());
@@ -230,9 +243,9 @@ void GradientReducer::mark_ready(std::int64_t i) {
   }
 }
 
-void GradientReducer::finalize() {
+bool GradientReducer::finalize(bool flag) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (params_.empty()) return;
+  if (params_.empty()) return flag;
   if (!step_open_) open_step();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;
@@ -259,6 +272,7 @@ void GradientReducer::finalize() {
   // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   std::vector<std::uint8_t> anywhere = present_;
+  anywhere.push_back(flag ? 1 : 0);
   if (env().size > 1) {
     Engine::get().run_inline([&] {
       mpi_backend().allreduce(anywhere.data(), static_cast<std::int64_t>(anywhere.size()),
@@ -282,6 +296,7 @@ void GradientReducer::finalize() {
     }
   }
   for (auto& z : zeros_) z.reset();
+  return anywhere.back() != 0;
 }
 
 }  // namespace fluxmpi

@@ -52,7 +52,16 @@ class GradientReducer {
   void mark_ready(std::int64_t i);
   // Finish the step: launch what is left (zeros for missing grads), wait for everything,
   // settle which grads exist. Blocks; the caller releases the GIL. Rethrows the first error.
-  void finalize();
+  // `flag` rides along in the step's last allreduce (a byte, "max"): returns whether any
+  // rank passed true (the caller's "my plan changed"), at no extra collective. An empty
+  // plan makes no collective at all and returns `flag` as is.
+  bool finalize(bool flag = false);
+
+  // Remember these tensors (a caller's candidates for the plan, frozen ones included) and
+  // their requires_grad now; requires_grad_changed() then tells, at C speed (the Python
+  // attribute costs ~0.2 us a tensor), whether any flipped since.
+  void watch_requires_grad(std::vector<at::Tensor> tensors);
+  bool requires_grad_changed() const;
 
   std::int64_t num_buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
   const std::vector<Bucket>& plan() const { return buckets_; }
@@ -83,6 +92,8 @@ class GradientReducer {
   std::vector<std::uint8_t> present_;    // this rank had a gradient for param i this step
   std::vector<std::uint8_t> ready_;      // mark_ready seen for param i this step
   std::vector<at::Tensor> zeros_;        // direct params missing here: reduced from zeros
+  std::vector<at::Tensor> watched_;      // see watch_requires_grad
+  std::vector<std::uint8_t> watched_flags_;
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;
   bool step_open_ = false;

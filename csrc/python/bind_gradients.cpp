@@ -103,7 +103,10 @@ void bind_gradients(py::module_& m) {
            }),
            py::arg("params"), py::arg("options"))
       .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"))
-      .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
+      .def("finalize", &GradientReducer::finalize, py::arg("flag") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("watch_requires_grad", &GradientReducer::watch_requires_grad, py::arg("tensors"))
+      .def("requires_grad_changed", &GradientReducer::requires_grad_changed)
       .def_property_readonly("launched_early", &GradientReducer::launched_early)
       .def("plan", [](const GradientReducer& r) { return buckets_to_python(r.plan()); });
 }

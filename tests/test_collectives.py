@@ -2,12 +2,13 @@
 one started without mpiexec). The cases live in tests/workers/collectives_worker.py."""
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import worker_params  # noqa: E402
+from mpi_util import ROOT, mpi_env, worker_params  # noqa: E402
 
 WORKER = "collectives_worker.py"
 

@@ -7,8 +7,10 @@
 #include <optional>
 
 #include "ops/collectives.h"
+#include "ops/consensus.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/user_call.h"
 
 #ifdef FLUXMPI_WITH_CUDA
 #include "backend/nccl_backend.h"
@@ -24,6 +26,10 @@ void bind_runtime(py::module_& m) {
   m.def("shutdown", &shutdown, py::call_guard<py::gil_scoped_release>());
   m.def("abort", [](const std::string& why, int code) { abort_job(why, code); },
         py::arg("why"), py::arg("code") = 1);
+  m.def("meet_before_abort", &meet_before_abort, py::arg("timeout_s"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("enter_user_call", &enter_user_call, py::arg("name"));
+  m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });
   m.def("size", [] { return env().size; });
   m.def("node_rank", [] { return env().node_rank; });
@@ -51,10 +57,11 @@ void bind_runtime(py::module_& m) {
   });
   m.attr("compiled_torch_version") = TORCH_VERSION;
   m.def("barrier", [] {
+    UserCall named("barrier()");
     Engine::get().run_inline([] {
       Signature s;
       s.kind = CallKind::Barrier;
-      agree(s, "fluxmpi_py.barrier", "");
+      agree(s, "barrier()", "");
       mpi_backend().barrier();
     });
   }, py::call_guard<py::gil_scoped_release>());
@@ -71,12 +78,14 @@ void bind_collectives(py::module_& m) {
   using MaybeTensor = std::optional<at::Tensor>;
   m.def("allreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
     env();
+    UserCall named("allreduce_()");
     at::Tensor x = t.value_or(at::Tensor());
     Engine::get().run_inline([&] { allreduce_checked(x, op, err); });
   }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
      py::call_guard<py::gil_scoped_release>());
   m.def("bcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
     env();
+    UserCall named("bcast_()");
     at::Tensor x = t.value_or(at::Tensor());
     Engine::get().run_inline([&] { broadcast_checked(x, root, err); });
   }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
@@ -84,18 +93,21 @@ void bind_collectives(py::module_& m) {
   m.def("reduce_", [](const MaybeTensor& t, const std::string& op, std::int64_t root,
                       const std::string& err) {
     env();
+    UserCall named("reduce_()");
     at::Tensor x = t.value_or(at::Tensor());
     Engine::get().run_inline([&] { reduce_checked(x, op, root, err); });
   }, py::arg("tensor"), py::arg("op"), py::arg("root_rank"), py::arg("local_error") = "",
      py::call_guard<py::gil_scoped_release>());
   m.def("iallreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
     env();
+    UserCall named("Iallreduce()");
     at::Tensor x = t.value_or(at::Tensor());
     return Engine::get().submit("Iallreduce", [x, op, err] { allreduce_checked(x, op, err); });
   }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
      py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
   m.def("ibcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
     env();
+    UserCall named("Ibcast()");
     at::Tensor x = t.value_or(at::Tensor());
     return Engine::get().submit("Ibcast", [x, root, err] { broadcast_checked(x, root, err); });
   }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
@@ -110,6 +122,17 @@ PYBIND11_MODULE(_C, m) {
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const fluxmpi::RaisedOnEveryRank& e) {
+      // The same error on every rank: marked, so that one rank reports it for all.
+      PyObject* type = e.error_class() == fluxmpi::ErrorClass::Value  ? PyExc_ValueError
+                       : e.error_class() == fluxmpi::ErrorClass::Type ? PyExc_TypeError
+                                                                      : PyExc_RuntimeError;
+      py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
+      if (!exc || PyObject_SetAttrString(exc.ptr(), "raised_on_every_rank", Py_True) != 0) {
+        PyErr_SetString(type, e.what());
+        return;
+      }
+      PyErr_SetObject(type, exc.ptr());
     } catch (const c10::ValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     } catch (const c10::TypeError& e) {

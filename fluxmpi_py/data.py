@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 
 from . import runtime
-from ._agreement import span
+from ._agreement import mark_raised_on_every_rank, span, user_call
 from ._loader import C
 
 __all__ = ["DistributedDataContainer", "DistributedSampler"]
@@ -119,8 +119,9 @@ def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
            f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
            for (k, v), (lo, hi) in zip(fields.items(), span(vals)) if lo != hi]
     if bad:
-        raise ValueError(f"{owner}: ranks disagree: " + "; ".join(bad) +
-                         ". Every rank must pass the same data length, seed, shuffle, pad and drop_last.")
+        raise mark_raised_on_every_rank(ValueError(
+            f"{owner}(): ranks disagree: " + "; ".join(bad) +
+            ". Every rank must pass the same data length, seed, shuffle, pad and drop_last."))
 
 
 def _mode(pad: Any, drop_last: Any) -> str:
@@ -176,6 +177,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     True
     """
 
+    @user_call.of("DistributedDataContainer()")
     def __init__(self, data: Any, *, shuffle: bool = False, seed: int = 0, pad: bool = True,
                  drop_last: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None) -> None:
@@ -341,6 +343,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     5
     """
 
+    @user_call.of("DistributedSampler()")
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._agreement import first_difference, hash64
+from ._agreement import first_difference, hash64, mark_raised_on_every_rank, user_call
 from ._loader import C
 from .collectives import allreduce_
 
@@ -39,11 +39,11 @@ def _check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor],
     diff = first_difference(descs, "parameters")
     if diff is not None:
         index, rank, theirs, ref0 = diff
-        raise ValueError(
+        raise mark_raised_on_every_rank(ValueError(
             f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
             f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
             f"and optimizer (same parameters, order, shapes, dtypes and requires_grad)."
-        )
+        ))
     return hash64("\n".join(descs))
 
 
@@ -78,6 +78,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     >>> opt.step(); opt.zero_grad()
     """
 
+    @user_call.of("DistributedOptimizer()")
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -135,7 +136,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.requires_grad:
                     params.append(p)
                     names.append(self._names.get(id(p), f"param_groups[{g}][{i}]"))
-        plan_hash = _check_same_parameters(names, params, "DistributedOptimizer")
+        plan_hash = _check_same_parameters(names, params, "DistributedOptimizer()")
         plan_hash = hash64("\n".join([str(plan_hash), self._op, self._compression, str(self._cap_bytes),
                                        str(self._direct_min_bytes)]))
         params = _plan_order(params)
@@ -162,6 +163,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._passes += 1
 
     # ---- reduction control --------------------------------------------------------------
+    @user_call.of("DistributedOptimizer.synchronize()")
     def synchronize(self) -> None:
         """Finish the gradient reduction now (for clipping or GradScaler.unscale_ before step).
 
@@ -190,6 +192,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._sync_enabled = prev
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
+    @user_call.of("DistributedOptimizer.step()")
     def step(self, closure: Optional[Callable] = None):
         """Wait for the gradient reduction, then step the wrapped optimizer.
 
@@ -217,6 +220,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @user_call.of("DistributedOptimizer.add_param_group()")
     def add_param_group(self, param_group: dict) -> None:
         """Add a group to the wrapped optimizer; a collective (the plan is rebuilt and checked)."""
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
@@ -247,6 +251,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 _reducer_cache: dict = {}
 
 
+@user_call.of("allreduce_gradients()")
 def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.Tensor]], op: str = "average",
                         *, bucket_cap_mb: float = 25,
                         direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES) -> None:
@@ -276,7 +281,7 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
             if not all(isinstance(p, torch.Tensor) for p in given):
                 raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
             named = [(f"params[{i}]", p) for i, p in enumerate(given) if p.requires_grad]
-        h = _check_same_parameters([n for n, _ in named], [p for _, p in named], "allreduce_gradients")
+        h = _check_same_parameters([n for n, _ in named], [p for _, p in named], "allreduce_gradients()")
         params = _plan_order([p for _, p in named])
         if len(_reducer_cache) > 8:
             _reducer_cache.clear()

@@ -9,6 +9,7 @@ import threading
 
 import torch
 
+from ._agreement import user_call
 from ._loader import C
 
 __all__ = ["fluxmpi_print", "fluxmpi_println"]
@@ -70,6 +71,11 @@ def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool
     if not ordered or C.size() == 1:
         _write(text, file)
         return
+    with user_call("fluxmpi_print(ordered=True)"):
+        _write_ordered(text, file)
+
+
+def _write_ordered(text: str, file) -> None:
     from .collectives import allreduce_
 
     data = bytearray(text.encode())

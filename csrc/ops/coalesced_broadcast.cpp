@@ -286,7 +286,7 @@ void coalesced_broadcast_checked(const std::vector<at::Tensor>& tensors, std::in
     s.detail = tensors_hash(tensors, hash_bytes(o, sizeof(o)));
     msg = std::to_string(tensors.size()) + " tensors";
   }
-  agree(s, "fluxmpi_py.synchronize_", msg);
+  agree(s, "synchronize_()", msg);
   coalesced_broadcast_data(tensors, static_cast<int>(root), opts);
 }
 

@@ -23,7 +23,7 @@ namespace fluxmpi {
 
 namespace {
 
-constexpr const char* kWhat = "fluxmpi_py.synchronize_";
+constexpr const char* kWhat = "synchronize_()";
 
 // Stages of synchronize_ that agree under kind ObjectBroadcast, told apart by `detail`, so a
 // rank that is one stage ahead of another is reported instead of mismatching buffers.

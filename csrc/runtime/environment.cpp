@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -35,7 +34,7 @@ std::condition_variable g_wd_cv;
 std::int64_t g_calls_started = 0;
 int g_calls_active = 0;
 const char* g_wd_what = "";
-const char* g_wd_call = "";  // the user call it is part of (interned), or ""
+const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h), or ""
 std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;

@@ -15,7 +15,8 @@ import time
 
 STEP = re.compile(r"^\s*\[(\d+)/(\d+)\] (.*)$")  # pip -v indents its subprocess's lines
 SOURCE = re.compile(r" -c (\S+\.(?:cpp|cc|cu))(?=\s|$)")
-NOTABLE = re.compile(r"(error|warning):|^\s*(Error|ERROR|Traceback|fluxmpi_py:)")
+# Compiler diagnostics (file:line:col: ...), errors, and the build's own notice.
+NOTABLE = re.compile(r":\d+(:\d+)?: (fatal error|error|warning):|^\s*(error|Error|ERROR|Traceback|fluxmpi_py:)")
 
 
 def describe(command: str) -> str:

@@ -25,6 +25,7 @@ mpi:
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; }
 
 $(VENV)/.deps: requirements-dev.txt | mpi
+	@echo "setting up $(VENV) with the pinned dependencies (requirements-dev.txt)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
@@ -32,11 +33,13 @@ $(VENV)/.deps: requirements-dev.txt | mpi
 # The first install registers the package (editable) and builds the extension; later source
 # changes rebuild incrementally in place (ninja keeps the objects in build/).
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
-	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@echo "building fluxmpi_py._C, the C++ extension (a few minutes on 2 cores), one line per file:"
+	MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) -m pip install -v --no-build-isolation --no-deps -e .
 	touch $@ && touch -r $@ $(VENV)/.built  # same mtime: no second build
 
 $(VENV)/.built: $(VENV)/.installed $(CSRC)
-	MAX_JOBS=2 $(PY) setup.py -q build_ext --inplace
+	@echo "rebuilding fluxmpi_py._C (C++ sources changed), one line per file:"
+	MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace
 	touch $@
 
 build: mpi $(VENV)/.built

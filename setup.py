@@ -12,10 +12,35 @@ import sys
 
 from setuptools import setup
 
+def _isolated_build() -> bool:
+    """Whether a build frontend hides this environment's packages from the build: pip's
+    isolated build puts a temporary pip-build-env-* prefix first on the path; any PEP 517
+    frontend sets PEP517_BUILD_BACKEND, and then torch importable by this same interpreter
+    outside the build's PYTHONPATH means that the isolation hides it."""
+    paths = sys.path + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if any("pip-build-env-" in p for p in paths):
+        return True
+    if not os.environ.get("PEP517_BUILD_BACKEND"):
+        return False
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+    try:
+        return subprocess.run([sys.executable, "-c", "import torch"], env=env, timeout=120,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 try:
     import torch
     from torch.utils import cpp_extension
-except ImportError:  # pragma: no cover - exercised only on broken installs
+except ImportError:  # pragma: no cover - exercised in subprocesses by tests/test_install.py
+    if _isolated_build():
+        sys.exit(
+            "fluxmpi_py: pip is building in an isolated environment that lacks torch (the torch\n"
+            "installed here is hidden from the build). Build against the installed torch with\n"
+            "    pip install --no-build-isolation .\n"
+            "(the extension must be compiled against the torch that will run it)."
+        )
     sys.exit(
         "fluxmpi_py: torch is not installed in this environment.\n"
         "Install it first (here: pip install torch==2.13.0), then build with\n"
@@ -169,7 +194,20 @@ def make_extension():
     )
 
 
+class BuildWithNotice(cpp_extension.BuildExtension):
+    """torch's builder, saying first what it compiles (shown by `pip install -v`; pip hides a
+    build's output otherwise) and that ninja numbers the steps."""
+
+    def build_extensions(self):
+        for ext in self.extensions:
+            cuda = any(m[0] == "FLUXMPI_WITH_CUDA" for m in ext.define_macros)
+            print(f"fluxmpi_py: compiling {len(ext.sources)} sources of {ext.name} against torch "
+                  f"{torch.__version__}{' with CUDA and NCCL' if cuda else ''}: a few minutes, "
+                  f"[step/steps] lines show the progress", flush=True)
+        super().build_extensions()
+
+
 setup(
     ext_modules=[make_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+    cmdclass={"build_ext": BuildWithNotice.with_options(use_ninja=shutil.which("ninja") is not None)},
 )

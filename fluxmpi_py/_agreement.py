@@ -1,13 +1,15 @@
 """Cross-rank checks for Python callers: the one hash of a structure, and the collectives
 that compare values or errors across ranks before any data moves (the compiled core does the
-same for its own calls, csrc/ops/consensus). Each function except ``hash64`` is a collective:
-every rank calls it, in the same order, and every rank returns or raises together.
+same for its own calls, csrc/ops/consensus). Each function except ``hash64``, ``user_call``
+and the two marking helpers is a collective: every rank calls it, in the same order, and
+every rank returns or raises together.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -18,6 +20,72 @@ _PORTABLE = {t.__name__: t for t in (ValueError, TypeError, KeyError, IndexError
                                      OSError, FileNotFoundError, PermissionError,
                                      IsADirectoryError, NotADirectoryError, FileExistsError,
                                      pickle.UnpicklingError)}
+
+
+_F = TypeVar("_F", bound=Callable)
+
+
+class user_call:
+    """Context manager (and decorator factory, ``user_call.of``) that names the user's call
+    while it runs, e.g. ``"DistributedOptimizer.step()"``: the messages of the ranks'
+    agreement and of the watchdog then name it instead of the collective inside it. The
+    outermost named call wins; work it hands to the engine thread keeps its name.
+
+    >>> with user_call("save_checkpoint()"):
+    ...     pass
+    """
+
+    __slots__ = ("_name", "_entered")
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __enter__(self) -> "user_call":
+        self._entered = C.enter_user_call(self._name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        C.leave_user_call(self._entered)
+
+    @staticmethod
+    def of(name: str) -> Callable[[_F], _F]:
+        """Decorator: the function runs as the user call ``name``.
+
+        >>> @user_call.of("f()")
+        ... def f(): return 1
+        >>> f()
+        1
+        """
+        def wrap(fn):
+            @functools.wraps(fn)
+            def named(*args, **kwargs):
+                entered = C.enter_user_call(name)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    C.leave_user_call(entered)
+            return named
+        return wrap
+
+
+def mark_raised_on_every_rank(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as raised by every rank together (only where that holds: after an
+    agreement), so that one rank reports it for all (_excepthooks). Returns ``exc``.
+
+    >>> raised_on_every_rank(mark_raised_on_every_rank(ValueError("bad")))
+    True
+    """
+    exc.raised_on_every_rank = True
+    return exc
+
+
+def raised_on_every_rank(exc: BaseException) -> bool:
+    """Whether every rank raised ``exc`` together (marked by the agreement).
+
+    >>> raised_on_every_rank(ValueError("only here"))
+    False
+    """
+    return getattr(exc, "raised_on_every_rank", False) is True
 
 
 def hash64(text: str) -> int:
@@ -83,7 +151,7 @@ def raise_together(error: Optional[BaseException], what: str) -> None:
     exc = _PORTABLE.get(name, RuntimeError)
     if name not in _PORTABLE:
         message = f"{name}: {message}"
-    raised = exc(f"{message} (on rank {bad}, in {what})")
+    raised = mark_raised_on_every_rank(exc(f"{message} (on rank {bad}, in {what})"))
     if rank == bad:
         raise raised from error
     raise raised

@@ -7,7 +7,7 @@ import operator
 from typing import Any, Dict
 
 from . import runtime
-from ._agreement import span
+from ._agreement import mark_raised_on_every_rank, span
 
 _U64 = 1 << 64
 _MAX_N = 1 << 62
@@ -93,8 +93,9 @@ def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
            f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
            for (k, v), (lo, hi) in zip(fields.items(), span(vals)) if lo != hi]
     if bad:
-        raise ValueError(f"{owner}: ranks disagree: " + "; ".join(bad) +
-                         ". Every rank must pass the same data length, seed, shuffle, pad and drop_last.")
+        raise mark_raised_on_every_rank(ValueError(
+            f"{owner}(): ranks disagree: " + "; ".join(bad) +
+            ". Every rank must pass the same data length, seed, shuffle, pad and drop_last."))
 
 
 def _mode(pad: Any, drop_last: Any) -> str:

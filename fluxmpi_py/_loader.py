@@ -1,12 +1,101 @@
-"""Import the compiled core with a message that says how to fix a broken install."""
+"""Import the compiled core, and when that fails, say why and how to fix it."""
+import glob
+import importlib.machinery
+import os
+import sys
+
 import torch  # noqa: F401  (loads libtorch before our extension)
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PARENT = os.path.dirname(_PACKAGE_DIR)
+
+
+def _compiled_core(package_dir: str):
+    """The path of the _C extension file in ``package_dir``, or None."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = glob.glob(os.path.join(glob.escape(package_dir), "_C" + suffix))
+        if found:
+            return found[0]
+    return None
+
+
+def _is_source_tree() -> bool:
+    return all(os.path.exists(os.path.join(_PARENT, f)) for f in ("setup.py", "csrc"))
+
+
+def _installed_elsewhere():
+    """Another fluxmpi_py with a compiled core that this one hides, or None: on sys.path, or
+    behind an import hook (an editable install of another clone)."""
+    for entry in sys.path:
+        here = os.path.abspath(entry or os.curdir)
+        if here == _PARENT:
+            continue
+        pkg = os.path.join(here, "fluxmpi_py")
+        if os.path.exists(os.path.join(pkg, "__init__.py")) and _compiled_core(pkg):
+            return pkg
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            continue  # sys.path, above
+        try:
+            spec = finder.find_spec("fluxmpi_py", None)
+        except Exception:  # noqa: BLE001 - a third-party hook; it only informs a message
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+            if os.path.abspath(loc) != _PACKAGE_DIR and _compiled_core(loc):
+                return os.path.abspath(loc)
+    return None
+
+
+def _why_first() -> str:
+    """Why this copy of the package is the one imported."""
+    cwd = os.path.abspath(os.curdir)
+    first = os.path.abspath(sys.path[0] or os.curdir) if sys.path else None
+    if first == _PARENT:
+        if _PARENT == cwd:
+            return "the current directory is the clone's root"
+        return f"the script's directory, {_PARENT} (sys.path[0]), is the clone's root"
+    return f"{_PARENT} comes before it on sys.path (PYTHONPATH?)"
+
+
+def _build_hint() -> str:
+    # Not `make build` after a torch change: make sees no changed source and keeps the old core.
+    return f"build it in place with `pip install --no-build-isolation -e .` in {_PARENT}"
+
+
+def load_error(e: ImportError) -> ImportError:
+    """The ImportError to raise instead of ``e``, naming the real cause."""
+    core = _compiled_core(_PACKAGE_DIR)
+    if core is not None:
+        return ImportError(
+            f"fluxmpi_py's compiled core {core} does not load with the torch in this environment "
+            f"(torch {torch.__version__}, {os.path.dirname(torch.__file__)}): {e}. It was most "
+            f"likely compiled against another torch; rebuild it against this one: "
+            + (_build_hint() if _is_source_tree()
+               else "reinstall it from its source tree with `pip install --no-build-isolation .`")
+            + "."
+        )
+    if not _is_source_tree():
+        return ImportError(
+            f"the fluxmpi_py package at {_PACKAGE_DIR} has no compiled core (_C): the install is "
+            f"incomplete. Reinstall it from the source with pip install --no-build-isolation ."
+        )
+    installed = _installed_elsewhere()
+    if installed is not None:
+        return ImportError(
+            f"fluxmpi_py is imported from the source tree at {_PACKAGE_DIR}, which has no "
+            f"compiled core (_C). The installed package at {installed} is hidden by it because "
+            f"{_why_first()}: run from another directory, or {_build_hint()} (or `make build`)."
+        )
+    return ImportError(
+        f"fluxmpi_py is imported from the source tree at {_PACKAGE_DIR}, which has no compiled "
+        f"core (_C), and no installed fluxmpi_py was found on sys.path: {_build_hint()} (or "
+        f"`make build`), or install it with `pip install --no-build-isolation .`"
+    )
+
 
 try:
     from . import _C  # noqa: F401
-except ImportError as e:  # pragma: no cover - only on broken installs
-    raise ImportError(
-        f"fluxmpi_py's compiled core failed to load ({e}). Rebuild it against the torch in this "
-        f"environment (torch {torch.__version__}) with: pip install --no-build-isolation ."
-    ) from e
+except ImportError as _e:
+    raise load_error(_e) from None
 
 C = _C

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ._agreement import first_difference, hash64, span
+from ._agreement import first_difference, hash64, mark_raised_on_every_rank, span
 from ._loader import C
 
 _requires_grad = operator.attrgetter("requires_grad")
@@ -39,12 +39,12 @@ def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], 
     diff = first_difference(descs, "parameters")
     if diff is not None:
         index, rank, theirs, ref0 = diff
-        raise ValueError(
+        raise mark_raised_on_every_rank(ValueError(
             f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
             f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
             f"and optimizer (same parameters, order, shapes, dtypes and requires_grad) and "
             f"freeze or unfreeze the same parameters before the same step."
-        )
+        ))
     return hash64("\n".join(descs))
 
 

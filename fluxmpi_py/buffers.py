@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ._agreement import first_difference
+from ._agreement import first_difference, mark_raised_on_every_rank, user_call
 from ._loader import C
 from .collectives import Iallreduce, Ibcast
 
@@ -56,8 +56,9 @@ class BufferSync:
         diff = first_difference(descs, "buffers")
         if diff is not None:
             index, rank, theirs, ref0 = diff
-            raise ValueError(f"{what}: the module's buffers differ across ranks; first difference at "
-                             f"buffer {index}: rank {rank} has {theirs}, rank 0 has {ref0}")
+            raise mark_raised_on_every_rank(ValueError(
+                f"{what}: the module's buffers differ across ranks; first difference at buffer "
+                f"{index}: rank {rank} has {theirs}, rank 0 has {ref0}"))
 
     def _plan(self, bufs: List[torch.Tensor]) -> None:
         """One persistent flat tensor per (dtype, device), with a view per buffer."""
@@ -98,6 +99,7 @@ class BufferSync:
         self.finish(self.start())
 
 
+@user_call.of("synchronize_buffers_()")
 def synchronize_buffers_(module: torch.nn.Module, mode: str = "average", *,
                          root_rank: int = 0) -> torch.nn.Module:
     """Make ``module``'s buffers (BatchNorm's running statistics, counters) equal on every

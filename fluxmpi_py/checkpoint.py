@@ -21,7 +21,7 @@ from typing import Any, List
 
 import torch
 
-from ._agreement import bcast_bytes, raise_together
+from ._agreement import bcast_bytes, raise_together, user_call
 from ._files import write_atomic
 from .runtime import local_rank, total_workers
 from .sync import synchronize_
@@ -43,6 +43,7 @@ def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
 
 
+@user_call.of("save_checkpoint()")
 def save_checkpoint(path, **objects) -> str:
     """Save ``objects`` to ``path`` from rank 0, atomically; a collective. Returns the path.
 
@@ -139,6 +140,7 @@ def _read(path: str, weights_only: bool) -> dict:
                      f"dict (write it with save_checkpoint)")
 
 
+@user_call.of("load_checkpoint()")
 def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
     """Load a checkpoint on rank 0, bring it to every rank and return it; a collective.
 

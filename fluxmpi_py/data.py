@@ -33,6 +33,7 @@ import torch
 from ._data_args import (_agree_across_ranks, _check_epoch, _check_range, _check_seed, _check_state,
                          _dataset_length, _mode, _world)
 from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
+from ._agreement import user_call
 from ._loader import C
 from ._shared_view import SharedInts
 
@@ -70,6 +71,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     True
     """
 
+    @user_call.of("DistributedDataContainer()")
     def __init__(self, data: Any, *, shuffle: bool = False, seed: int = 0, pad: bool = True,
                  drop_last: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None) -> None:
@@ -253,6 +255,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     5
     """
 
+    @user_call.of("DistributedSampler()")
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True) -> None:
         super().__init__()

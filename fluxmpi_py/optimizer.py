@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 
+from ._agreement import user_call
 from ._loader import C
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
@@ -63,6 +64,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     >>> opt.step(); opt.zero_grad()
     """
 
+    @user_call.of("DistributedOptimizer()")
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -115,7 +117,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip_sync = False        # True inside skip_synchronize()
         self._synchronized = False     # synchronize() already ran for this step
         self._handles = []
-        self._plan = ReductionPlan(self._named(), "DistributedOptimizer", op=self._op,
+        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", op=self._op,
                                    cap_bytes=self._cap_bytes, direct_min_bytes=self._direct_min_bytes,
                                    compression=self._compression)
         self._num_groups = len(self.param_groups)
@@ -165,6 +167,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hook(order)
 
     # ---- reduction control --------------------------------------------------------------
+    @user_call.of("DistributedOptimizer.synchronize()")
     def synchronize(self) -> None:
         """Finish the gradient reduction now (for clipping or GradScaler.unscale_ before step).
 
@@ -193,6 +196,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._sync_enabled = prev
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
+    @user_call.of("DistributedOptimizer.step()")
     def step(self, closure: Optional[Callable] = None):
         """Wait for the gradient reduction, then step the wrapped optimizer (and sync the
         module's buffers, overlapping the optimizer step, when built with ``module=``).
@@ -237,6 +241,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @user_call.of("DistributedOptimizer.add_param_group()")
     def add_param_group(self, param_group: dict) -> None:
         """Add a group to the wrapped optimizer. Its parameters join the reduction at the next
         ``step()`` (or ``synchronize()``), which re-plans on every rank together and also
@@ -268,6 +273,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 _plan_cache: dict = {}
 
 
+@user_call.of("allreduce_gradients()")
 def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.Tensor]], op: str = "average",
                         *, bucket_cap_mb: float = 25,
                         direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES) -> None:
@@ -304,7 +310,7 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
             raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
         if len(_plan_cache) > 8:
             _plan_cache.clear()
-        plan = ReductionPlan(named(), "allreduce_gradients", op=op, cap_bytes=int(bucket_cap_mb * _MiB),
+        plan = ReductionPlan(named(), "allreduce_gradients()", op=op, cap_bytes=int(bucket_cap_mb * _MiB),
                              direct_min_bytes=direct)
         hit = _plan_cache[key] = (given, plan)
     plan = hit[1]

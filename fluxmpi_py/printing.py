@@ -2,14 +2,19 @@
 rank's output."""
 from __future__ import annotations
 
+import io
 import os
 import sys
+import threading
 
 import torch
 
+from ._agreement import user_call
 from ._loader import C
 
 __all__ = ["fluxmpi_print", "fluxmpi_println"]
+
+_lock = threading.Lock()  # one call's text at a time, from any thread of this process
 
 
 def _prefix() -> str:
@@ -18,22 +23,37 @@ def _prefix() -> str:
     return f"[{C.rank()} / {C.size()}] "
 
 
-def _write(text: str, file) -> None:
-    # One write per call, so lines from different ranks never interleave mid-line.
-    file = file or sys.stdout
-    file.flush()
+def _descriptor(file):
+    """The descriptor to write ``file``'s text to directly, or None to call file.write.
+
+    Only a stream that really is a file, pipe or terminal of this process (an io object
+    over a descriptor) qualifies. A stand-in such as Jupyter's OutStream may report the
+    descriptor of the process's terminal, but the notebook shows only what goes through
+    its write()."""
+    if not isinstance(file, (io.TextIOWrapper, io.BufferedIOBase, io.FileIO)):
+        return None
     try:
-        fd = file.fileno()
+        return file.fileno()
     except (AttributeError, OSError, ValueError):
-        fd = None  # Jupyter and captured streams have no descriptor
-    if fd is None:
-        file.write(text)
+        return None  # pytest's captured streams and StringIO have no descriptor
+
+
+def _write(text: str, file=None) -> None:
+    """Write ``text`` to ``file`` (default sys.stdout) in one piece: one os.write to a real
+    process stream, so that mpiexec never cuts a line by another rank's output; one
+    file.write under a lock otherwise (Jupyter, captured or user-made streams)."""
+    file = file if file is not None else sys.stdout
+    fd = _descriptor(file)
+    with _lock:
         file.flush()
-        return
-    data = text.encode()
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
+        if fd is None:
+            file.write(text)
+            file.flush()
+            return
+        data = text.encode()
+        while data:
+            n = os.write(fd, data)
+            data = data[n:]
 
 
 def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool = False) -> None:
@@ -51,6 +71,11 @@ def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool
     if not ordered or C.size() == 1:
         _write(text, file)
         return
+    with user_call("fluxmpi_print(ordered=True)"):
+        _write_ordered(text, file)
+
+
+def _write_ordered(text: str, file) -> None:
     from .collectives import allreduce_
 
     data = bytearray(text.encode())

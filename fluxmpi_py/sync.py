@@ -21,6 +21,7 @@ from __future__ import annotations
 import operator
 import pickle
 
+from ._agreement import user_call
 from ._loader import C
 from ._sync_apply import _Planner
 from .buffers import note_synchronized_module
@@ -45,6 +46,7 @@ def _root_index(root_rank):
         return -1, _SyncError(_TYPE, f"root_rank must be an int, got {_type_name(root_rank)}")
 
 
+@user_call.of("synchronize_()")
 def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  direct_bytes: int = DEFAULT_DIRECT_BYTES, relocate: bool = True):
     """Bring ``obj`` on every rank to root_rank's value and return it. A collective.

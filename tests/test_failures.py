@@ -28,14 +28,14 @@ def test_uncaught_exception_ends_job_with_its_message():
     rc, out = launch("raise")
     assert rc != 0, out[-3000:]
     assert "RuntimeError: deliberate failure on rank 1" in out, out[-3000:]
-    assert "uncaught RuntimeError on rank 1" in out, out[-3000:]
+    assert "[rank 1 / 2] uncaught RuntimeError, aborting the job" in out, out[-3000:]
     assert "the collective returned" not in out
 
 
 def test_uncaught_exception_in_a_thread_ends_job():
     rc, out = launch("thread_raise")
     assert rc != 0, out[-3000:]
-    assert "uncaught ZeroDivisionError on rank 1" in out, out[-3000:]
+    assert "[rank 1 / 2] uncaught ZeroDivisionError in thread" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("mode,np", [("exit", 2), ("return", 2), ("exit_early", 2),
@@ -113,3 +113,99 @@ def test_failing_case_is_reported_under_its_own_name(tmp_path):
     assert f"FAILED test_failing.py::{name('case_fails_on_rank_1')} - Failed: failing_worker.py " \
            "on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate " \
            "assertion failure on rank 1" in out, out[-4000:]
+
+
+# ---- one readable story per failure (tests/workers/error_report_worker.py) -----------------
+
+def report(mode, np=2):
+    t0 = time.monotonic()
+    rc, out = run_mpi("error_report_worker.py", np, mode, timeout=TIMEOUT, expect_ok=False)
+    print(f"{mode} on {np} ranks: exit code {rc} after {time.monotonic() - t0:.1f}s\n{out}")
+    return rc, out
+
+
+def traceback_block(out, exc):
+    """The report's lines, from its first traceback (a chained cause comes first) to the line
+    of the exception raised last."""
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("Traceback (most recent call last)"))
+    end = max(i for i, l in enumerate(lines) if l.startswith(f"{exc}: "))
+    return lines[start:end + 1]
+
+
+def count_tracebacks(out):
+    # A chained exception's cause is part of the same traceback.
+    return (out.count("Traceback (most recent call last)")
+            - out.count("The above exception was the direct cause of the following exception")
+            - out.count("During handling of the above exception, another exception occurred"))
+
+
+@pytest.mark.parametrize("mode,exc,first", [
+    ("same_error", "RuntimeError", "allreduce_(): ranks disagree on numel"),
+    ("same_error_python", "FileNotFoundError", "no-such-checkpoint.pt"),
+])
+@pytest.mark.parametrize("np", [2, 3])
+def test_error_on_every_rank_is_reported_once(mode, exc, first, np):
+    rc, out = report(mode, np)
+    assert rc != 0, out[-3000:]
+    # One traceback, from rank 0, under its header; one line from each other rank.
+    assert count_tracebacks(out) == 1, out[-4000:]
+    assert f"[rank 0 / {np}] {exc} raised on every rank" in out, out[-3000:]
+    block = traceback_block(out, exc)
+    assert block[-1].startswith(f"{exc}: ") and first in block[-1], block
+    for r in range(1, np):
+        mine = [l for l in out.splitlines() if l.startswith(f"[rank {r} / {np}]")]
+        assert len(mine) == 1 and mine[0].startswith(f"[rank {r} / {np}] same {exc} as rank 0: "), mine
+        assert first in mine[0], mine
+    # Open MPI's abort notice and other ranks' output stay out of the traceback.
+    text = "\n".join(block)
+    assert not any(s in text for s in ("MPI_ABORT", "ORTE", "PMIX", "----", "[rank ")), text
+    # One prefix style throughout.
+    assert "[fluxmpi_py rank" not in out, out[-3000:]
+
+
+def test_error_on_every_rank_caught_on_rank_0_still_ends_the_job():
+    # Rank 1 waits for rank 0's abort, which never comes: after a bounded wait it reports
+    # its own traceback and ends the job.
+    rc, out = report("rank0_catches")
+    assert rc != 0, out[-3000:]
+    assert "[rank 1 / 2] same RuntimeError as rank 0: " in out, out[-3000:]
+    assert "[rank 1 / 2] rank 0 did not end the job within" in out, out[-3000:]
+    assert count_tracebacks(out) == 1, out[-3000:]
+
+
+def test_error_on_one_rank_still_reports_its_traceback():
+    rc, out = launch("raise")
+    assert rc != 0 and count_tracebacks(out) == 1, out[-3000:]
+    assert "[rank 1 / 2] uncaught RuntimeError, aborting the job:" in out, out[-3000:]
+
+
+def caught_lines(out, np):
+    lines = {}
+    for r in range(np):
+        found = [l for l in out.splitlines() if l.startswith(f"[{r} / {np}] rank {r} caught ")]
+        assert len(found) == 1, (r, out[-3000:])
+        lines[r] = found[0]
+    return lines
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("ctor_vs_allreduce", "ranks are in different calls: rank 0 is in DistributedOptimizer() ("),
+    ("step_op_mismatch", "DistributedOptimizer.step(): ranks disagree on op: rank 0 has average"),
+    ("step_vs_allreduce", "ranks are in different calls: rank 0 is in DistributedOptimizer.step() ("),
+    ("sync_vs_allreduce", "ranks are in different calls: rank 0 is in synchronize_() ("),
+])
+def test_mismatch_names_the_users_call(mode, expected):
+    rc, out = report(mode)
+    assert rc == 0, out[-3000:]
+    for r, line in caught_lines(out, 2).items():
+        assert "(every rank: True)" in line and expected in line, line
+        assert "gradient allreduce" not in line and "fluxmpi_py.allreduce_" not in line, line
+
+
+def test_watchdog_names_the_users_call():
+    rc, out = report("sync_peer_exits")
+    assert rc != 0, out[-3000:]
+    assert "[rank 0 / 2] rank 1 has exited" in out, out[-3000:]
+    assert "while this rank waits in synchronize_() (its allreduce, collective call" in out, out[-3000:]
+    assert "[fluxmpi_py rank" not in out, out[-3000:]

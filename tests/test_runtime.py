@@ -29,6 +29,42 @@ def test_runtime_world_of_one(case):
         assert "[0 / 1] hello-stdout\nafter" in out, out[-2000:]
 
 
+def test_print_goes_through_a_stream_that_is_not_the_process_own():
+    # As ipykernel's OutStream in Jupyter: fileno() is the process's terminal, but only what
+    # goes through write() reaches the notebook. Each call must arrive whole, in one write,
+    # also from several threads at once.
+    code = r"""
+import io, sys, threading, fluxmpi_py as fm
+
+class NotebookStream(io.TextIOBase):
+    def __init__(self):
+        self.writes = []
+    def fileno(self):
+        return sys.__stdout__.fileno()
+    def write(self, s):
+        self.writes.append(s)
+        return len(s)
+
+fm.Init()
+nb = NotebookStream()
+sys.stdout = nb
+fm.fluxmpi_println("to-the-notebook")
+fm.fluxmpi_print("a", "b", file=nb, end="!\n")
+threads = [threading.Thread(target=lambda k=k: [fm.fluxmpi_println(f"thread{k}-" + "x" * 200)
+                                                for _ in range(50)]) for k in range(4)]
+[t.start() for t in threads]; [t.join() for t in threads]
+sys.stdout = sys.__stdout__
+assert nb.writes[:2] == ["[0 / 1] to-the-notebook\n", "[0 / 1] a b!\n"], nb.writes[:2]
+lines = nb.writes[2:]
+assert len(lines) == 200 and all(
+    l.startswith("[0 / 1] thread") and l.endswith("-" + "x" * 200 + "\n") for l in lines), lines[:3]
+print("NOTEBOOK-STREAM OK")
+"""
+    rc, out = run_py(code)
+    assert rc == 0 and "NOTEBOOK-STREAM OK" in out, out[-4000:]
+    assert "to-the-notebook" not in out, out[-2000:]  # nothing went to the real stdout
+
+
 def test_calls_before_init_say_to_call_init():
     code = r"""
 import torch, fluxmpi_py as fm

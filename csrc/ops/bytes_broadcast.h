@@ -11,7 +11,7 @@
 namespace fluxmpi {
 
 // The name under which synchronize_'s stages (and this broadcast) report disagreements.
-inline constexpr const char* kSyncWhat = "fluxmpi_py.synchronize_";
+inline constexpr const char* kSyncWhat = "synchronize_()";
 
 // Stages of synchronize_ that agree under kind ObjectBroadcast, told apart by `detail`, so a
 // rank that is one stage ahead of another is reported instead of mismatching buffers.

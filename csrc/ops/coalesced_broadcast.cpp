@@ -209,7 +209,7 @@ void coalesced_broadcast_checked(const std::vector<at::Tensor>& tensors, std::in
     s.detail = tensors_hash(tensors, plan_options_hash(opts.plan));
     msg = std::to_string(tensors.size()) + " tensors";
   }
-  agree(s, "fluxmpi_py.synchronize_", msg);
+  agree(s, "synchronize_()", msg);
   coalesced_broadcast_data(tensors, static_cast<int>(root), opts);
 }
 

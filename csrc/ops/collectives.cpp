@@ -221,7 +221,7 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_into(t, local_error, s, msg);
-  agree(s, "fluxmpi_py.allreduce_", msg, [&] { return describe(t); });
+  agree(s, "allreduce_()", msg, [&] { return describe(t); });
   allreduce_data(backend_for(t), t, op, e.size);
 }
 
@@ -231,7 +231,7 @@ void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string
   std::string msg;
   validate_into(t, local_error, s, msg);
   check_root(root, s, msg);
-  agree(s, "fluxmpi_py.bcast_", msg, [&] { return describe(t); });
+  agree(s, "bcast_()", msg, [&] { return describe(t); });
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }
 
@@ -243,14 +243,14 @@ void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t
   validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
   check_root(root, s, msg);
-  agree(s, "fluxmpi_py.reduce_", msg, [&] { return describe(t); });
+  agree(s, "reduce_()", msg, [&] { return describe(t); });
   reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank, e.size);
 }
 
 void barrier_checked() {
   Signature s;
   s.kind = CallKind::Barrier;
-  agree(s, "fluxmpi_py.barrier", "");
+  agree(s, "barrier()", "");
   mpi_backend().barrier();
 }
 

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "runtime/environment.h"
+#include "runtime/user_call.h"
 
 namespace fluxmpi {
 
@@ -26,6 +27,10 @@ const char* kind_name(CallKind k) {
   return "unknown collective";
 }
 
+void raise_on_every_rank(ErrorClass cls, const std::string& msg) {
+  throw RaisedOnEveryRank(cls == ErrorClass::None ? ErrorClass::Runtime : cls, msg);
+}
+
 void raise_error(ErrorClass cls, const std::string& msg) {
   switch (cls) {
     case ErrorClass::Value: TORCH_CHECK_VALUE(false, msg);
@@ -37,7 +42,9 @@ void raise_error(ErrorClass cls, const std::string& msg) {
 namespace {
 
 constexpr int kFields = 7;
-constexpr std::size_t kTextBytes = 480;
+constexpr std::size_t kCallBytes = 96;   // the user call's name (runtime/user_call.h)
+constexpr std::size_t kTextBytes = 480;  // the error or the argument's description
+constexpr std::size_t kRankBytes = kCallBytes + kTextBytes;
 
 void pack(const Signature& s, std::int64_t* v) {
   v[0] = static_cast<std::int64_t>(s.kind);
@@ -65,11 +72,18 @@ const char* field_name(int field) {
 }
 
 [[noreturn]] void report(const std::vector<std::int64_t>& sigs, const std::vector<char>& texts,
-                         const std::string& what, int size) {
-  auto text_of = [&](int r) {
-    const char* t = texts.data() + r * kTextBytes;
-    return std::string(t, strnlen(t, kTextBytes));
+                         int size) {
+  auto field_of = [&](int r, std::size_t offset, std::size_t len) {
+    const char* t = texts.data() + r * kRankBytes + offset;
+    return std::string(t, strnlen(t, len));
   };
+  auto call_of = [&](int r) { return field_of(r, 0, kCallBytes); };
+  auto text_of = [&](int r) { return field_of(r, kCallBytes, kTextBytes); };
+  // Which user call each rank is in (runtime/user_call.h).
+  bool same_call = true;
+  for (int r = 1; r < size; ++r) same_call &= call_of(r) == call_of(0);
+  std::ostringstream calls;
+  for (int r = 0; r < size; ++r) calls << (r ? "; " : "") << "rank " << r << " in " << call_of(r);
   std::ostringstream msg;
   // Local errors first: they explain the rest.
   ErrorClass cls = ErrorClass::None;
@@ -78,20 +92,37 @@ const char* field_name(int field) {
     if (e == ErrorClass::None) continue;
     if (cls == ErrorClass::None) {
       cls = e;
-      msg << what << ": ";
+      msg << call_of(r) << ": ";
     } else {
       msg << "; ";
     }
     msg << "rank " << r << ": " << text_of(r);
   }
-  if (cls != ErrorClass::None) raise_error(cls, msg.str());
+  if (cls != ErrorClass::None) {
+    if (!same_call) msg << " (the ranks were in different calls: " << calls.str() << ")";
+    raise_on_every_rank(cls, msg.str());
+  }
+  constexpr const char* kAdvice =
+      " Every rank must make the same collective calls, in the same order, with tensors of the "
+      "same shape and dtype.";
+  if (!same_call) {
+    // Ranks inside different calls: that is the story, whatever else differs.
+    msg << "ranks are in different calls:";
+    for (int r = 0; r < size; ++r) {
+      msg << (r ? ";" : "") << " rank " << r << " is in " << call_of(r);
+      auto t = text_of(r);
+      if (!t.empty()) msg << " (" << t << ")";
+    }
+    msg << "." << kAdvice;
+    raise_on_every_rank(ErrorClass::Runtime, msg.str());
+  }
   // Otherwise name the first field that differs, each rank's value, and the argument.
   for (int f = 0; f < kFields - 1; ++f) {
     std::int64_t ref = sigs[f];
     bool differs = false;
     for (int r = 1; r < size; ++r) differs |= sigs[r * kFields + f] != ref;
     if (!differs) continue;
-    msg << what << ": ranks disagree on " << field_name(f) << ":";
+    msg << call_of(0) << ": ranks disagree on " << field_name(f) << ":";
     for (int r = 0; r < size; ++r) {
       msg << (r ? ";" : "") << " rank " << r << " has ";
       if (f == 5) {
@@ -102,11 +133,10 @@ const char* field_name(int field) {
         if (!t.empty()) msg << " (" << t << ")";
       }
     }
-    msg << ". Every rank must make the same collective calls, in the same order, with "
-           "tensors of the same shape and dtype.";
+    msg << "." << kAdvice;
     break;
   }
-  TORCH_CHECK(false, msg.str());
+  raise_on_every_rank(ErrorClass::Runtime, msg.str());
 }
 
 }  // namespace
@@ -134,8 +164,11 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
            const std::function<std::string()>& describe, bool* vetoed) {
   const auto& e = env();
   if (vetoed != nullptr) *vetoed = false;
+  const char* call = user_call_or(what.c_str());
   if (e.size == 1) {
-    if (sig.error != ErrorClass::None) raise_error(sig.error, what + ": rank 0: " + error_text);
+    if (sig.error != ErrorClass::None) {
+      raise_on_every_rank(sig.error, std::string(call) + ": rank 0: " + error_text);
+    }
     return sig.soft_flag == 0;
   }
   // The checked fields and `soft`, then their negatives (max of -x is -min), then soft_flag
@@ -158,10 +191,12 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size);
   mpi_backend().allgather(mine, sigs.data(), kFields, c10::kLong);
   const std::string text = sig.error != ErrorClass::None ? error_text : describe();
-  std::vector<char> mytext(kTextBytes, 0), texts(kTextBytes * e.size);
-  std::memcpy(mytext.data(), text.data(), std::min(text.size(), kTextBytes - 1));
-  mpi_backend().allgather(mytext.data(), texts.data(), kTextBytes, c10::kByte);
-  report(sigs, texts, what, e.size);
+  const std::string call_name = call;
+  std::vector<char> mine_text(kRankBytes, 0), texts(kRankBytes * e.size);
+  std::memcpy(mine_text.data(), call_name.data(), std::min(call_name.size(), kCallBytes - 1));
+  std::memcpy(mine_text.data() + kCallBytes, text.data(), std::min(text.size(), kTextBytes - 1));
+  mpi_backend().allgather(mine_text.data(), texts.data(), kRankBytes, c10::kByte);
+  report(sigs, texts, e.size);
 }
 
 }  // namespace fluxmpi

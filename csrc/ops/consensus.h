@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 namespace fluxmpi {
@@ -47,7 +48,8 @@ struct Signature {
   std::int64_t veto = 0;
 };
 
-// `what` names the call for messages ("fluxmpi_py.allreduce_"). `text` is this rank's error
+// `what` names the call for messages ("allreduce_()") when no user call is named
+// (runtime/user_call.h); a named one takes its place. `text` is this rank's error
 // message when sig.error != None, else a short description of its argument (shape, name)
 // that is shown only if the ranks disagree. Must run where collectives may run (inline on
 // the engine or on the engine thread). With one rank it only raises a local error.
@@ -70,5 +72,21 @@ std::string dtype_name(c10::ScalarType t);
 
 // Raise on this rank alone (for code paths where all ranks already agree the call is bad).
 [[noreturn]] void raise_error(ErrorClass cls, const std::string& msg);
+
+// Raise a RaisedOnEveryRank (below): only where every rank raises the same error together.
+[[noreturn]] void raise_on_every_rank(ErrorClass cls, const std::string& msg);
+
+// An error that every rank raises together, with the same message (agree's verdicts). Python
+// sees a ValueError / TypeError / RuntimeError whose `raised_on_every_rank` is True, so that
+// one rank reports it for all (python/module.cpp, fluxmpi_py/_excepthooks.py).
+class RaisedOnEveryRank : public std::runtime_error {
+ public:
+  RaisedOnEveryRank(ErrorClass cls, const std::string& msg)
+      : std::runtime_error(msg), cls_(cls) {}
+  ErrorClass error_class() const { return cls_; }
+
+ private:
+  ErrorClass cls_;
+};
 
 }  // namespace fluxmpi

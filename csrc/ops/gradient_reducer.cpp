@@ -10,6 +10,7 @@
 #include "ops/collectives.h"
 #include "ops/consensus.h"
 #include "runtime/environment.h"
+#include "runtime/user_call.h"
 
 namespace fluxmpi {
 
@@ -113,7 +114,7 @@ void GradientReducer::open_step() {
                      std::to_string(buckets_.size()) + " buckets";
   agree_work_ = Engine::get().submit("gradient agreement", [s, failed, text] {
     try {
-      agree(s, "fluxmpi_py.DistributedOptimizer", text);
+      agree(s, "DistributedOptimizer.step()", text);
     } catch (...) {
       failed->store(true);
       throw;
@@ -224,7 +225,13 @@ void GradientReducer::launch_ready() {
   while (next_launch_ < num_buckets() && state_[next_launch_].pending == 0) launch(next_launch_++);
 }
 
+// The user call that the reduction belongs to, for messages: backward's hooks run outside any
+// named call, and the reduction they start is DistributedOptimizer.step()'s (allreduce_gradients
+// names itself first).
+constexpr const char* kUserCall = "DistributedOptimizer.step()";
+
 void GradientReducer::mark_ready(std::int64_t i) {
+  UserCall named(kUserCall);
   std::lock_guard<std::mutex> lk(mu_);
   TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()),
                     "parameter index ", i, " out of range");
@@ -244,6 +251,7 @@ void GradientReducer::mark_ready(std::int64_t i) {
 }
 
 bool GradientReducer::finalize(bool flag) {
+  UserCall named(kUserCall);
   std::lock_guard<std::mutex> lk(mu_);
   if (params_.empty()) return flag;
   if (!step_open_) open_step();

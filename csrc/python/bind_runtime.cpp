@@ -6,6 +6,7 @@
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/user_call.h"
 
 namespace py = pybind11;
 
@@ -17,6 +18,10 @@ void bind_runtime(py::module_& m) {
   m.def("shutdown", &shutdown, py::call_guard<py::gil_scoped_release>());
   m.def("abort", [](const std::string& why, int code) { abort_job(why, code); },
         py::arg("why"), py::arg("code") = 1);
+  m.def("meet_before_abort", &meet_before_abort, py::arg("timeout_s"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("enter_user_call", &enter_user_call, py::arg("name"));
+  m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });
   m.def("size", [] { return env().size; });
   m.def("node_rank", [] { return env().node_rank; });
@@ -27,7 +32,10 @@ void bind_runtime(py::module_& m) {
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);
   m.attr("compiled_torch_version") = TORCH_VERSION;
-  m.def("barrier", [] { Engine::get().run_inline(barrier_checked); },
+  m.def("barrier", [] {
+    UserCall named("barrier()");
+    Engine::get().run_inline(barrier_checked);
+  },
         py::call_guard<py::gil_scoped_release>());
 }
 

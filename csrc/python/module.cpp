@@ -2,6 +2,7 @@
 // tensors, options objects and Work objects. Every blocking call releases the GIL.
 #include <c10/util/Exception.h>
 
+#include "ops/consensus.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -13,6 +14,17 @@ PYBIND11_MODULE(_C, m) {
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const fluxmpi::RaisedOnEveryRank& e) {
+      // The same error on every rank: marked, so that one rank reports it for all.
+      PyObject* type = e.error_class() == fluxmpi::ErrorClass::Value  ? PyExc_ValueError
+                       : e.error_class() == fluxmpi::ErrorClass::Type ? PyExc_TypeError
+                                                                      : PyExc_RuntimeError;
+      py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
+      if (!exc || PyObject_SetAttrString(exc.ptr(), "raised_on_every_rank", Py_True) != 0) {
+        PyErr_SetString(type, e.what());
+        return;
+      }
+      PyErr_SetObject(type, exc.ptr());
     } catch (const c10::ValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     } catch (const c10::TypeError& e) {

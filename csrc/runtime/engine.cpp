@@ -103,7 +103,11 @@ void Engine::loop() {
     queue_.pop_front();
     busy_ = true;
     lk.unlock();
-    std::exception_ptr err = run_catching(item.second);
+    std::exception_ptr err;
+    {
+      UserCall named(item.first->user_call_name());
+      err = run_catching(item.second);
+    }
     item.second = nullptr;  // drop captured tensors on this thread, before waking waiters
     item.first->finish(err);
     lk.lock();

@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "runtime/user_call.h"
+
 namespace fluxmpi {
 
 // A future-like handle to one item of engine work.
@@ -23,10 +25,14 @@ class Work {
   // True once done (an exception is raised by wait(), not here).
   bool test();
   const std::string& what() const { return what_; }
+  // The user call that submitted this work (runtime/user_call.h): the engine thread runs
+  // the work under that name, so that its messages name it too.
+  const char* user_call_name() const { return call_; }
   void finish(std::exception_ptr error);
 
  private:
   std::string what_;
+  const char* call_ = user_call();  // made on the submitting thread
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

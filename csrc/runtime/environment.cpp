@@ -5,13 +5,15 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/engine.h"
+#include "runtime/user_call.h"
 
 namespace fluxmpi {
 namespace {
@@ -28,6 +30,7 @@ std::condition_variable g_wd_cv;
 std::int64_t g_calls_started = 0;
 int g_calls_active = 0;
 const char* g_wd_what = "";
+const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h), or ""
 std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;
@@ -77,10 +80,11 @@ void watchdog_loop() {
     for (int r = 0; r < g_env.size; ++r) {
       std::int64_t done = g_exit_count[r];
       if (done < 0 || done > current) continue;
-      std::string what = g_wd_what;
+      std::string what = *g_wd_call ? std::string(g_wd_call) + " (its " + g_wd_what + ", "
+                                    : std::string(g_wd_what) + " (";
       lk.unlock();
       abort_job("rank " + std::to_string(r) + " has exited (after " + std::to_string(done) +
-                " collective calls) while this rank waits in " + what + " (call " +
+                " collective calls) while this rank waits in " + what + "collective call " +
                 std::to_string(current + 1) + "), which it can never join; aborting the job");
     }
   }
@@ -140,6 +144,7 @@ BlockingCall::BlockingCall(const char* what) {
   std::lock_guard<std::mutex> lk(g_wd_mu);
   ++g_calls_started;
   g_wd_what = what;
+  g_wd_call = user_call();
   ++g_calls_active;
 }
 
@@ -222,10 +227,35 @@ void add_shutdown_hook(std::function<void()> hook) {
 }
 
 void abort_job(const std::string& why, int code) {
-  std::fprintf(stderr, "[fluxmpi_py rank %d/%d] %s\n", g_env.rank, g_env.size, why.c_str());
-  std::fflush(stderr);
+  if (!why.empty()) {
+    // One write, with the prefix Python's error output uses too (fluxmpi_py/_excepthooks.py).
+    std::string line = "[rank " + std::to_string(g_env.rank) + " / " +
+                       std::to_string(g_env.size) + "] " + why + "\n";
+    for (std::size_t done = 0; done < line.size();) {
+      ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n <= 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+  }
   MPI_Abort(g_env.comm != MPI_COMM_NULL ? g_env.comm : MPI_COMM_WORLD, code);
   std::_Exit(code);
+}
+
+bool meet_before_abort(double timeout_s) {
+  if (!g_initialized || g_env.size <= 1 || g_env.thread_level < MPI_THREAD_MULTIPLE) return false;
+  MPI_Request req;
+  if (MPI_Ibarrier(g_env.control, &req) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    // Left pending on timeout: the job is about to end anyway.
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 std::string mpi_library_version() {

@@ -44,8 +44,16 @@ void shutdown();
 // calls up into a backend.
 void add_shutdown_hook(std::function<void()> hook);
 
-// Print `why` prefixed with the rank to stderr and abort every rank of the job.
+// Print `why` prefixed with the rank to stderr (nothing when it is empty) and abort every
+// rank of the job.
 [[noreturn]] void abort_job(const std::string& why, int code = 1);
+
+// A meeting point for ranks that report one error together: returns true once every rank has
+// called it, false after `timeout_s` seconds or where it cannot run (one rank, or MPI below
+// MPI_THREAD_MULTIPLE). The rank that reports the error aborts the job only after the others
+// have written their line (fluxmpi_py/_excepthooks.py). A nonblocking barrier on the control
+// communicator, polled every 5 ms.
+bool meet_before_abort(double timeout_s);
 
 // Vendor and version string of the MPI library (MPI_Get_library_version, first line).
 std::string mpi_library_version();

@@ -1,0 +1,48 @@
+#include "runtime/user_call.h"
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace fluxmpi {
+namespace {
+
+thread_local const char* t_user_call = "";
+
+}  // namespace
+
+const char* user_call() { return t_user_call; }
+
+const char* user_call_or(const char* fallback) { return *t_user_call ? t_user_call : fallback; }
+
+const char* intern_call_name(const std::string& name) {
+  // Leaked on purpose: engine work and the watchdog may read a name during interpreter exit.
+  static auto* mu = new std::mutex();
+  static auto* names = new std::unordered_map<std::string, std::unique_ptr<std::string>>();
+  std::lock_guard<std::mutex> lk(*mu);
+  auto& slot = (*names)[name];
+  if (!slot) slot = std::make_unique<std::string>(name);
+  return slot->c_str();
+}
+
+UserCall::UserCall(const char* name) {
+  if (*t_user_call || name == nullptr || !*name) return;
+  t_user_call = name;
+  set_ = true;
+}
+
+UserCall::~UserCall() {
+  if (set_) t_user_call = "";
+}
+
+bool enter_user_call(const std::string& name) {
+  if (*t_user_call || name.empty()) return false;
+  t_user_call = intern_call_name(name);
+  return true;
+}
+
+void leave_user_call(bool entered) {
+  if (entered) t_user_call = "";
+}
+
+}  // namespace fluxmpi

@@ -1,0 +1,39 @@
+// The name of the user's call that is running ("DistributedOptimizer.step()"), so that error
+// messages name what the user called instead of the internal collective inside it: agree()
+// and the watchdog read it. Per thread; engine work carries the name of the call that
+// submitted it (Engine::submit). Names are interned: the pointers stay valid for the process.
+#pragma once
+
+#include <string>
+
+namespace fluxmpi {
+
+// The running user call's name on this thread, or "" when none is named.
+const char* user_call();
+
+// The name itself when one is set, else `fallback`.
+const char* user_call_or(const char* fallback);
+
+// The interned copy of `name` (a lookup under a mutex; done once per user call).
+const char* intern_call_name(const std::string& name);
+
+// Names the user call for this thread while in scope, unless one is already named: the
+// outermost call is the user's (synchronize_ inside save_checkpoint is save_checkpoint's).
+// `name` must live as long as the process: a string literal or intern_call_name's result.
+class UserCall {
+ public:
+  explicit UserCall(const char* name);
+  ~UserCall();
+  UserCall(const UserCall&) = delete;
+  UserCall& operator=(const UserCall&) = delete;
+
+ private:
+  bool set_ = false;
+};
+
+// For Python's context manager: name the call unless one is named; returns whether it did.
+bool enter_user_call(const std::string& name);
+// Undo enter_user_call when it returned true.
+void leave_user_call(bool entered);
+
+}  // namespace fluxmpi

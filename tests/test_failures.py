@@ -128,8 +128,8 @@ def traceback_block(out, exc):
     """The report's lines, from its first traceback (a chained cause comes first) to the line
     of the exception raised last."""
     lines = out.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("Traceback (most recent call last)"))
-    end = max(i for i, l in enumerate(lines) if l.startswith(f"{exc}: "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)"))
+    end = max(i for i, line in enumerate(lines) if line.startswith(f"{exc}: "))
     return lines[start:end + 1]
 
 
@@ -154,7 +154,7 @@ def test_error_on_every_rank_is_reported_once(mode, exc, first, np):
     block = traceback_block(out, exc)
     assert block[-1].startswith(f"{exc}: ") and first in block[-1], block
     for r in range(1, np):
-        mine = [l for l in out.splitlines() if l.startswith(f"[rank {r} / {np}]")]
+        mine = [line for line in out.splitlines() if line.startswith(f"[rank {r} / {np}]")]
         assert len(mine) == 1 and mine[0].startswith(f"[rank {r} / {np}] same {exc} as rank 0: "), mine
         assert first in mine[0], mine
     # Open MPI's abort notice and other ranks' output stay out of the traceback.
@@ -183,7 +183,7 @@ def test_error_on_one_rank_still_reports_its_traceback():
 def caught_lines(out, np):
     lines = {}
     for r in range(np):
-        found = [l for l in out.splitlines() if l.startswith(f"[{r} / {np}] rank {r} caught ")]
+        found = [line for line in out.splitlines() if line.startswith(f"[{r} / {np}] rank {r} caught ")]
         assert len(found) == 1, (r, out[-3000:])
         lines[r] = found[0]
     return lines
@@ -198,7 +198,7 @@ def caught_lines(out, np):
 def test_mismatch_names_the_users_call(mode, expected):
     rc, out = report(mode)
     assert rc == 0, out[-3000:]
-    for r, line in caught_lines(out, 2).items():
+    for line in caught_lines(out, 2).values():
         assert "(every rank: True)" in line and expected in line, line
         assert "gradient allreduce" not in line and "fluxmpi_py.allreduce_" not in line, line
 

@@ -180,4 +180,4 @@ def test_build_progress_shows_one_line_per_compiled_file():
     assert "fluxmpi_py: compiling 2 sources" in out, out
     assert "[1/2] compiling csrc/ops/a.cpp" in out and "[2/2] compiling csrc/runtime/b.cpp" in out, out
     assert "error: expected declaration" in out and "build failed (exit 1)" in out, out
-    assert max(len(l) for l in out.split("build failed")[0].splitlines()) < 200, out
+    assert max(len(line) for line in out.split("build failed")[0].splitlines()) < 200, out

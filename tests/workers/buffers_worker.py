@@ -1,6 +1,7 @@
 """BatchNorm buffers on N ranks that each see different data: DistributedOptimizer(module=...)
 and synchronize_buffers_ keep them equal; "average" equals one process that saw every rank's
 batch (running_mean), "broadcast" gives rank 0's, None leaves each rank its own."""
+import functools
 import os
 import sys
 import warnings
@@ -10,13 +11,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import raises, run_cases  # noqa: E402
+from harness import labelled, raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 
 B = 6  # per-rank batch
 STEPS = 3
 MOMENTUM = 0.1
+
+
+def train_closure(opt, model, x, y):
+    """A step's closure: zero the grads, then forward and backward on (x, y)."""
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    return loss
 
 
 def make_model():
@@ -115,7 +124,7 @@ def case_none_leaves_each_rank_its_own():
 
 def case_integer_buffers_come_from_rank_0():
     # Rank 1 runs an extra forward: its num_batches_tracked is one ahead until the sync.
-    n, r = fm.total_workers(), fm.local_rank()
+    r = fm.local_rank()
     model = make_model()
     opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
     x, y = rank_batch(0, r)
@@ -149,14 +158,7 @@ def case_closure_and_accumulation_sync_buffers():
         ref = torch.zeros(5)
         for s in range(2):
             if mode == "closure":
-                x, y = rank_batch(s, r)
-
-                def closure():
-                    opt.zero_grad()
-                    loss = F.mse_loss(model(x), y)
-                    loss.backward()
-                    return loss
-                opt.step(closure)
+                opt.step(functools.partial(train_closure, opt, model, *rank_batch(s, r)))
                 ref = (1 - MOMENTUM) * ref + MOMENTUM * torch.cat([rank_batch(s, q)[0] for q in range(n)]).mean(0)
             else:
                 opt.zero_grad()
@@ -167,7 +169,7 @@ def case_closure_and_accumulation_sync_buffers():
                         [rank_batch(10 * s + half, q)[0] for q in range(n)]).mean(0)
                 opt.step()
             assert_buffers_equal_across_ranks(model, f"{mode}, step {s}")
-        torch.testing.assert_close(model[0].running_mean, ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{mode}: {m}")
+        torch.testing.assert_close(model[0].running_mean, ref, rtol=1e-5, atol=1e-6, msg=labelled(mode))
 
 
 def case_synchronize_buffers_without_optimizer():

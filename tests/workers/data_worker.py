@@ -171,7 +171,7 @@ def case_double_sharding_is_refused():
         "ours over a Subset of the container": lambda: DataLoader(
             Subset(d, range(3)), sampler=fm.DistributedSampler(3), batch_size=2),
     }
-    for what, make in makers.items():
+    for make in makers.values():
         if p == 1:
             make()  # one rank: the container is the whole data, nothing is sharded twice
             continue

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import raises, run_cases  # noqa: E402
+from harness import labelled, raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 
@@ -89,7 +89,7 @@ def check_equivalent(**kw):
     dist = train(True, **kw)
     ref = train(False, **{k: v for k, v in kw.items() if k != "wrap"})
     for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{kw} {name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"{kw} {name}"))
     # the unfrozen layer did train
     assert not torch.equal(dist[0].weight, make_model()[0].weight)
 
@@ -132,7 +132,7 @@ def case_unfreeze_inside_accumulation():
             opt.step()
         results.append(model)
     for (name, a), b in zip(results[0].named_parameters(), results[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(name))
 
 
 def case_add_param_group_joins_at_next_step():
@@ -155,7 +155,7 @@ def case_add_param_group_joins_at_next_step():
             assert planned(opt) == 6, opt.buckets
         results.append(model)
     for (name, a), b in zip(results[0].named_parameters(), results[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(name))
 
 
 def case_ranks_that_change_different_parameters_raise():
@@ -205,7 +205,7 @@ def case_allreduce_gradients_after_requires_grad_changes():
                 assert a.grad is None, f"step {step} {name}"
             else:
                 torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"step {step} {name}: {m}")
+                                           msg=labelled(f"step {step} {name}"))
     if n > 1:  # a change on one rank only raises on every rank, naming the parameter
         model = make_model()
         F.mse_loss(model(x[:B]), y[:B]).backward()

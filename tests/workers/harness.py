@@ -76,6 +76,12 @@ def _selected(cases):
     return cases
 
 
+def labelled(label):
+    """An assert_close `msg` that puts `label` (which parameter, which mode) before torch's own
+    message; made by a call, so a label from a loop is bound when the check is written."""
+    return lambda m: f"{label}: {m}"
+
+
 def run_cases(namespace):
     torch.set_num_threads(1)
     fm.Init()

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import run_cases  # noqa: E402
+from harness import labelled, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 
@@ -90,12 +90,6 @@ def train(opt_factory, distributed, steps=STEPS, set_to_none=True, wrap=None, cl
         if distributed:
             assert_identical_across_ranks(model)
     return model, opt
-
-
-def labelled(label):
-    """An assert_close `msg` that puts `label` (which parameter, which mode) before torch's own
-    message; made by a call, so a label from a loop is bound when the check is written."""
-    return lambda m: f"{label}: {m}"
 
 
 def check_equivalent(opt_factory, rtol=1e-5, atol=1e-6, **kw):

@@ -3,6 +3,7 @@
 CUDA sources (csrc/cuda/*.cu, csrc/**/*_cuda.cpp) and NCCL join the build only when the
 installed torch has CUDA and nvcc is found; set FLUXMPI_PY_WITH_CUDA=0 to force a CPU build.
 """
+
 import glob
 import os
 import shlex
@@ -11,6 +12,7 @@ import subprocess
 import sys
 
 from setuptools import setup
+
 
 def _isolated_build() -> bool:
     """Whether a build frontend hides this environment's packages from the build: pip's
@@ -24,8 +26,16 @@ def _isolated_build() -> bool:
         return False
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
     try:
-        return subprocess.run([sys.executable, "-c", "import torch"], env=env, timeout=120,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        return (
+            subprocess.run(
+                [sys.executable, "-c", "import torch"],
+                env=env,
+                timeout=120,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -65,8 +75,10 @@ def find_mpi():
     flags = None
     if mpicc:
         # Open MPI: --showme:compile/--showme:link; MPICH and Intel MPI: -compile_info/-link_info
-        for compile_flag, link_flag in (("--showme:compile", "--showme:link"),
-                                        ("-compile_info", "-link_info")):
+        for compile_flag, link_flag in (
+            ("--showme:compile", "--showme:link"),
+            ("-compile_info", "-link_info"),
+        ):
             cf, lf = _run([mpicc, compile_flag]), _run([mpicc, link_flag])
             if cf is not None and lf is not None:
                 flags = shlex.split(cf) + shlex.split(lf)
@@ -136,8 +148,13 @@ def want_cuda():
     fix_cuda_home()
     if os.environ.get("FLUXMPI_PY_WITH_CUDA", "") == "0":
         return False
-    return bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None and (
-        shutil.which("nvcc") or os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+    return (
+        bool(torch.version.cuda)
+        and cpp_extension.CUDA_HOME is not None
+        and (
+            shutil.which("nvcc")
+            or os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+        )
     )
 
 
@@ -201,13 +218,18 @@ class BuildWithNotice(cpp_extension.BuildExtension):
     def build_extensions(self):
         for ext in self.extensions:
             cuda = any(m[0] == "FLUXMPI_WITH_CUDA" for m in ext.define_macros)
-            print(f"fluxmpi_py: compiling {len(ext.sources)} sources of {ext.name} against torch "
-                  f"{torch.__version__}{' with CUDA and NCCL' if cuda else ''}: a few minutes, "
-                  f"[step/steps] lines show the progress", flush=True)
+            print(
+                f"fluxmpi_py: compiling {len(ext.sources)} sources of {ext.name} against torch "
+                f"{torch.__version__}{' with CUDA and NCCL' if cuda else ''}: a few minutes, "
+                f"[step/steps] lines show the progress",
+                flush=True,
+            )
         super().build_extensions()
 
 
 setup(
     ext_modules=[make_extension()],
-    cmdclass={"build_ext": BuildWithNotice.with_options(use_ninja=shutil.which("ninja") is not None)},
+    cmdclass={
+        "build_ext": BuildWithNotice.with_options(use_ninja=shutil.which("ninja") is not None)
+    },
 )

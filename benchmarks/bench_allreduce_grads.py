@@ -6,6 +6,7 @@ pre-made flat buffer (the limit) and against one MPI call per tensor, same launc
 Gradient lists: ResNet-50's 161 parameter shapes (25.6M floats) and 1000 tensors of 1024
 floats. Prints one JSON line (rank 0) with median times in ms and ratios.
 """
+
 import argparse
 import os
 import sys
@@ -35,6 +36,7 @@ def main():
 
     def variants_on(params, flat):
         """The timed calls on one gradient list and a flat buffer of its size."""
+
         def raw_flat():
             comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
 
@@ -48,8 +50,12 @@ def main():
         def ours_avg():
             fm.allreduce_gradients(params, op="average")
 
-        return {"raw_mpi_flat": raw_flat, "per_tensor_mpi": per_tensor, "ours_sum": ours_sum,
-                "ours_average": ours_avg}
+        return {
+            "raw_mpi_flat": raw_flat,
+            "per_tensor_mpi": per_tensor,
+            "ours_sum": ours_sum,
+            "ours_average": ours_avg,
+        }
 
     for name, shp in lists.items():
         params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
@@ -63,7 +69,9 @@ def main():
                 times[k].append(median_time(fn, reps, warmup=2, sync=comm.Barrier))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 3) for k, v in times.items()}
         result["lists"][name] = {
-            "tensors": len(params), "floats": int(flat.numel()), "ms": ms,
+            "tensors": len(params),
+            "floats": int(flat.numel()),
+            "ms": ms,
             "ours_sum_over_raw": round(ms["ours_sum"] / ms["raw_mpi_flat"], 3),
             "ours_average_over_raw": round(ms["ours_average"] / ms["raw_mpi_flat"], 3),
             "per_tensor_over_ours_sum": round(ms["per_tensor_mpi"] / ms["ours_sum"], 3),

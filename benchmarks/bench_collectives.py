@@ -11,6 +11,7 @@ repetition of each (a hint of the noise on a shared machine). Rank 0 prints
 one JSON line and writes it to benchmarks/results/bench_collectives.json (--quick:
 bench_collectives.quick.json).
 """
+
 import argparse
 import functools
 import json
@@ -39,7 +40,9 @@ def timed(fn, iters, comm):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 KiB .. 1 MiB, 5 repetitions")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)")
+    ap.add_argument(
+        "--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)"
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -88,15 +91,17 @@ def main():
             t_ours.append(timed(ours, iters, comm))
             t_theirs.append(timed(theirs, iters, comm))
         mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
-        rows.append({
-            "bytes": nbytes,
-            "iters": iters,
-            "ours_us": round(mo * 1e6, 2),
-            "mpi4py_us": round(mt * 1e6, 2),
-            "ratio": round(mo / mt, 3),
-            "ours_min_us": round(min(t_ours) * 1e6, 2),
-            "mpi4py_min_us": round(min(t_theirs) * 1e6, 2),
-        })
+        rows.append(
+            {
+                "bytes": nbytes,
+                "iters": iters,
+                "ours_us": round(mo * 1e6, 2),
+                "mpi4py_us": round(mt * 1e6, 2),
+                "ratio": round(mo / mt, 3),
+                "ours_min_us": round(min(t_ours) * 1e6, 2),
+                "mpi4py_min_us": round(min(t_theirs) * 1e6, 2),
+            }
+        )
 
     if rank == 0:
         big = [r["ratio"] for r in rows if r["bytes"] >= (1 << 20)]

@@ -13,6 +13,7 @@ writes it to benchmarks/results/bench_sampler.json (bench_sampler.quick.json wit
     python benchmarks/bench_sampler.py --quick    # small sizes, seconds
 Under `mpiexec -n 2` only rank 0 measures; the others exit at once so they cannot disturb it.
 """
+
 import argparse
 import json
 import os
@@ -45,10 +46,13 @@ def child(impl, n):
 
     def make(size):
         if impl == "fluxmpi_py":
-            s = fm.DistributedSampler(range(size), num_replicas=WORLD, rank=RANK, shuffle=True, seed=SEED)
+            s = fm.DistributedSampler(
+                range(size), num_replicas=WORLD, rank=RANK, shuffle=True, seed=SEED
+            )
         else:
-            s = torch.utils.data.DistributedSampler(range(size), num_replicas=WORLD, rank=RANK,
-                                                    shuffle=True, seed=SEED)
+            s = torch.utils.data.DistributedSampler(
+                range(size), num_replicas=WORLD, rank=RANK, shuffle=True, seed=SEED
+            )
         s.set_epoch(EPOCH)
         return s
 
@@ -73,10 +77,17 @@ def child(impl, n):
     peak = _status_kib("VmHWM")
     assert count == len(sampler) == -(-n // WORLD), (count, len(sampler))
     assert 0 <= first < n
-    print(json.dumps({
-        "first_index_s": t_first, "epoch_s": t_epoch, "indices": count,
-        "extra_peak_bytes": max(0, peak - base) * 1024, "peak_reset": peak_reset,
-    }))
+    print(
+        json.dumps(
+            {
+                "first_index_s": t_first,
+                "epoch_s": t_epoch,
+                "indices": count,
+                "extra_peak_bytes": max(0, peak - base) * 1024,
+                "peak_reset": peak_reset,
+            }
+        )
+    )
 
 
 def measure(impl, n, timeout):
@@ -100,10 +111,15 @@ def best(runs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="n = 1e4, 1e5, 1e6 only (validation)")
-    ap.add_argument("--sizes", type=lambda s: [int(float(x)) for x in s.split(",")],
-                    help="comma-separated n, e.g. 1e6,1e7")
+    ap.add_argument(
+        "--sizes",
+        type=lambda s: [int(float(x)) for x in s.split(",")],
+        help="comma-separated n, e.g. 1e6,1e7",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per size below 1e8 (default 3)")
     ap.add_argument("--child", nargs=2, metavar=("IMPL", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -124,16 +140,19 @@ def main():
                 runs[impl].append(measure(impl, n, timeout))
         ours, theirs = best(runs["fluxmpi_py"]), best(runs["torch"])
         floor = PAGE  # RSS moves in pages: an extra of 0 counts as one page for the ratio
-        results.append({
-            "n": n,
-            "fluxmpi_py": ours,
-            "torch": theirs,
-            "ratios": {
-                "first_index": theirs["first_index_s"] / ours["first_index_s"],
-                "epoch": theirs["epoch_s"] / ours["epoch_s"],
-                "extra_memory": max(theirs["extra_peak_bytes"], floor) / max(ours["extra_peak_bytes"], floor),
-            },
-        })
+        results.append(
+            {
+                "n": n,
+                "fluxmpi_py": ours,
+                "torch": theirs,
+                "ratios": {
+                    "first_index": theirs["first_index_s"] / ours["first_index_s"],
+                    "epoch": theirs["epoch_s"] / ours["epoch_s"],
+                    "extra_memory": max(theirs["extra_peak_bytes"], floor)
+                    / max(ours["extra_peak_bytes"], floor),
+                },
+            }
+        )
     at_goal = [r for r in results if r["n"] == GOALS["n"]]
     goals_met = None
     if at_goal:

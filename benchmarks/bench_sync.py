@@ -28,6 +28,7 @@ benchmarks/results/bench_sync.json (--quick: bench_sync.quick.json).
 mpi4py and fluxmpi_py share one MPI: mpi4py is imported first and initializes it (thread
 level "multiple"); fluxmpi_py.Init adopts it. The reverse order works too.
 """
+
 import argparse
 import json
 import math
@@ -41,10 +42,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import resnet50_param_shapes  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-from common import resnet50_param_shapes  # noqa: E402
 
 
 def module_of(shapes, rank):
@@ -149,9 +150,13 @@ def bench(name, shapes, comm, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="ResNet-50 widths / 4, 4 repetitions")
-    ap.add_argument("--reps", type=int, default=None,
-                    help="repetitions on resnet50, spread over 4 rounds (default 20, quick 4); "
-                         "many_small, 100x cheaper per call, gets 10x as many")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions on resnet50, spread over 4 rounds (default 20, quick 4); "
+        "many_small, 100x cheaper per call, gets 10x as many",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -164,27 +169,31 @@ def main():
     }
     if comm.Get_rank() == 0:
         r, s = results["resnet50"], results["many_small"]
-        line = json.dumps({
-            "benchmark": "bench_sync",
-            "what": "synchronize_(module) vs one mpi4py Bcast of all bytes (limit) and one "
-                    "broadcast per tensor; median ms, slowest rank",
-            "world_size": comm.Get_size(),
-            "quick": bool(args.quick),
-            "reps": {"resnet50": reps, "many_small": 10 * reps},
-            "mpi_library": fm.build_info()["mpi_library"],
-            "torch": torch.__version__,
-            **results,
-            "goals": {
-                "resnet50_le_1.2x_limit": r["ratio_to_limit"] <= 1.2,
-                "many_small_le_1.2x_limit": s["ratio_to_limit"] <= 1.2,
-                "many_small_ge_3x_faster_than_per_tensor": s["per_tensor_mpi4py_over_ours"] >= 3,
-            },
-        })
+        line = json.dumps(
+            {
+                "benchmark": "bench_sync",
+                "what": "synchronize_(module) vs one mpi4py Bcast of all bytes (limit) and one "
+                "broadcast per tensor; median ms, slowest rank",
+                "world_size": comm.Get_size(),
+                "quick": bool(args.quick),
+                "reps": {"resnet50": reps, "many_small": 10 * reps},
+                "mpi_library": fm.build_info()["mpi_library"],
+                "torch": torch.__version__,
+                **results,
+                "goals": {
+                    "resnet50_le_1.2x_limit": r["ratio_to_limit"] <= 1.2,
+                    "many_small_le_1.2x_limit": s["ratio_to_limit"] <= 1.2,
+                    "many_small_ge_3x_faster_than_per_tensor": s["per_tensor_mpi4py_over_ours"]
+                    >= 3,
+                },
+            }
+        )
         print(line, flush=True)
         out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
         os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "bench_sync.quick.json" if args.quick else "bench_sync.json"),
-                  "w") as f:
+        with open(
+            os.path.join(out, "bench_sync.quick.json" if args.quick else "bench_sync.json"), "w"
+        ) as f:
             f.write(line + "\n")
 
 

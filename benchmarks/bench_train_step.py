@@ -7,6 +7,7 @@ Prints one JSON line (rank 0): per workload, each variant's median step time in 
 rank's median, the median over rounds that run the variants in a shuffled order) and the
 ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours.
 """
+
 import argparse
 import os
 import random
@@ -37,24 +38,38 @@ class SmallConvNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.f = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(128, 10))
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, 10),
+        )
 
     def forward(self, x):
         return self.f(x)
 
 
 def wide_mlp():
-    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
+    return nn.Sequential(
+        nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10)
+    )
 
 
 def workloads(quick):
     shapes = resnet50_param_shapes(4 if quick else 1)
     return {
         "resnet50_shapes": (lambda: ShapesModel(shapes), lambda: torch.ones(2), None),
-        "small_convnet": (SmallConvNet, lambda: torch.randn(32, 3, 32, 32), lambda: torch.randint(0, 10, (32,))),
+        "small_convnet": (
+            SmallConvNet,
+            lambda: torch.randn(32, 3, 32, 32),
+            lambda: torch.randint(0, 10, (32,)),
+        ),
         "wide_mlp": (wide_mlp, lambda: torch.randn(64, 1024), lambda: torch.randint(0, 10, (64,))),
     }
 
@@ -72,46 +87,70 @@ def train_steps(make_model, x, y, comm, size):
     variants = {}
 
     # no communication: each rank trains alone (the compute baseline)
-    m0 = make_model(); o0 = torch.optim.SGD(m0.parameters(), lr=1e-3, momentum=0.9)
+    m0 = make_model()
+    o0 = torch.optim.SGD(m0.parameters(), lr=1e-3, momentum=0.9)
+
     def local():
-        o0.zero_grad(); loss_of(m0, x, y).backward(); o0.step()
+        o0.zero_grad()
+        loss_of(m0, x, y).backward()
+        o0.step()
+
     variants["local"] = local
 
     # ours
-    m1 = make_model(); o1 = fm.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=1e-3, momentum=0.9))
+    m1 = make_model()
+    o1 = fm.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=1e-3, momentum=0.9))
+
     def ours():
-        o1.zero_grad(); loss_of(m1, x, y).backward(); o1.step()
+        o1.zero_grad()
+        loss_of(m1, x, y).backward()
+        o1.step()
+
     variants["ours"] = ours
 
     # raw MPI in-place allreduce on pre-made 25 MiB buckets (no copies, no averaging): the limit
-    m2 = make_model(); o2 = torch.optim.SGD(m2.parameters(), lr=1e-3, momentum=0.9)
+    m2 = make_model()
+    o2 = torch.optim.SGD(m2.parameters(), lr=1e-3, momentum=0.9)
     total = sum(p.numel() for p in m2.parameters())
     cap = (25 << 20) // 4
     bufs = [torch.zeros(min(cap, total - i)) for i in range(0, total, cap)]
+
     def raw_mpi():
-        o2.zero_grad(); loss_of(m2, x, y).backward()
+        o2.zero_grad()
+        loss_of(m2, x, y).backward()
         for b in bufs:
             comm.Allreduce(MPI.IN_PLACE, b.numpy(), op=MPI.SUM)
         o2.step()
+
     variants["raw_mpi"] = raw_mpi
 
     # one MPI call per gradient tensor (in place), then average
-    m3 = make_model(); o3 = torch.optim.SGD(m3.parameters(), lr=1e-3, momentum=0.9)
+    m3 = make_model()
+    o3 = torch.optim.SGD(m3.parameters(), lr=1e-3, momentum=0.9)
+
     def per_tensor():
-        o3.zero_grad(); loss_of(m3, x, y).backward()
+        o3.zero_grad()
+        loss_of(m3, x, y).backward()
         for p in m3.parameters():
             comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
             p.grad.div_(size)
         o3.step()
+
     variants["per_tensor_mpi"] = per_tensor
 
     # DDP on gloo, plain and with gradient_as_bucket_view
     for label, view in (("ddp_gloo", False), ("ddp_gloo_bucket_view", True)):
         base = make_model()
-        ddp = nn.parallel.DistributedDataParallel(base, gradient_as_bucket_view=view, broadcast_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel(
+            base, gradient_as_bucket_view=view, broadcast_buffers=False
+        )
         od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+
         def ddp_step(ddp=ddp, od=od):
-            od.zero_grad(); loss_of(ddp, x, y).backward(); od.step()
+            od.zero_grad()
+            loss_of(ddp, x, y).backward()
+            od.step()
+
         variants[label] = ddp_step
     return variants, m1, o1
 
@@ -124,16 +163,24 @@ def main():
     args = ap.parse_args()
     set_threads()
     fm.Init()
-    from mpi4py import MPI
     import torch.distributed as dist
+    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = fm.local_rank(), fm.total_workers()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size
+    )
     reps = args.reps or (3 if args.quick else 15)
     rounds = 1 if args.quick else 3
-    result = {"bench": "train_step", "ranks": size, "threads_per_rank": torch.get_num_threads(),
-              "torch": torch.__version__, "mpi": fm.build_info()["mpi_library"].split(",")[0], "workloads": {}}
+    result = {
+        "bench": "train_step",
+        "ranks": size,
+        "threads_per_rank": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "mpi": fm.build_info()["mpi_library"].split(",")[0],
+        "workloads": {},
+    }
 
     for name, (make_model, make_x, make_y) in workloads(args.quick).items():
         torch.manual_seed(0)
@@ -150,14 +197,17 @@ def main():
                 t = median_time(variants[k], reps, warmup=2, sync=comm.Barrier)
                 times[k].append(comm.allreduce(t, op=MPI.MAX))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 2) for k, v in times.items()}
-        rec = {"step_ms": ms,
-               "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
-               "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
-               "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
-               "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
-               "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
-               "buckets": len(o1.buckets), "launched_during_backward": o1._reducer.launched_early,
-               "params": sum(p.numel() for p in m1.parameters())}
+        rec = {
+            "step_ms": ms,
+            "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
+            "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
+            "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
+            "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
+            "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
+            "buckets": len(o1.buckets),
+            "launched_during_backward": o1._reducer.launched_early,
+            "params": sum(p.numel() for p in m1.parameters()),
+        }
         result["workloads"][name] = rec
         del variants
     dist.destroy_process_group()

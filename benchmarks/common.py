@@ -1,4 +1,5 @@
 """Shared pieces of the benchmarks: ResNet-50's parameter shapes, timing, JSON output."""
+
 import json
 import os
 import statistics
@@ -16,9 +17,17 @@ def resnet50_param_shapes(width_div=1):
     for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         planes = w(planes)
         for b in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
-                       (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            shapes += [
+                (planes, inplanes, 1, 1),
+                (planes,),
+                (planes,),
+                (planes, planes, 3, 3),
+                (planes,),
+                (planes,),
+                (planes * 4, planes, 1, 1),
+                (planes * 4,),
+                (planes * 4,),
+            ]
             if b == 0:
                 shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
             inplanes = planes * 4

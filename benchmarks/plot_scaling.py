@@ -11,6 +11,7 @@ prints one JSON line with the throughputs and scaling efficiencies.
     python benchmarks/plot_scaling.py --quick --max-ranks 2      # seconds, to check it works
     python benchmarks/plot_scaling.py --from-json benchmarks/results/scaling.json
 """
+
 import argparse
 import json
 import os
@@ -22,13 +23,16 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "resnet_synthetic.py")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-MODES = {"fluxmpi_py": ("fluxmpi_py (DistributedOptimizer, MPI)", "tab:blue", "o"),
-         "ddp_gloo": ("torch DDP (gloo)", "tab:orange", "s")}
+MODES = {
+    "fluxmpi_py": ("fluxmpi_py (DistributedOptimizer, MPI)", "tab:blue", "o"),
+    "ddp_gloo": ("torch DDP (gloo)", "tab:orange", "s"),
+}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--max-ranks", type=int, default=4, help="measure at 1..max ranks")
     p.add_argument("--ranks", type=int, nargs="+", help="explicit rank counts instead")
     p.add_argument("--quick", action="store_true", help="tiny model and steps: checks the pipeline")
@@ -36,8 +40,11 @@ def parse_args(argv=None):
     p.add_argument("--from-json", metavar="PATH", help="plot these results instead of measuring")
     p.add_argument("--out", metavar="PNG", help="default benchmarks/results/scaling[.quick].png")
     p.add_argument("--json-out", metavar="PATH", help="default next to the PNG, .json")
-    p.add_argument("extra", nargs=argparse.REMAINDER,
-                   help="after --, arguments for resnet_synthetic.py (e.g. -- --batch-size 64)")
+    p.add_argument(
+        "extra",
+        nargs=argparse.REMAINDER,
+        help="after --, arguments for resnet_synthetic.py (e.g. -- --batch-size 64)",
+    )
     args = p.parse_args(argv)
     stem = "scaling.quick" if args.quick else "scaling"
     args.out = args.out or os.path.join(RESULTS, stem + ".png")
@@ -53,13 +60,33 @@ def measure(np, quick, extra, timeout):
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
         sys.exit("plot_scaling: mpiexec is not on PATH (make build installs Open MPI)")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, EXAMPLE,
-           *(["--quick"] if quick else []), *extra]
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    cmd = [
+        mpiexec,
+        "-n",
+        str(np),
+        "--oversubscribe",
+        sys.executable,
+        EXAMPLE,
+        *(["--quick"] if quick else []),
+        *extra,
+    ]
     print(f"plot_scaling: {np} rank(s): {' '.join(cmd[4:])}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -68,20 +95,28 @@ def measure(np, quick, extra, timeout):
         sys.exit(f"plot_scaling: {np} ranks did not finish within {timeout} s:\n{err[-3000:]}")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        sys.exit(f"plot_scaling: {np} ranks failed (exit {proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+        sys.exit(
+            f"plot_scaling: {np} ranks failed (exit {proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}"
+        )
     return json.loads(lines[-1])
 
 
 def summarize(runs):
-    base = {m: runs[0]["results"][m]["images_per_s"] / runs[0]["ranks"]
-            for m in MODES if m in runs[0]["results"]}
+    base = {
+        m: runs[0]["results"][m]["images_per_s"] / runs[0]["ranks"]
+        for m in MODES
+        if m in runs[0]["results"]
+    }
     rows = []
     for r in runs:
         row = {"ranks": r["ranks"]}
         for m in base:
             ips = r["results"][m]["images_per_s"]
-            row[m] = {"step_ms": round(r["results"][m]["step_ms"], 3), "images_per_s": round(ips, 2),
-                      "efficiency": round(ips / (base[m] * r["ranks"]), 4)}
+            row[m] = {
+                "step_ms": round(r["results"][m]["step_ms"], 3),
+                "images_per_s": round(ips, 2),
+                "efficiency": round(ips / (base[m] * r["ranks"]), 4),
+            }
         rows.append(row)
     return rows
 
@@ -104,8 +139,12 @@ def plot(runs, path, quick=False):
         ax_x.plot(ranks, ips, marker=marker, color=color, label=label)
         if mode == "fluxmpi_py":
             one = ips[0] / ranks[0]
-            ax_x.plot(ranks, [one * n for n in ranks], "--", color="gray", label="ideal (n x one rank)")
-    ax_t.set(xlabel="ranks", ylabel="step time (ms)", title="time per training step (lower is better)")
+            ax_x.plot(
+                ranks, [one * n for n in ranks], "--", color="gray", label="ideal (n x one rank)"
+            )
+    ax_t.set(
+        xlabel="ranks", ylabel="step time (ms)", title="time per training step (lower is better)"
+    )
     ax_x.set(xlabel="ranks", ylabel="images / s (all ranks)", title="throughput (higher is better)")
     for ax in (ax_t, ax_x):
         ax.set_xticks(ranks)
@@ -113,11 +152,13 @@ def plot(runs, path, quick=False):
         ax.legend(fontsize=8)
     ax_t.set_ylim(bottom=0)
     ax_x.set_ylim(bottom=0)
-    fig.suptitle(f"ResNet ({first['parameters']:,} parameters), {first['image_size']}x{first['image_size']} "
-                 f"synthetic images, batch {first['batch_per_rank']} per rank, "
-                 f"{first['threads_per_rank']} thread per rank, {os.cpu_count()} cores"
-                 + ("\nQUICK RUN: sizes too small for the numbers to mean anything" if quick else ""),
-                 fontsize=10)
+    fig.suptitle(
+        f"ResNet ({first['parameters']:,} parameters), {first['image_size']}x{first['image_size']} "
+        f"synthetic images, batch {first['batch_per_rank']} per rank, "
+        f"{first['threads_per_rank']} thread per rank, {os.cpu_count()} cores"
+        + ("\nQUICK RUN: sizes too small for the numbers to mean anything" if quick else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -137,8 +178,17 @@ def main(argv=None):
             json.dump({"benchmark": "scaling", "quick": args.quick, "runs": runs}, f, indent=1)
     plot(runs, args.out, args.quick)
     png = os.path.abspath(args.out)
-    print(json.dumps({"benchmark": "scaling", "png": os.path.relpath(png, ROOT) if png.startswith(ROOT + os.sep) else png,
-                      "quick": args.quick, "table": summarize(runs)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "benchmark": "scaling",
+                "png": os.path.relpath(png, ROOT) if png.startswith(ROOT + os.sep) else png,
+                "quick": args.quick,
+                "table": summarize(runs),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

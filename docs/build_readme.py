@@ -1,8 +1,9 @@
 """Assemble README.md from docs/README.head.md and docs/sections/*.md, in file-name order.
 
-    python docs/build_readme.py          # rewrite README.md
-    python docs/build_readme.py --check  # exit 1 if README.md is out of date (the tests run this)
+python docs/build_readme.py          # rewrite README.md
+python docs/build_readme.py --check  # exit 1 if README.md is out of date (the tests run this)
 """
+
 import glob
 import os
 import sys

@@ -12,6 +12,7 @@ every rank holds the same weights (exit status 1 if either check fails).
     mpiexec -n 2 python examples/digits_cnn.py          # what `make demo` runs
     python examples/digits_cnn.py --epochs 3            # a world of one
 """
+
 import argparse
 import json
 import sys
@@ -19,16 +20,23 @@ import time
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (Adam, one-cycle schedule)")
+    p.add_argument(
+        "--lr", type=float, default=3e-3, help="peak learning rate (Adam, one-cycle schedule)"
+    )
     p.add_argument("--seed", type=int, default=0, help="data split, shuffling and weights")
     p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of the data")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--min-accuracy", type=float, default=0.95,
-                   help="exit with status 1 if the held-out accuracy ends below this")
+    p.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.95,
+        help="exit with status 1 if the held-out accuracy ends below this",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--checkpoint", metavar="PATH", help="save model and optimizer here at the end")
     p.add_argument("--summary", metavar="PATH", help="write the results as JSON here (rank 0)")
@@ -58,33 +66,48 @@ def main(argv=None):
 
     # The same split on every rank; each rank then takes its shard of the training part.
     digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0  # [0,16] -> [-1,1]
+    x = (
+        torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
+    )  # [0,16] -> [-1,1]
     y = torch.tensor(digits.target, dtype=torch.int64)
-    idx_train, idx_test = train_test_split(range(len(y)), test_size=args.test_fraction,
-                                           random_state=args.seed, stratify=digits.target)
-    train = fm.DistributedDataContainer(TensorDataset(x[idx_train], y[idx_train]),
-                                        shuffle=True, seed=args.seed)
+    idx_train, idx_test = train_test_split(
+        range(len(y)), test_size=args.test_fraction, random_state=args.seed, stratify=digits.target
+    )
+    train = fm.DistributedDataContainer(
+        TensorDataset(x[idx_train], y[idx_train]), shuffle=True, seed=args.seed
+    )
     # pad=False: every held-out image is counted exactly once across the ranks.
     test = fm.DistributedDataContainer(TensorDataset(x[idx_test], y[idx_test]), pad=False)
 
     torch.manual_seed(args.seed + rank)  # different on purpose: synchronize_ makes them rank 0's
     model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 8x8 -> 4x4
-        nn.Flatten(), nn.Dropout(0.25), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10),
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 8x8 -> 4x4
+        nn.Flatten(),
+        nn.Dropout(0.25),
+        nn.Linear(64 * 4 * 4, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
     )
     model = fm.synchronize_(model, root_rank=0)
     opt = fm.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     opt = fm.synchronize_(opt, root_rank=0)
     loader = DataLoader(train, batch_size=args.batch_size)
     # Schedulers work on the wrapper as on the optimizer it wraps.
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr,
-                                                total_steps=args.epochs * len(loader))
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=args.lr, total_steps=args.epochs * len(loader)
+    )
     n_params = sum(p.numel() for p in model.parameters())
     if rank == 0:
-        print(f"digits: {len(idx_train)} training images ({len(train)} per rank on {world} "
-              f"rank{'s' if world > 1 else ''}), {len(idx_test)} held out; "
-              f"CNN with {n_params:,} parameters; {args.epochs} epochs", flush=True)
+        print(
+            f"digits: {len(idx_train)} training images ({len(train)} per rank on {world} "
+            f"rank{'s' if world > 1 else ''}), {len(idx_test)} held out; "
+            f"CNN with {n_params:,} parameters; {args.epochs} epochs",
+            flush=True,
+        )
 
     @torch.no_grad()
     def held_out_accuracy():
@@ -108,8 +131,14 @@ def main(argv=None):
         return padded[torch.arange(len(xb))[:, None, None], 0, rows, cols].unsqueeze(1)
 
     history = {"loss": [], "train_accuracy": [], "test_accuracy": []}
-    bar = tqdm(total=args.epochs * len(loader), unit="step", mininterval=0.25, file=sys.stdout,
-               disable=rank != 0 or args.no_progress, desc="training")
+    bar = tqdm(
+        total=args.epochs * len(loader),
+        unit="step",
+        mininterval=0.25,
+        file=sys.stdout,
+        disable=rank != 0 or args.no_progress,
+        desc="training",
+    )
     for epoch in range(args.epochs):
         train.set_epoch(epoch)
         stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images
@@ -121,8 +150,10 @@ def main(argv=None):
             loss.backward()
             opt.step()
             sched.step()
-            stats += torch.tensor([loss.item() * len(yb), (out.argmax(1) == yb).sum().item(), len(yb)],
-                                  dtype=torch.float64)
+            stats += torch.tensor(
+                [loss.item() * len(yb), (out.argmax(1) == yb).sum().item(), len(yb)],
+                dtype=torch.float64,
+            )
             bar.update()
         fm.allreduce_(stats, op="sum")  # over all ranks: the epoch's loss and accuracy
         correct, seen = held_out_accuracy()
@@ -131,9 +162,12 @@ def main(argv=None):
         history["test_accuracy"].append(correct / seen)
         if rank == 0:
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
-            bar.write(f"epoch {epoch + 1:3d}/{args.epochs}  loss {history['loss'][-1]:.4f}  "
-                      f"train acc {100 * history['train_accuracy'][-1]:5.1f}%  "
-                      f"held-out acc {100 * correct / seen:5.1f}%", file=sys.stdout)
+            bar.write(
+                f"epoch {epoch + 1:3d}/{args.epochs}  loss {history['loss'][-1]:.4f}  "
+                f"train acc {100 * history['train_accuracy'][-1]:5.1f}%  "
+                f"held-out acc {100 * correct / seen:5.1f}%",
+                file=sys.stdout,
+            )
     bar.close()
 
     # Every rank must hold the same weights: elementwise max and min over ranks must agree.
@@ -148,17 +182,30 @@ def main(argv=None):
     accuracy = history["test_accuracy"][-1]
     ok = identical and accuracy >= args.min_accuracy
     if rank == 0:
-        print(f"held-out accuracy: {100 * accuracy:.1f}% ({correct}/{seen} images never seen in "
-              f"training; bar {100 * args.min_accuracy:.0f}%)")
-        print(f"weights identical on all {world} rank{'s' if world > 1 else ''}: {'yes' if identical else 'NO'} "
-              f"(largest difference between ranks {max_diff:g} over {n_params:,} parameters)")
+        print(
+            f"held-out accuracy: {100 * accuracy:.1f}% ({correct}/{seen} images never seen in "
+            f"training; bar {100 * args.min_accuracy:.0f}%)"
+        )
+        print(
+            f"weights identical on all {world} rank{'s' if world > 1 else ''}: {'yes' if identical else 'NO'} "
+            f"(largest difference between ranks {max_diff:g} over {n_params:,} parameters)"
+        )
         print(f"done in {seconds:.1f} s: {'OK' if ok else 'FAILED'}", flush=True)
         if args.summary:
             with open(args.summary, "w") as f:
-                json.dump({"world_size": world, "epochs": args.epochs, **history,
-                           "held_out_accuracy": accuracy, "held_out_images": seen,
-                           "weights_identical": identical, "max_weight_difference": max_diff,
-                           "seconds": seconds}, f)
+                json.dump(
+                    {
+                        "world_size": world,
+                        "epochs": args.epochs,
+                        **history,
+                        "held_out_accuracy": accuracy,
+                        "held_out_images": seen,
+                        "weights_identical": identical,
+                        "max_weight_difference": max_diff,
+                        "seconds": seconds,
+                    },
+                    f,
+                )
     return 0 if ok else 1
 
 

@@ -10,6 +10,7 @@ ranks and rank 0 prints it.
     mpiexec -n 2 python examples/mlp_regression.py
     python examples/mlp_regression.py --epochs 10       # a world of one
 """
+
 import argparse
 import math
 import sys
@@ -17,8 +18,9 @@ import warnings
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--samples", type=int, default=10000, help="total over all ranks")
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
@@ -48,14 +50,18 @@ def main(argv=None):
     n_local = args.samples // world  # equal shares: every rank takes the same number of steps
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own data
     x = torch.rand(n_local, n_features, generator=g) + 1.0  # features in [1, 2]
-    y = (x ** 3).sum(1, keepdim=True) + torch.sin(2 * math.pi * torch.rand(n_local, 1, generator=g))
+    y = (x**3).sum(1, keepdim=True) + torch.sin(2 * math.pi * torch.rand(n_local, 1, generator=g))
     with warnings.catch_warnings():  # the data is this rank's own: a full DataLoader is meant
         warnings.simplefilter("ignore", fm.FullDatasetWarning)
-        loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, generator=g)
+        loader = DataLoader(
+            TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, generator=g
+        )
 
     torch.manual_seed(args.seed + rank)
     model = fm.synchronize_(nn.Sequential(nn.Linear(n_features, 100), nn.ReLU(), nn.Linear(100, 1)))
-    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum))
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    )
     loss_fn = nn.MSELoss()
 
     for epoch in range(1, args.epochs + 1):
@@ -68,7 +74,10 @@ def main(argv=None):
             total += torch.tensor([loss.item() * len(yb), len(yb)], dtype=torch.float64)
         fm.allreduce_(total, op="sum")
         if rank == 0:
-            print(f"Epoch: {epoch} Mean Squared Error: {total[0].item() / total[1].item():.6f}", flush=True)
+            print(
+                f"Epoch: {epoch} Mean Squared Error: {total[0].item() / total[1].item():.6f}",
+                flush=True,
+            )
     return 0
 
 

@@ -9,14 +9,16 @@ prints its own loss each epoch, as in FluxMPI.
     mpiexec -n 2 python examples/quickstart.py
     python examples/quickstart.py              # a world of one
 """
+
 import argparse
 import sys
 import time
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--points", type=int, default=16, help="data points per rank")
@@ -43,7 +45,7 @@ def main(argv=None):
     model = fm.synchronize_(model, root_rank=0)
 
     x = torch.rand(args.points, 1)
-    y = x ** 2
+    y = x**2
 
     opt = fm.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     opt = fm.synchronize_(opt, root_rank=0)
@@ -66,11 +68,18 @@ def main(argv=None):
     # The loss averaged over the ranks, first and last epoch; and the ranks' weights agree.
     ends = fm.allreduce_(torch.tensor([losses[0], losses[-1]], dtype=torch.float64), op="average")
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    spread = (fm.allreduce_(flat.clone(), op="max") - fm.allreduce_(flat.clone(), op="min")).abs().max()
+    spread = (
+        (fm.allreduce_(flat.clone(), op="max") - fm.allreduce_(flat.clone(), op="min")).abs().max()
+    )
     if fm.local_rank() == 0:
-        print(f"mean loss over ranks: epoch 1 {ends[0].item():.6f} -> epoch {args.epochs} "
-              f"{ends[1].item():.6f}")
-        print(f"parameters identical on all {fm.total_workers()} ranks: {spread.item() == 0.0}", flush=True)
+        print(
+            f"mean loss over ranks: epoch 1 {ends[0].item():.6f} -> epoch {args.epochs} "
+            f"{ends[1].item():.6f}"
+        )
+        print(
+            f"parameters identical on all {fm.total_workers()} ranks: {spread.item() == 0.0}",
+            flush=True,
+        )
     return 0
 
 

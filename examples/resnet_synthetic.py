@@ -12,6 +12,7 @@ runs it at 1..N ranks and draws the picture.
     mpiexec -n 2 python examples/resnet_synthetic.py
     mpiexec -n 2 python examples/resnet_synthetic.py --quick        # seconds, for tests
 """
+
 import argparse
 import gc
 import inspect
@@ -23,8 +24,9 @@ import time
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--mode", choices=("both", "fluxmpi", "ddp"), default="both")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
     p.add_argument("--image-size", type=int, default=32)
@@ -34,8 +36,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before the first round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per mode, alternating modes")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes (width 4, 16x16 images, batch 4, 2 steps, 1 round)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes (width 4, 16x16 images, batch 4, 2 steps, 1 round)",
+    )
     p.add_argument("--out", metavar="PATH", help="also write the JSON line to this file")
     args = p.parse_args(argv)
     if args.quick:
@@ -53,16 +58,29 @@ def build_resnet(width, blocks, classes=10):
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.body = nn.Sequential(
-                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-            self.shortcut = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.shortcut = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+            )
             self.relu = nn.ReLU(inplace=True)
 
         def forward(self, x):
             return self.relu(self.body(x) + self.shortcut(x))
 
-    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+    layers = [
+        nn.Conv2d(3, width, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+    ]
     cin = width
     for stage, cout in enumerate((width, 2 * width, 4 * width)):
         for b in range(blocks):
@@ -84,8 +102,11 @@ def _rendezvous(fm, torch):
         host = b"127.0.0.1" if single_node else socket.gethostname().encode()
     fm.bcast_(port, root_rank=0)
     n = fm.bcast_(torch.tensor([len(host)], dtype=torch.int64), root_rank=0)
-    buf = torch.tensor(list(host), dtype=torch.uint8) if fm.local_rank() == 0 else \
-        torch.zeros(int(n.item()), dtype=torch.uint8)
+    buf = (
+        torch.tensor(list(host), dtype=torch.uint8)
+        if fm.local_rank() == 0
+        else torch.zeros(int(n.item()), dtype=torch.uint8)
+    )
     fm.bcast_(buf, root_rank=0)
     return os.environ.get("MASTER_ADDR", bytes(buf.tolist()).decode()), int(port.item())
 
@@ -126,16 +147,22 @@ def main(argv=None):
             opt.zero_grad()
             F.cross_entropy(model(images), labels).backward()
             opt.step()
+
         runners["fluxmpi_py"] = step_ours
     if args.mode in ("both", "ddp"):
         addr, port = _rendezvous(fm, torch)
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world
+        )
         model = build_resnet(args.width, args.blocks)
         model.load_state_dict(template.state_dict())
         # Buffers are not broadcast at each forward: neither side synchronizes BatchNorm statistics, so both
         # measure the gradient reduction alone. gradient_as_bucket_view is DDP's faster setting.
-        sync_off = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                    inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
+        sync_off = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+            else {"broadcast_buffers": False}
+        )
         ddp = DDP(model, gradient_as_bucket_view=True, **sync_off)
         opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 
@@ -143,6 +170,7 @@ def main(argv=None):
             opt.zero_grad()
             F.cross_entropy(model(images), labels).backward()
             opt.step()
+
         runners["ddp_gloo"] = step_ddp
 
     for run in runners.values():
@@ -162,8 +190,11 @@ def main(argv=None):
     for name, times in rounds.items():
         t = fm.allreduce_(torch.tensor(times, dtype=torch.float64), op="max")
         best = t.min().item()
-        results[name] = {"step_ms": 1e3 * best, "images_per_s": world * args.batch_size / best,
-                         "rounds_ms": [round(1e3 * v, 3) for v in t.tolist()]}
+        results[name] = {
+            "step_ms": 1e3 * best,
+            "images_per_s": world * args.batch_size / best,
+            "rounds_ms": [round(1e3 * v, 3) for v in t.tolist()],
+        }
     if dist.is_initialized():
         # Tear gloo down here, on every rank together: left to the garbage collector at exit,
         # one rank could block in gloo's destructors while the other is already leaving MPI.
@@ -174,13 +205,23 @@ def main(argv=None):
         gc.collect()
 
     if rank == 0:
-        report = {"benchmark": "resnet_synthetic", "ranks": world, "batch_per_rank": args.batch_size,
-                  "image_size": args.image_size, "width": args.width, "blocks_per_stage": args.blocks,
-                  "parameters": sum(p.numel() for p in template.parameters()),
-                  "threads_per_rank": args.threads, "steps": args.steps, "rounds": args.rounds,
-                  "results": results}
+        report = {
+            "benchmark": "resnet_synthetic",
+            "ranks": world,
+            "batch_per_rank": args.batch_size,
+            "image_size": args.image_size,
+            "width": args.width,
+            "blocks_per_stage": args.blocks,
+            "parameters": sum(p.numel() for p in template.parameters()),
+            "threads_per_rank": args.threads,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "results": results,
+        }
         if len(results) == 2:
-            report["ddp_over_ours_step_time"] = results["ddp_gloo"]["step_ms"] / results["fluxmpi_py"]["step_ms"]
+            report["ddp_over_ours_step_time"] = (
+                results["ddp_gloo"]["step_ms"] / results["fluxmpi_py"]["step_ms"]
+            )
         line = json.dumps(report)
         print(line, flush=True)
         if args.out:

@@ -9,6 +9,7 @@
 Run with ``mpiexec -n N python train.py``; ``python train.py`` (or Jupyter) is a world of one.
 Each submodule lists its public names in ``__all__``; this package re-exports all of them.
 """
+
 import importlib as _importlib
 import os as _os
 
@@ -22,8 +23,19 @@ _os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 __version__ = "0.1.0"
 
 # One role per module; each lists its public names in __all__.
-_MODULES = ("runtime", "printing", "preferences", "collectives", "optimizer", "buffers", "sync", "data",
-            "launch", "checkpoint", "logs")
+_MODULES = (
+    "runtime",
+    "printing",
+    "preferences",
+    "collectives",
+    "optimizer",
+    "buffers",
+    "sync",
+    "data",
+    "launch",
+    "checkpoint",
+    "logs",
+)
 
 __all__ = []
 for _name in _MODULES:

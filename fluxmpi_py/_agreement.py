@@ -4,22 +4,37 @@ same for its own calls, csrc/ops/consensus). Each function except ``hash64``, ``
 and the two marking helpers is a collective: every rank calls it, in the same order, and
 every rank returns or raises together.
 """
+
 from __future__ import annotations
 
 import functools
 import hashlib
 import pickle
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from collections.abc import Sequence
+from typing import Callable, TypeVar
 
 import torch
 
 from ._loader import C
 
 # Errors that keep their type when raised on every rank; anything else becomes RuntimeError.
-_PORTABLE = {t.__name__: t for t in (ValueError, TypeError, KeyError, IndexError, RuntimeError,
-                                     OSError, FileNotFoundError, PermissionError,
-                                     IsADirectoryError, NotADirectoryError, FileExistsError,
-                                     pickle.UnpicklingError)}
+_PORTABLE = {
+    t.__name__: t
+    for t in (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        RuntimeError,
+        OSError,
+        FileNotFoundError,
+        PermissionError,
+        IsADirectoryError,
+        NotADirectoryError,
+        FileExistsError,
+        pickle.UnpicklingError,
+    )
+}
 
 
 _F = TypeVar("_F", bound=Callable)
@@ -40,7 +55,7 @@ class user_call:
     def __init__(self, name: str):
         self._name = name
 
-    def __enter__(self) -> "user_call":
+    def __enter__(self) -> user_call:
         self._entered = C.enter_user_call(self._name)
         return self
 
@@ -56,6 +71,7 @@ class user_call:
         >>> f()
         1
         """
+
         def wrap(fn):
             @functools.wraps(fn)
             def named(*args, **kwargs):
@@ -64,7 +80,9 @@ class user_call:
                     return fn(*args, **kwargs)
                 finally:
                     C.leave_user_call(entered)
+
             return named
+
         return wrap
 
 
@@ -99,7 +117,7 @@ def hash64(text: str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def span(values: Sequence[int]) -> List[Tuple[int, int]]:
+def span(values: Sequence[int]) -> list[tuple[int, int]]:
     """(min, max) over all ranks of each value, in one small allreduce. Values must lie in
     (-2**63, 2**63).
 
@@ -116,7 +134,7 @@ def span(values: Sequence[int]) -> List[Tuple[int, int]]:
     return [(-int(both[n + i]), int(both[i])) for i in range(n)]
 
 
-def bcast_bytes(data: Optional[bytes], root: int) -> bytes:
+def bcast_bytes(data: bytes | None, root: int) -> bytes:
     """``root``'s bytes on every rank (other ranks' ``data`` is ignored).
 
     >>> import fluxmpi_py as fm; fm.Init()
@@ -126,7 +144,7 @@ def bcast_bytes(data: Optional[bytes], root: int) -> bytes:
     return C.broadcast_bytes(data if C.rank() == root else None, root)
 
 
-def raise_together(error: Optional[BaseException], what: str) -> None:
+def raise_together(error: BaseException | None, what: str) -> None:
     """If any rank has an ``error``, raise the lowest such rank's on every rank: the same
     exception type where it is a common one (ValueError, OSError, ...; else RuntimeError),
     its message, and where it came from: ``"<message> (on rank R, in <what>)"``. The rank
@@ -140,7 +158,7 @@ def raise_together(error: Optional[BaseException], what: str) -> None:
     ValueError: bad (on rank 0, in load)
     """
     size, rank = C.size(), C.rank()
-    (bad, _), = span([rank if error is not None else size])
+    ((bad, _),) = span([rank if error is not None else size])
     if bad == size:
         return
     mine = b""
@@ -157,8 +175,7 @@ def raise_together(error: Optional[BaseException], what: str) -> None:
     raise raised
 
 
-def first_difference(items: Sequence[str], noun: str = "items"
-                     ) -> Optional[Tuple[int, int, str, str]]:
+def first_difference(items: Sequence[str], noun: str = "items") -> tuple[int, int, str, str] | None:
     """Compare every rank's list of strings with rank 0's. None when all are equal; else
     ``(index, rank, that rank's item, rank 0's item)`` for the lowest index at which some
     rank differs (the lowest such rank). A missing item reads "nothing (it has only N
@@ -179,11 +196,12 @@ def first_difference(items: Sequence[str], noun: str = "items"
     def item(lst, i):
         return lst[i] if i < len(lst) else f"nothing (it has only {len(lst)} {noun})"
 
-    first = next((i for i, (a, b) in enumerate(zip(items, ref)) if a != b),
-                 min(len(items), len(ref)))
+    first = next(
+        (i for i, (a, b) in enumerate(zip(items, ref)) if a != b), min(len(items), len(ref))
+    )
     if first == len(items) == len(ref):
         first = 1 << 40  # the same as rank 0
-    (key, _), = span([first * size + rank])
+    ((key, _),) = span([first * size + rank])
     index, who = divmod(key, size)
     mine = item(items, index).encode() if rank == who else None
     return index, who, bcast_bytes(mine, who).decode(), item(ref, index)

@@ -1,10 +1,11 @@
 """Argument checks shared by DistributedDataContainer and DistributedSampler: exact ints,
 seeds and epochs in [0, 2**64), dataset lengths, rank and world size (from Init or explicit),
 the cross-rank agreement on the shard spec, and resume states."""
+
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict
+from typing import Any
 
 from . import runtime
 from ._agreement import mark_raised_on_every_rank, span
@@ -20,7 +21,9 @@ def _as_int(value: Any, name: str, owner: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}") from None
+        raise TypeError(
+            f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}"
+        ) from None
 
 
 def _check_range(value: Any, name: str, owner: str, lo: int, hi: int, hi_text: str) -> int:
@@ -35,7 +38,9 @@ def _check_u64(value: Any, name: str, owner: str) -> int:
     # Seeds and epochs: any bad value (negative, too large, not an int) is a ValueError, so
     # callers handle one exception class for "not a usable seed/epoch".
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}")
+        raise ValueError(
+            f"{owner}: {name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}"
+        )
     v = operator.index(value)
     if not 0 <= v < _U64:
         raise ValueError(f"{owner}: {name} must be an int in [0, 2**64), got {v}")
@@ -89,13 +94,21 @@ def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
     # seeds may use 64 bits: fold every value into 61 bits, enough to see a difference
     vals = [(int(v) ^ (int(v) >> 61)) & ((1 << 61) - 1) for v in fields.values()]
     rank = runtime.local_rank()
-    bad = [f"{k} differs (rank {rank} has {int(v)})" if k == "seed" else
-           f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
-           for (k, v), (lo, hi) in zip(fields.items(), span(vals)) if lo != hi]
+    bad = [
+        f"{k} differs (rank {rank} has {int(v)})"
+        if k == "seed"
+        else f"{k} ranges over [{lo}, {hi}] (rank {rank} has {int(v)})"
+        for (k, v), (lo, hi) in zip(fields.items(), span(vals))
+        if lo != hi
+    ]
     if bad:
-        raise mark_raised_on_every_rank(ValueError(
-            f"{owner}(): ranks disagree: " + "; ".join(bad) +
-            ". Every rank must pass the same data length, seed, shuffle, pad and drop_last."))
+        raise mark_raised_on_every_rank(
+            ValueError(
+                f"{owner}(): ranks disagree: "
+                + "; ".join(bad)
+                + ". Every rank must pass the same data length, seed, shuffle, pad and drop_last."
+            )
+        )
 
 
 def _mode(pad: Any, drop_last: Any) -> str:
@@ -104,12 +117,16 @@ def _mode(pad: Any, drop_last: Any) -> str:
     return "pad" if bool(pad) else "even"
 
 
-def _check_state(state: Any, owner: str, n: int, world: int, length: int) -> Dict[str, int]:
+def _check_state(state: Any, owner: str, n: int, world: int, length: int) -> dict[str, int]:
     if not isinstance(state, dict):
-        raise TypeError(f"{owner}.load_state_dict: state must be a dict from state_dict(), got {type(state).__name__}")
+        raise TypeError(
+            f"{owner}.load_state_dict: state must be a dict from state_dict(), got {type(state).__name__}"
+        )
     missing = [k for k in ("epoch", "seed", "position") if k not in state]
     if missing:
-        raise ValueError(f"{owner}.load_state_dict: state lacks {missing}; expected the dict state_dict() returns")
+        raise ValueError(
+            f"{owner}.load_state_dict: state lacks {missing}; expected the dict state_dict() returns"
+        )
     for key, mine in (("n", n), ("world_size", world)):
         if key in state and _as_int(state[key], f"state[{key!r}]", owner) != mine:
             raise ValueError(

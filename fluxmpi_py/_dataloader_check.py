@@ -14,11 +14,12 @@ the world has more than one rank): the class itself is unchanged, so subclasses,
 inspects what the loader will actually use (``dataset``, ``sampler``, ``batch_sampler``), so
 every way of passing them is covered; the check costs a few attribute reads per DataLoader.
 """
+
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -60,7 +61,7 @@ def container_in(dataset: Any):
     return None
 
 
-def replicas_of(sampler: Any) -> Optional[int]:
+def replicas_of(sampler: Any) -> int | None:
     """``num_replicas`` of a distributed sampler, or None for any other sampler."""
     replicas = getattr(sampler, "num_replicas", None)
     if isinstance(replicas, int) and not isinstance(replicas, bool) and hasattr(sampler, "rank"):
@@ -105,8 +106,14 @@ def check(loader: DataLoader, stacklevel: int = 2) -> None:
     if container is not None:
         if distributed is not None and replicas_of(distributed) > 1 and container.world_size > 1:
             kind = type(distributed)
-            raise TypeError(double_sharding_message(
-                "DataLoader", container, f"{kind.__module__}.{kind.__qualname__}", replicas_of(distributed)))
+            raise TypeError(
+                double_sharding_message(
+                    "DataLoader",
+                    container,
+                    f"{kind.__module__}.{kind.__qualname__}",
+                    replicas_of(distributed),
+                )
+            )
         return
     if distributed is not None:
         walks_all = replicas_of(distributed) == 1
@@ -114,8 +121,9 @@ def check(loader: DataLoader, stacklevel: int = 2) -> None:
         # only the defaults are known to walk every index; a custom sampler may shard itself
         walks_all = bool(samplers) and isinstance(samplers[-1], (SequentialSampler, RandomSampler))
     if walks_all:
-        warnings.warn(_full_dataset_message(dataset, samplers[-1]), FullDatasetWarning,
-                      stacklevel=stacklevel)
+        warnings.warn(
+            _full_dataset_message(dataset, samplers[-1]), FullDatasetWarning, stacklevel=stacklevel
+        )
 
 
 def _full_dataset_message(dataset: Any, sampler: Any) -> str:

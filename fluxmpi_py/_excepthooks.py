@@ -7,6 +7,7 @@ agreement) is told once: rank 0 writes the traceback and every other rank one li
 aborts the job once those lines are out, so Open MPI's abort notice comes after the report,
 not inside it. A rank that raised alone writes its traceback and aborts the job at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,16 +48,24 @@ def _report_and_abort(exc_type, exc, tb, where: str = "") -> None:
             _write(f"{prefix} same {name} as rank 0{where}: {first}\n", sys.stderr)
             C.meet_before_abort(_MEET_TIMEOUT_S)
             time.sleep(_ABORT_WAIT_S)  # rank 0 ends the job meanwhile
-            _write(f"{prefix} rank 0 did not end the job within {_ABORT_WAIT_S:.0f} s; this "
-                   f"rank's {name}{where}, aborting the job:\n"
-                   + _traceback_text(exc_type, exc, tb), sys.stderr)
+            _write(
+                f"{prefix} rank 0 did not end the job within {_ABORT_WAIT_S:.0f} s; this "
+                f"rank's {name}{where}, aborting the job:\n" + _traceback_text(exc_type, exc, tb),
+                sys.stderr,
+            )
         elif raised_on_every_rank(exc):
-            _write(f"{prefix} {name} raised on every rank{where} (the others write one line "
-                   f"each), aborting the job:\n" + _traceback_text(exc_type, exc, tb), sys.stderr)
+            _write(
+                f"{prefix} {name} raised on every rank{where} (the others write one line "
+                f"each), aborting the job:\n" + _traceback_text(exc_type, exc, tb),
+                sys.stderr,
+            )
             C.meet_before_abort(_MEET_TIMEOUT_S)
         else:
-            _write(f"{prefix} uncaught {name}{where}, aborting the job:\n"
-                   + _traceback_text(exc_type, exc, tb), sys.stderr)
+            _write(
+                f"{prefix} uncaught {name}{where}, aborting the job:\n"
+                + _traceback_text(exc_type, exc, tb),
+                sys.stderr,
+            )
     finally:
         C.abort("", 1)
 

@@ -1,12 +1,14 @@
 """The one atomic file writer: checkpoints, launch() results and the preferences file."""
+
 from __future__ import annotations
 
 import os
-from typing import IO, Callable, Union
+from typing import IO, Callable
 
 
-def write_atomic(path: str, data: Union[bytes, Callable[[IO[bytes]], None]], *,
-                 durable: bool = False) -> None:
+def write_atomic(
+    path: str, data: bytes | Callable[[IO[bytes]], None], *, durable: bool = False
+) -> None:
     """Write ``data`` (bytes, or a function that writes to the open binary file) to ``path``
     so that a reader sees the old file or the whole new one, never a part: it goes to a
     temporary name in the same directory, which is then renamed over ``path``. With

@@ -1,4 +1,5 @@
 """Import the compiled core, and when that fails, say why and how to fix it."""
+
 import glob
 import importlib.machinery
 import os
@@ -70,8 +71,11 @@ def load_error(e: ImportError) -> ImportError:
             f"fluxmpi_py's compiled core {core} does not load with the torch in this environment "
             f"(torch {torch.__version__}, {os.path.dirname(torch.__file__)}): {e}. It was most "
             f"likely compiled against another torch; rebuild it against this one: "
-            + (_build_hint() if _is_source_tree()
-               else "reinstall it from its source tree with `pip install --no-build-isolation .`")
+            + (
+                _build_hint()
+                if _is_source_tree()
+                else "reinstall it from its source tree with `pip install --no-build-isolation .`"
+            )
             + "."
         )
     if not _is_source_tree():

@@ -9,10 +9,11 @@ changed, every rank re-plans (a collective check that names the parameter where 
 disagree), then reduces, once, the gradients of the parameters that just joined the plan:
 they were accumulated without a hook in this step's backward.
 """
+
 from __future__ import annotations
 
 import operator
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -24,8 +25,10 @@ _requires_grad = operator.attrgetter("requires_grad")
 
 def describe(name: str, p: torch.Tensor) -> str:
     """One parameter as the cross-rank check compares and names it."""
-    return (f"{name}: shape {tuple(p.shape)}, dtype {str(p.dtype).replace('torch.', '')}, "
-            f"device {p.device.type}, requires_grad={p.requires_grad}")
+    return (
+        f"{name}: shape {tuple(p.shape)}, dtype {str(p.dtype).replace('torch.', '')}, "
+        f"device {p.device.type}, requires_grad={p.requires_grad}"
+    )
 
 
 def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], what: str) -> int:
@@ -39,12 +42,14 @@ def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], 
     diff = first_difference(descs, "parameters")
     if diff is not None:
         index, rank, theirs, ref0 = diff
-        raise mark_raised_on_every_rank(ValueError(
-            f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
-            f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
-            f"and optimizer (same parameters, order, shapes, dtypes and requires_grad) and "
-            f"freeze or unfreeze the same parameters before the same step."
-        ))
+        raise mark_raised_on_every_rank(
+            ValueError(
+                f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
+                f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
+                f"and optimizer (same parameters, order, shapes, dtypes and requires_grad) and "
+                f"freeze or unfreeze the same parameters before the same step."
+            )
+        )
     return hash64("\n".join(descs))
 
 
@@ -52,13 +57,21 @@ class ReductionPlan:
     """The parameters of ``named`` that require grad, in backward order, and the compiled
     reducer for them. Constructing it (and ``replan``) is a collective."""
 
-    def __init__(self, named: Sequence[Tuple[str, torch.Tensor]], what: str, *, op: str,
-                 cap_bytes: int, direct_min_bytes: int, compression: str = ""):
+    def __init__(
+        self,
+        named: Sequence[tuple[str, torch.Tensor]],
+        what: str,
+        *,
+        op: str,
+        cap_bytes: int,
+        direct_min_bytes: int,
+        compression: str = "",
+    ):
         self._what = what
         self._options = (cap_bytes, direct_min_bytes, op, compression)
         self.replan(named)
 
-    def replan(self, named: Sequence[Tuple[str, torch.Tensor]]) -> List[torch.Tensor]:
+    def replan(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Plan ``named`` afresh (a collective); return the parameters that joined the plan."""
         names = [n for n, _ in named]
         params = [p for _, p in named]
@@ -82,7 +95,7 @@ class ReductionPlan:
         """Finish this step's reduction; return whether ``changed`` is true on any rank."""
         if self.order:
             return self.reducer.finalize(changed)
-        (_, anywhere), = span([int(changed)])  # nothing to reduce: a byte of its own
+        ((_, anywhere),) = span([int(changed)])  # nothing to reduce: a byte of its own
         return bool(anywhere)
 
     def reduce_once(self, params: Sequence[torch.Tensor]) -> None:
@@ -95,18 +108,25 @@ class ReductionPlan:
 
     def _reducer_options(self, plan_hash: int):
         cap, direct, op, comp = self._options
-        return C.ReducerOptions(plan=C.PlanOptions(cap_bytes=cap, direct_min_bytes=direct), op=op,
-                                compression=comp or None, plan_hash=plan_hash)
+        return C.ReducerOptions(
+            plan=C.PlanOptions(cap_bytes=cap, direct_min_bytes=direct),
+            op=op,
+            compression=comp or None,
+            plan_hash=plan_hash,
+        )
 
 
-def named_candidates(param_groups, names: dict) -> List[Tuple[str, torch.Tensor]]:
+def named_candidates(param_groups, names: dict) -> list[tuple[str, torch.Tensor]]:
     """Every parameter of an optimizer's groups, named from ``names`` (id -> name) or by
     position (``param_groups[g][i]``)."""
-    return [(names.get(id(p), f"param_groups[{g}][{i}]"), p)
-            for g, group in enumerate(param_groups) for i, p in enumerate(group["params"])]
+    return [
+        (names.get(id(p), f"param_groups[{g}][{i}]"), p)
+        for g, group in enumerate(param_groups)
+        for i, p in enumerate(group["params"])
+    ]
 
 
-def replan_if_changed(plan: ReductionPlan, changed: bool, named_now) -> Optional[List[torch.Tensor]]:
+def replan_if_changed(plan: ReductionPlan, changed: bool, named_now) -> list[torch.Tensor] | None:
     """End a step's reduction; when any rank changed, re-plan from ``named_now()`` and reduce
     the parameters that joined. Returns the new plan's order when it re-planned, else None."""
     if not plan.finalize(changed):

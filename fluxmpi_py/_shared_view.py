@@ -12,12 +12,13 @@ objects can exist.
 A copy made any other way (``pickle.dumps``, ``copy.copy``, ``copy.deepcopy``) is independent:
 it starts with the values of the original.
 """
+
 from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
-from typing import List, Sequence, Tuple
 
 import torch
 
@@ -41,16 +42,18 @@ class SharedInts:
 
     def __init__(self, values: Sequence[int]) -> None:
         mapping = mmap.mmap(-1, 8 * len(values))  # anonymous and MAP_SHARED: fork keeps it shared
-        self._keep: List[object] = [mapping]
+        self._keep: list[object] = [mapping]
         self._views = [memoryview(mapping).cast("Q")]
         self.write(values)
 
-    def read(self) -> Tuple[int, ...]:
+    def read(self) -> tuple[int, ...]:
         return tuple(self._views[0].tolist())
 
     def write(self, values: Sequence[int]) -> None:
         if len(values) != len(self._views[0]):
-            raise ValueError(f"SharedInts.write: expected {len(self._views[0])} values, got {len(values)}")
+            raise ValueError(
+                f"SharedInts.write: expected {len(self._views[0])} values, got {len(values)}"
+            )
         for k, v in enumerate(values):
             if not 0 <= v < _U64:
                 raise ValueError(f"SharedInts.write: value {k} must be in [0, 2**64), got {v}")
@@ -74,10 +77,10 @@ class SharedInts:
     def __reduce__(self):
         return (SharedInts, (self.read(),))
 
-    def __copy__(self) -> "SharedInts":
+    def __copy__(self) -> SharedInts:
         return SharedInts(self.read())
 
-    def __deepcopy__(self, memo) -> "SharedInts":
+    def __deepcopy__(self, memo) -> SharedInts:
         return SharedInts(self.read())
 
     def __repr__(self) -> str:

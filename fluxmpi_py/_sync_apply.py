@@ -2,6 +2,7 @@
 (plan: find each tensor to write in place or create, and every mismatch, before any data
 moves), then, once the tensors have arrived, return the synchronized object (rebuild).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,19 @@ import dataclasses
 import torch
 from torch import nn
 
-from ._sync_walk import (_MISSING, _TYPE, _VALUE, _SyncError, _attr_path, _is_optimizer,
-                         _is_stateful, _key_path, _scaler_enabled, _show, _type_name)
+from ._sync_walk import (
+    _MISSING,
+    _TYPE,
+    _VALUE,
+    _attr_path,
+    _is_optimizer,
+    _is_stateful,
+    _key_path,
+    _scaler_enabled,
+    _show,
+    _SyncError,
+    _type_name,
+)
 
 
 def _shape(s) -> str:
@@ -75,8 +87,11 @@ class _Planner:
                 self._kind_error(path, "an object with state_dict/load_state_dict", x)
             enabled = _scaler_enabled(x)
             if node[2] is not None and enabled != node[2]:
-                self._fail(_VALUE, path, self._where(f"GradScaler(enabled={enabled})",
-                                                     f"GradScaler(enabled={node[2]})"))
+                self._fail(
+                    _VALUE,
+                    path,
+                    self._where(f"GradScaler(enabled={enabled})", f"GradScaler(enabled={node[2]})"),
+                )
             self.plan(node[1], x.state_dict(), path)
         elif tag == "D":
             xd = x if isinstance(x, dict) else {}
@@ -105,12 +120,17 @@ class _Planner:
             p = _attr_path(path, name)
             t = local.pop(name, _MISSING)
             if t is _MISSING:
-                self._fail(_VALUE, p, self._where("missing", f"shape {_shape(self.meta[first + j][1])}"))
+                self._fail(
+                    _VALUE, p, self._where("missing", f"shape {_shape(self.meta[first + j][1])}")
+                )
             self.tensor(first + j, t, p)
         if local:
             name = next(iter(local))
-            self._fail(_VALUE, _attr_path(path, name),
-                       f"present on rank {self.rank} but not on root {self.root}")
+            self._fail(
+                _VALUE,
+                _attr_path(path, name),
+                f"present on rank {self.rank} but not on root {self.root}",
+            )
 
     def plan_optimizer(self, node, x, path: str):
         if not _is_optimizer(x):
@@ -118,8 +138,9 @@ class _Planner:
         _, sd_node, meta, sizes = node
         mine = [len(g["params"]) for g in x.param_groups]
         if mine != sizes:
-            self._fail(_VALUE, _attr_path(path, "param_groups"),
-                       self._where(f"group sizes {mine}", sizes))
+            self._fail(
+                _VALUE, _attr_path(path, "param_groups"), self._where(f"group sizes {mine}", sizes)
+            )
         params = [p for g in x.param_groups for p in g["params"]]
         pos = [(g, k) for g, n in enumerate(sizes) for k in range(n)]
         for p, (shape, dtype), (g, k) in zip(params, meta, pos):
@@ -169,8 +190,9 @@ class _Planner:
             return out
         if tag in ("L", "U"):
             xs = x if isinstance(x, (list, tuple)) else ()
-            new = [self.rebuild(c, xs[i] if i < len(xs) else _MISSING)
-                   for i, c in enumerate(node[1])]
+            new = [
+                self.rebuild(c, xs[i] if i < len(xs) else _MISSING) for i, c in enumerate(node[1])
+            ]
             if tag == "L":
                 if type(x) is list:
                     x[:] = new
@@ -180,14 +202,16 @@ class _Planner:
         if tag == "N":
             cls = node[1]
             xs = x if isinstance(x, tuple) else ()
-            new = [self.rebuild(c, xs[i] if i < len(xs) else _MISSING)
-                   for i, c in enumerate(node[3])]
+            new = [
+                self.rebuild(c, xs[i] if i < len(xs) else _MISSING) for i, c in enumerate(node[3])
+            ]
             return x if _same_items(x, cls, new) else cls(*new)
         if tag == "C":
             _, cls, frozen, items = node
             ok = type(x) is cls
-            new = [(f, self.rebuild(c, getattr(x, f, _MISSING) if ok else _MISSING))
-                   for f, c in items]
+            new = [
+                (f, self.rebuild(c, getattr(x, f, _MISSING) if ok else _MISSING)) for f, c in items
+            ]
             if ok and not frozen:
                 for f, v in new:
                     setattr(x, f, v)

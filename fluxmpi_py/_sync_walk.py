@@ -2,6 +2,7 @@
 tuples (picklable, so the root's tree can travel) plus its tensor leaves, in a fixed order.
 Also the helpers both sides share: paths, error classes, and the kinds of stateful objects.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,12 @@ from ._agreement import hash64
 from ._loader import C
 
 # Error classes understood by the compiled agreement (ops/consensus.h: ErrorClass).
-_NONE, _VALUE, _TYPE, _RUNTIME = (C.ErrorClass.NONE, C.ErrorClass.VALUE, C.ErrorClass.TYPE,
-                                  C.ErrorClass.RUNTIME)
+_NONE, _VALUE, _TYPE, _RUNTIME = (
+    C.ErrorClass.NONE,
+    C.ErrorClass.VALUE,
+    C.ErrorClass.TYPE,
+    C.ErrorClass.RUNTIME,
+)
 _MISSING = object()
 
 
@@ -52,15 +57,20 @@ def _type_name(x) -> str:
 def _is_optimizer(x) -> bool:
     # torch optimizers and wrappers that look like them (fluxmpi_py's DistributedOptimizer).
     return isinstance(x, torch.optim.Optimizer) or (
-        hasattr(x, "param_groups") and callable(getattr(x, "state_dict", None))
-        and callable(getattr(x, "load_state_dict", None)) and hasattr(x, "state")
+        hasattr(x, "param_groups")
+        and callable(getattr(x, "state_dict", None))
+        and callable(getattr(x, "load_state_dict", None))
+        and hasattr(x, "state")
     )
 
 
 def _is_stateful(x) -> bool:
     # LR schedulers, GradScaler and anything else that saves and loads its state.
-    return not isinstance(x, type) and callable(getattr(x, "state_dict", None)) and callable(
-        getattr(x, "load_state_dict", None))
+    return (
+        not isinstance(x, type)
+        and callable(getattr(x, "state_dict", None))
+        and callable(getattr(x, "load_state_dict", None))
+    )
 
 
 def _scaler_enabled(x):
@@ -85,20 +95,26 @@ class _Flattener:
     def __init__(self):
         self.tensors = []
         self.paths = []
-        self.strict = []     # leaf must be updated in place (its shape must match the root's)
-        self.tokens = []     # structure, for the cross-rank hash
+        self.strict = []  # leaf must be updated in place (its shape must match the root's)
+        self.tokens = []  # structure, for the cross-rank hash
         self.generators = []
-        self.pure = True     # no non-tensor value needs the root's copy
+        self.pure = True  # no non-tensor value needs the root's copy
         self._strict = True
         self._active = set()
 
     def leaf(self, t, path: str):
         if t.layout is not torch.strided:
-            raise _SyncError(_TYPE, f"{_show(path)}: tensors with layout {t.layout} cannot be "
-                             "synchronized; only dense (strided) tensors can")
+            raise _SyncError(
+                _TYPE,
+                f"{_show(path)}: tensors with layout {t.layout} cannot be "
+                "synchronized; only dense (strided) tensors can",
+            )
         if not (t.is_cpu or t.is_cuda):
-            raise _SyncError(_TYPE, f"{_show(path)}: tensors on {t.device} cannot be "
-                             "synchronized; expected a CPU or CUDA tensor")
+            raise _SyncError(
+                _TYPE,
+                f"{_show(path)}: tensors on {t.device} cannot be "
+                "synchronized; expected a CPU or CUDA tensor",
+            )
         i = len(self.tensors)
         self.tensors.append(t)
         self.paths.append(path)
@@ -163,28 +179,44 @@ class _Flattener:
 
     def container(self, x, path: str):
         if id(x) in self._active:
-            raise _SyncError(_TYPE, f"{_show(path)}: a {_type_name(x)} that contains itself "
-                             "cannot be synchronized")
+            raise _SyncError(
+                _TYPE,
+                f"{_show(path)}: a {_type_name(x)} that contains itself cannot be synchronized",
+            )
         self._active.add(id(x))
         try:
             t = type(x)
             if isinstance(x, dict):
                 self.tokens.append(f"D:{t.__module__}.{t.__qualname__}:{list(x)!r}")
                 factory = x.default_factory if isinstance(x, defaultdict) else None
-                return ("D", t, factory,
-                        [(k, self.visit(v, _key_path(path, k))) for k, v in x.items()])
+                return (
+                    "D",
+                    t,
+                    factory,
+                    [(k, self.visit(v, _key_path(path, k))) for k, v in x.items()],
+                )
             if t is list or t is tuple:
                 self.tokens.append(f"{t.__name__}:{len(x)}")
-                return ("L" if t is list else "U",
-                        [self.visit(v, f"{path}[{i}]") for i, v in enumerate(x)])
+                return (
+                    "L" if t is list else "U",
+                    [self.visit(v, f"{path}[{i}]") for i, v in enumerate(x)],
+                )
             if isinstance(x, tuple):  # namedtuple
                 self.tokens.append(f"N:{t.__module__}.{t.__qualname__}")
-                return ("N", t, t._fields,
-                        [self.visit(v, _attr_path(path, f)) for f, v in zip(t._fields, x)])
+                return (
+                    "N",
+                    t,
+                    t._fields,
+                    [self.visit(v, _attr_path(path, f)) for f, v in zip(t._fields, x)],
+                )
             self.tokens.append(f"C:{t.__module__}.{t.__qualname__}")
             fields = [f.name for f in dataclasses.fields(x)]
-            return ("C", t, t.__dataclass_params__.frozen,
-                    [(f, self.visit(getattr(x, f), _attr_path(path, f))) for f in fields])
+            return (
+                "C",
+                t,
+                t.__dataclass_params__.frozen,
+                [(f, self.visit(getattr(x, f), _attr_path(path, f))) for f in fields],
+            )
         finally:
             self._active.discard(id(x))
 
@@ -192,9 +224,18 @@ class _Flattener:
         return hash64("\x1f".join(self.tokens))
 
     def leaf_meta(self):
-        return [(p, tuple(t.shape), t.dtype, t.device.type, s, isinstance(t, nn.Parameter),
-                 t.requires_grad)
-                for p, t, s in zip(self.paths, self.tensors, self.strict)]
+        return [
+            (
+                p,
+                tuple(t.shape),
+                t.dtype,
+                t.device.type,
+                s,
+                isinstance(t, nn.Parameter),
+                t.requires_grad,
+            )
+            for p, t, s in zip(self.paths, self.tensors, self.strict)
+        ]
 
 
 class _ModuleWalk:
@@ -220,9 +261,11 @@ class _ModuleWalk:
         # With each dict's version tag (CPython < 3.12; -1 elsewhere): an unmodified dict is
         # then recognised without reading its entries.
         version = C.dict_version
-        self.snapshot = [(d, list(d), list(d.values()), version(d))
-                         for sub in m.modules()
-                         for d in (sub._parameters, sub._buffers, sub._modules)]
+        self.snapshot = [
+            (d, list(d), list(d.values()), version(d))
+            for sub in m.modules()
+            for d in (sub._parameters, sub._buffers, sub._modules)
+        ]
 
     def structure_hash(self) -> int:
         """synchronize_(module)'s structure hash, from the cached walk alone."""
@@ -237,22 +280,29 @@ class _ModuleWalk:
         return self._ctensors
 
 
-
 # id(module) -> (weak reference to the module, its last walk). Reused while the module holds
 # the same tensors: walking a model of a thousand parameters through named_parameters() costs
 # about as much as broadcasting it. The weak reference's callback drops the entry.
 _walks: dict = {}
 # Classes that change how parameters are listed are walked every time.
-_PLAIN_LISTING = (nn.Module.named_parameters, nn.Module.named_buffers, nn.Module.named_modules,
-                  nn.Module._named_members)
+_PLAIN_LISTING = (
+    nn.Module.named_parameters,
+    nn.Module.named_buffers,
+    nn.Module.named_modules,
+    nn.Module._named_members,
+)
 _plain_types: dict = {}
 
 
 def _is_plain(t) -> bool:
     plain = _plain_types.get(t)
     if plain is None:
-        plain = _plain_types[t] = (t.named_parameters, t.named_buffers, t.named_modules,
-                                   t._named_members) == _PLAIN_LISTING
+        plain = _plain_types[t] = (
+            t.named_parameters,
+            t.named_buffers,
+            t.named_modules,
+            t._named_members,
+        ) == _PLAIN_LISTING
     return plain
 
 
@@ -293,6 +343,7 @@ def _children(node, path: str):
 
 def _pickle_error(node, path: str, err: Exception) -> _SyncError:
     """Find the first part of the root's tree that does not pickle, to name it."""
+
     def bad(x):
         try:
             pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
@@ -309,9 +360,15 @@ def _pickle_error(node, path: str, err: Exception) -> _SyncError:
         for what in parts:
             e = bad(what)
             if e is not None:
-                kind = (f"class {what.__module__}.{what.__qualname__}" if isinstance(what, type)
-                        else f"an object of type {_type_name(what)}")
-                return _SyncError(_TYPE, f"{_show(p)}: cannot synchronize {kind}: it is not a "
-                                  f"tensor, module, optimizer, container or picklable value ({e})")
+                kind = (
+                    f"class {what.__module__}.{what.__qualname__}"
+                    if isinstance(what, type)
+                    else f"an object of type {_type_name(what)}"
+                )
+                return _SyncError(
+                    _TYPE,
+                    f"{_show(p)}: cannot synchronize {kind}: it is not a "
+                    f"tensor, module, optimizer, container or picklable value ({e})",
+                )
         stack.extend(reversed(_children(n, p)))
     return _SyncError(_TYPE, f"{_show(path)}: cannot pickle the root's objects: {err}")

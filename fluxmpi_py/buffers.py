@@ -4,12 +4,12 @@ behind ``DistributedOptimizer(module=...)``.
 Each rank's forward passes update buffers such as BatchNorm's running statistics from that
 rank's data alone, so without a sync they drift apart and evaluation differs by rank.
 """
+
 from __future__ import annotations
 
 import operator
 import warnings
 import weakref
-from typing import List, Optional, Tuple
 
 import torch
 
@@ -22,10 +22,12 @@ __all__ = ["synchronize_buffers_"]
 _MODES = ("average", "broadcast")
 
 
-def _named_buffer_slots(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+def _named_buffer_slots(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
     """(name, owning module, key) of every buffer of ``module``, each tensor once."""
-    return [(name, module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
-            for name, _ in module.named_buffers()]
+    return [
+        (name, module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
+        for name, _ in module.named_buffers()
+    ]
 
 
 class BufferSync:
@@ -44,23 +46,30 @@ class BufferSync:
         if mode not in _MODES:
             raise ValueError(f"{what}: buffers mode {mode!r}: expected 'average' or 'broadcast'")
         if type(root_rank) is not int or not 0 <= root_rank < C.size():
-            raise ValueError(f"{what}: root_rank must be an int in [0, {C.size()}), got {root_rank!r}")
+            raise ValueError(
+                f"{what}: root_rank must be an int in [0, {C.size()}), got {root_rank!r}"
+            )
         self._mode, self._root = mode, root_rank
-        self._bufs: Optional[List[torch.Tensor]] = None
+        self._bufs: list[torch.Tensor] | None = None
         self._slots = _named_buffer_slots(module)
         descs = []
         for name, owner, key in self._slots:
             b = owner._buffers[key]
-            descs.append(f"{name}: shape {tuple(b.shape)}, dtype {str(b.dtype).replace('torch.', '')}, "
-                         f"device {b.device.type}")
+            descs.append(
+                f"{name}: shape {tuple(b.shape)}, dtype {str(b.dtype).replace('torch.', '')}, "
+                f"device {b.device.type}"
+            )
         diff = first_difference(descs, "buffers")
         if diff is not None:
             index, rank, theirs, ref0 = diff
-            raise mark_raised_on_every_rank(ValueError(
-                f"{what}: the module's buffers differ across ranks; first difference at buffer "
-                f"{index}: rank {rank} has {theirs}, rank 0 has {ref0}"))
+            raise mark_raised_on_every_rank(
+                ValueError(
+                    f"{what}: the module's buffers differ across ranks; first difference at buffer "
+                    f"{index}: rank {rank} has {theirs}, rank 0 has {ref0}"
+                )
+            )
 
-    def _plan(self, bufs: List[torch.Tensor]) -> None:
+    def _plan(self, bufs: list[torch.Tensor]) -> None:
         """One persistent flat tensor per (dtype, device), with a view per buffer."""
         groups: dict = {}
         for b in bufs:
@@ -68,7 +77,9 @@ class BufferSync:
         self._groups = []
         for (dtype, device), members in groups.items():
             flat = torch.empty(sum(b.numel() for b in members), dtype=dtype, device=device)
-            views = [c.view(b.shape) for c, b in zip(flat.split([b.numel() for b in members]), members)]
+            views = [
+                c.view(b.shape) for c, b in zip(flat.split([b.numel() for b in members]), members)
+            ]
             average = self._mode == "average" and (dtype.is_floating_point or dtype.is_complex)
             self._groups.append((members, flat, views, average))
         self._bufs = bufs
@@ -100,8 +111,9 @@ class BufferSync:
 
 
 @user_call.of("synchronize_buffers_()")
-def synchronize_buffers_(module: torch.nn.Module, mode: str = "average", *,
-                         root_rank: int = 0) -> torch.nn.Module:
+def synchronize_buffers_(
+    module: torch.nn.Module, mode: str = "average", *, root_rank: int = 0
+) -> torch.nn.Module:
     """Make ``module``'s buffers (BatchNorm's running statistics, counters) equal on every
     rank, in place, and return the module. A collective.
 
@@ -130,7 +142,7 @@ def synchronize_buffers_(module: torch.nn.Module, mode: str = "average", *,
 
 # Modules passed to synchronize_: the standard recipe syncs the model before it builds the
 # optimizer, so this is how a DistributedOptimizer without module= finds buffers to watch.
-_synchronized_modules: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_synchronized_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def note_synchronized_module(module: torch.nn.Module) -> None:
@@ -148,12 +160,20 @@ class _BufferWatch:
     bumping their version)."""
 
     def __init__(self, slots):
-        self._seen = [(name, owner, key, owner._buffers[key], owner._buffers[key]._version)
-                      for name, owner, key in slots]
+        self._seen = [
+            (name, owner, key, owner._buffers[key], owner._buffers[key]._version)
+            for name, owner, key in slots
+        ]
 
     def check(self) -> None:
-        changed = next(((name, owner) for name, owner, key, b, v in self._seen
-                        if owner._buffers.get(key) is not b or b._version != v), None)
+        changed = next(
+            (
+                (name, owner)
+                for name, owner, key, b, v in self._seen
+                if owner._buffers.get(key) is not b or b._version != v
+            ),
+            None,
+        )
         if changed is not None and C.rank() == 0:
             name, owner = changed
             warnings.warn(
@@ -162,10 +182,11 @@ class _BufferWatch:
                 f"nothing keeps buffers equal across ranks, so evaluation will differ by rank. "
                 f"Pass module=model to DistributedOptimizer (it then averages buffers after each "
                 f"step), or call fluxmpi_py.synchronize_buffers_(model) before evaluating.",
-                stacklevel=4)
+                stacklevel=4,
+            )
 
 
-def watch_unsynced_buffers(param_groups) -> Optional[_BufferWatch]:
+def watch_unsynced_buffers(param_groups) -> _BufferWatch | None:
     """A watch over the buffers of a module passed to synchronize_ that owns these
     parameters, or None (no such module, it has no buffers, or the world is one rank)."""
     if C.size() == 1 or not len(_synchronized_modules):

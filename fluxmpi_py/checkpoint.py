@@ -12,12 +12,13 @@ every rank through ``synchronize_`` and loads them into the objects passed by ke
 Both are collectives (every rank calls them). An error on any rank, such as a missing file on
 rank 0, raises the same exception on every rank instead of leaving the others waiting.
 """
+
 from __future__ import annotations
 
 import os
 import pickle
 from collections import OrderedDict
-from typing import Any, List
+from typing import Any
 
 import torch
 
@@ -34,8 +35,10 @@ _VERSION = 1
 
 def _check_path(path, fn: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{fn}: path must be a str or os.PathLike, got {type(path).__name__} "
-                        f"on rank {local_rank()}")
+        raise TypeError(
+            f"{fn}: path must be a str or os.PathLike, got {type(path).__name__} "
+            f"on rank {local_rank()}"
+        )
     return os.fspath(path)
 
 
@@ -62,20 +65,29 @@ def save_checkpoint(path, **objects) -> str:
     try:
         path = _check_path(path, "save_checkpoint")
         if not objects:
-            raise ValueError("save_checkpoint: nothing to save; pass objects by keyword, "
-                             "e.g. save_checkpoint(path, model=model, optimizer=opt)")
+            raise ValueError(
+                "save_checkpoint: nothing to save; pass objects by keyword, "
+                "e.g. save_checkpoint(path, model=model, optimizer=opt)"
+            )
         if local_rank() == 0:
-            payload = {"format": _FORMAT, "version": _VERSION, "world_size": total_workers(),
-                       "objects": {k: _state_of(v) for k, v in objects.items()}}
+            payload = {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "world_size": total_workers(),
+                "objects": {k: _state_of(v) for k, v in objects.items()},
+            }
             write_atomic(path, lambda f: torch.save(payload, f), durable=True)
     except Exception as e:  # folded into the agreement below, so every rank raises it
         error = e
-    raise_together(error, f"save_checkpoint({path!r})")  # also keeps the others until rank 0 is done
+    raise_together(
+        error, f"save_checkpoint({path!r})"
+    )  # also keeps the others until rank 0 is done
     return path
 
 
 class _Slot:
     """Where a tensor was in the tree; the tensors travel separately, coalesced."""
+
     __slots__ = ("index",)
 
     def __init__(self, index: int):
@@ -111,19 +123,21 @@ def _map_leaves(tree: Any, is_leaf, fn) -> Any:
     return tree
 
 
-def _split(tree: Any, tensors: List[torch.Tensor]) -> Any:
+def _split(tree: Any, tensors: list[torch.Tensor]) -> Any:
     """Replace the tensors in a nested dict/list/tuple by _Slot markers, collecting them."""
+
     def take(t):
         tensors.append(t.detach().contiguous())
         return _Slot(len(tensors) - 1)
+
     return _map_leaves(tree, lambda x: isinstance(x, torch.Tensor), take)
 
 
-def _join(tree: Any, tensors: List[torch.Tensor]) -> Any:
+def _join(tree: Any, tensors: list[torch.Tensor]) -> Any:
     return _map_leaves(tree, lambda x: isinstance(x, _Slot), lambda s: tensors[s.index])
 
 
-def _sync_tensors(tensors: List[torch.Tensor]) -> None:
+def _sync_tensors(tensors: list[torch.Tensor]) -> None:
     if not tensors:
         return
     synchronize_(tensors, root_rank=0)  # coalesced broadcast, in place
@@ -136,8 +150,10 @@ def _read(path: str, weights_only: bool) -> dict:
         return data["objects"]
     if isinstance(data, dict):  # a plain torch.save of a dict: take it as it is
         return data
-    raise ValueError(f"load_checkpoint: {path!r} holds a {type(data).__name__}, not a checkpoint "
-                     f"dict (write it with save_checkpoint)")
+    raise ValueError(
+        f"load_checkpoint: {path!r} holds a {type(data).__name__}, not a checkpoint "
+        f"dict (write it with save_checkpoint)"
+    )
 
 
 @user_call.of("load_checkpoint()")
@@ -161,19 +177,25 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
     """
     error = None
     skeleton, meta = None, None
-    tensors: List[torch.Tensor] = []
+    tensors: list[torch.Tensor] = []
     try:
         path = _check_path(path, "load_checkpoint")
         for name, obj in targets.items():
-            if not (callable(getattr(obj, "load_state_dict", None)) or isinstance(obj, torch.Tensor)):
-                raise TypeError(f"load_checkpoint: {name}= must have load_state_dict() or be a "
-                                f"tensor, got {type(obj).__name__} on rank {local_rank()}")
+            if not (
+                callable(getattr(obj, "load_state_dict", None)) or isinstance(obj, torch.Tensor)
+            ):
+                raise TypeError(
+                    f"load_checkpoint: {name}= must have load_state_dict() or be a "
+                    f"tensor, got {type(obj).__name__} on rank {local_rank()}"
+                )
         if local_rank() == 0:
             objects = _read(path, weights_only)
             missing = [k for k in targets if k not in objects]
             if missing:
-                raise KeyError(f"load_checkpoint: {path!r} has no entry {missing[0]!r} "
-                               f"(it has {sorted(map(str, objects))})")
+                raise KeyError(
+                    f"load_checkpoint: {path!r} has no entry {missing[0]!r} "
+                    f"(it has {sorted(map(str, objects))})"
+                )
             skeleton = _split(objects, tensors)
             meta = [(tuple(t.shape), t.dtype) for t in tensors]
     except Exception as e:

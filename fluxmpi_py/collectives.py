@@ -9,6 +9,7 @@ bool). Any strided tensor works, contiguous or not (a transposed view, a strided
 result is written back into it. Host tensors travel through MPI; CUDA tensors through NCCL in
 builds with CUDA.
 """
+
 from __future__ import annotations
 
 import operator
@@ -43,7 +44,9 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
         try:
             root = (operator.index(root_rank),)
         except TypeError:
-            errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
+            errors.append(
+                f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})"
+            )
             root = (0,)
     return fn(tensor, *args, *root, "; ".join(errors))
 

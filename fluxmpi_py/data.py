@@ -23,17 +23,27 @@ Resuming: ``state_dict()`` holds ``epoch``, ``seed`` and ``position``, the numbe
 of this rank's shard already delivered in that epoch (plus ``n`` and ``world_size``, checked on
 load). After ``load_state_dict`` the object continues at exactly that position.
 """
+
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from ._data_args import (_agree_across_ranks, _check_epoch, _check_range, _check_seed, _check_state,
-                         _dataset_length, _mode, _world)
-from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
 from ._agreement import user_call
+from ._data_args import (
+    _agree_across_ranks,
+    _check_epoch,
+    _check_range,
+    _check_seed,
+    _check_state,
+    _dataset_length,
+    _mode,
+    _world,
+)
+from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
 from ._loader import C
 from ._shared_view import SharedInts
 
@@ -72,27 +82,43 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     """
 
     @user_call.of("DistributedDataContainer()")
-    def __init__(self, data: Any, *, shuffle: bool = False, seed: int = 0, pad: bool = True,
-                 drop_last: bool = False, rank: Optional[int] = None,
-                 world_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        pad: bool = True,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         owner = "DistributedDataContainer"
         if not hasattr(type(data), "__getitem__"):
-            raise TypeError(f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}")
+            raise TypeError(
+                f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}"
+            )
         self._n = _dataset_length(data, "data", owner)
         self._rank, self._world = _world(owner, rank, world_size, "rank", "world_size")
         seed = _check_seed(seed, owner)
         self._shuffle = bool(shuffle)
         self._mode = _mode(pad, drop_last)
-        _agree_across_ranks(owner, rank is not None or world_size is not None, n=self._n,
-                            seed=seed, shuffle=self._shuffle, mode=("pad", "drop_last", "even").index(self._mode))
+        _agree_across_ranks(
+            owner,
+            rank is not None or world_size is not None,
+            n=self._n,
+            seed=seed,
+            shuffle=self._shuffle,
+            mode=("pad", "drop_last", "even").index(self._mode),
+        )
         self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
         # (epoch, seed, start): what set_epoch and load_state_dict change, shared with the copies
         # in DataLoader workers; start is the resume offset into the shard for this epoch.
         self._view = SharedInts((0, seed, 0))
-        self._yielded = 0    # items the container's own iterator delivered after start
+        self._yielded = 0  # items the container's own iterator delivered after start
         self.data = data
 
-    def __copy__(self) -> "DistributedDataContainer":
+    def __copy__(self) -> DistributedDataContainer:
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new._view = SharedInts(self._view.read())  # a copy's set_epoch is its own
@@ -125,7 +151,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         epoch, seed, start = self._view.read()
         return self.data[C.shard_index(*self._spec(epoch, seed), self._position(i, start))]
 
-    def __getitems__(self, indices: List[int]) -> list:
+    def __getitems__(self, indices: list[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
         epoch, seed, start = self._view.read()
         spec = self._spec(epoch, seed)
@@ -185,7 +211,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             self._yielded = 0
         self._view.write((epoch, seed, start))
 
-    def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
+    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
 
         ``position`` = the resume offset plus ``consumed`` (samples your loop took from the
@@ -198,13 +224,24 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         """
         if consumed is None:
             consumed = self._yielded
-        consumed = _check_range(consumed, "consumed", "DistributedDataContainer.state_dict", 0,
-                                len(self) + 1, f"len(self)={len(self)}]")
+        consumed = _check_range(
+            consumed,
+            "consumed",
+            "DistributedDataContainer.state_dict",
+            0,
+            len(self) + 1,
+            f"len(self)={len(self)}]",
+        )
         epoch, seed, start = self._view.read()
-        return {"epoch": epoch, "seed": seed, "position": start + consumed,
-                "n": self._n, "world_size": self._world}
+        return {
+            "epoch": epoch,
+            "seed": seed,
+            "position": start + consumed,
+            "n": self._n,
+            "world_size": self._world,
+        }
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue at ``state``'s epoch, seed and position (see ``state_dict``).
 
         >>> import fluxmpi_py as fm
@@ -217,9 +254,11 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         self._yielded = 0
 
     def __repr__(self) -> str:
-        return (f"DistributedDataContainer(n={self._n}, rank={self._rank}, world_size={self._world}, "
-                f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self.seed}, "
-                f"epoch={self.epoch})")
+        return (
+            f"DistributedDataContainer(n={self._n}, rank={self._rank}, world_size={self._world}, "
+            f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )
 
 
 class DistributedSampler(torch.utils.data.Sampler):
@@ -256,8 +295,16 @@ class DistributedSampler(torch.utils.data.Sampler):
     """
 
     @user_call.of("DistributedSampler()")
-    def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        pad: bool = True,
+    ) -> None:
         super().__init__()
         owner = "DistributedSampler"
         self._n = _dataset_length(dataset, "dataset", owner, allow_int=True)
@@ -272,20 +319,32 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.pad = bool(pad)
         self.epoch = 0
         self._mode = _mode(pad, drop_last)
-        _agree_across_ranks(owner, rank is not None or num_replicas is not None, n=self._n, seed=self.seed,
-                            shuffle=self.shuffle, mode=("pad", "drop_last", "even").index(self._mode))
+        _agree_across_ranks(
+            owner,
+            rank is not None or num_replicas is not None,
+            n=self._n,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            mode=("pad", "drop_last", "even").index(self._mode),
+        )
         self.num_samples = C.shard_range(self._n, self.num_replicas, self.rank, self._mode)[1]
         # torch's attribute: positions dealt out over all ranks this epoch
         self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas
-        self._resume = 0     # start of the next iterator (load_state_dict), then 0
-        self._first = 0      # start of the latest iterator
-        self._last = None    # the latest iterator (read .position), or its position once pickled
+        self._resume = 0  # start of the next iterator (load_state_dict), then 0
+        self._first = 0  # start of the latest iterator
+        self._last = None  # the latest iterator (read .position), or its position once pickled
 
     def _spec(self):
         # Read at each iterator, as torch does, so attributes set directly are honoured.
-        return (self._n, self.num_replicas, self.rank, self._mode, bool(self.shuffle),
-                _check_seed(self.seed, "DistributedSampler"),
-                _check_epoch(self.epoch, "DistributedSampler"))
+        return (
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self._mode,
+            bool(self.shuffle),
+            _check_seed(self.seed, "DistributedSampler"),
+            _check_epoch(self.epoch, "DistributedSampler"),
+        )
 
     def __len__(self) -> int:
         return self.num_samples - self._resume
@@ -322,7 +381,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             self._resume, self._first, self._last = 0, 0, None
         self.epoch = epoch
 
-    def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
+    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
 
         ``position`` is how far the latest iterator got; with ``consumed``, it is where that
@@ -338,13 +397,24 @@ class DistributedSampler(torch.utils.data.Sampler):
             position = self._position()
         else:
             base = self._resume if self._last is None else self._first
-            consumed = _check_range(consumed, "consumed", owner, 0, self.num_samples - base + 1,
-                                    f"{self.num_samples - base}]")
+            consumed = _check_range(
+                consumed,
+                "consumed",
+                owner,
+                0,
+                self.num_samples - base + 1,
+                f"{self.num_samples - base}]",
+            )
             position = base + consumed
-        return {"epoch": _check_epoch(self.epoch, owner), "seed": _check_seed(self.seed, owner),
-                "position": position, "n": self._n, "world_size": self.num_replicas}
+        return {
+            "epoch": _check_epoch(self.epoch, owner),
+            "seed": _check_seed(self.seed, owner),
+            "position": position,
+            "n": self._n,
+            "world_size": self.num_replicas,
+        }
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next iterator continue at ``state``'s epoch, seed and position.
 
         >>> import fluxmpi_py as fm
@@ -357,6 +427,8 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._first, self._last = 0, None
 
     def __repr__(self) -> str:
-        return (f"DistributedSampler(n={self._n}, rank={self.rank}, num_replicas={self.num_replicas}, "
-                f"len={len(self)}, mode={self._mode!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"epoch={self.epoch})")
+        return (
+            f"DistributedSampler(n={self._n}, rank={self.rank}, num_replicas={self.num_replicas}, "
+            f"len={len(self)}, mode={self._mode!r}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )

@@ -17,6 +17,7 @@ streamed as it comes. ``launch`` returns rank 0's return value, or raises :class
 carrying the traceback of the rank that failed first. A timeout, an error or Ctrl-C (a Jupyter
 interrupt) kills every process of the job, so no rank outlives the call.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -33,7 +34,7 @@ import textwrap
 import time
 import traceback
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from ._files import write_atomic
 
@@ -46,11 +47,29 @@ __all__ = ["launch", "LaunchError"]
 
 # Variables that an MPI launcher (or a singleton MPI_Init) puts into a rank's environment.
 # A nested mpiexec that inherits them believes it is part of the outer job, so they go.
-_LAUNCHER_PREFIXES = ("PMIX_", "PMI_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess",
-                      "OMPI_MCA_pmix", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
-_LAUNCHER_NAMES = ("OMPI_APP_CTX_NUM_PROCS", "OMPI_COMMAND", "OMPI_FILE_LOCATION", "OMPI_FIRST_RANKS",
-                   "OMPI_NUM_APP_CTX", "OMPI_UNIVERSE_SIZE", "OMPI_ARGV", "OMPI_MCA_initial_wdir",
-                   "OMPI_MCA_mpi_oversubscribe", "OMPI_MCA_shmem_RUNTIME_QUERY_hint")
+_LAUNCHER_PREFIXES = (
+    "PMIX_",
+    "PMI_",
+    "OMPI_COMM_WORLD_",
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_pmix",
+    "HYDRA_",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+)
+_LAUNCHER_NAMES = (
+    "OMPI_APP_CTX_NUM_PROCS",
+    "OMPI_COMMAND",
+    "OMPI_FILE_LOCATION",
+    "OMPI_FIRST_RANKS",
+    "OMPI_NUM_APP_CTX",
+    "OMPI_UNIVERSE_SIZE",
+    "OMPI_ARGV",
+    "OMPI_MCA_initial_wdir",
+    "OMPI_MCA_mpi_oversubscribe",
+    "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+)
 
 _CHILD_CODE = "import sys; from fluxmpi_py.launch import _child_main; _child_main(sys.argv[1])"
 _TAIL_LINES = 60
@@ -66,8 +85,13 @@ class LaunchError(RuntimeError):
     True
     """
 
-    def __init__(self, message: str, rank: Optional[int] = None, exc_type: Optional[str] = None,
-                 remote_traceback: str = ""):
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        exc_type: str | None = None,
+        remote_traceback: str = "",
+    ):
         super().__init__(message)
         self.rank = rank
         self.exc_type = exc_type
@@ -88,17 +112,23 @@ def _encode_callable(fn: Callable) -> dict:
         try:
             return {"kind": "pickle", "data": pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)}
         except (pickle.PicklingError, TypeError, AttributeError) as e:
-            raise TypeError(f"launch: cannot pickle {fn!r} ({e}); pass a module-level function, "
-                            f"or install cloudpickle") from e
+            raise TypeError(
+                f"launch: cannot pickle {fn!r} ({e}); pass a module-level function, "
+                f"or install cloudpickle"
+            ) from e
     name = getattr(fn, "__name__", "")
     if not inspect.isfunction(fn) or name == "<lambda>":
-        raise TypeError(f"launch: {fn!r} is defined in __main__ and cloudpickle is not installed, "
-                        f"so it must be a named function (def) whose source can be sent to the ranks")
+        raise TypeError(
+            f"launch: {fn!r} is defined in __main__ and cloudpickle is not installed, "
+            f"so it must be a named function (def) whose source can be sent to the ranks"
+        )
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as e:
-        raise TypeError(f"launch: the source of {name} is not available ({e}); define it in a "
-                        f"module, or install cloudpickle") from e
+        raise TypeError(
+            f"launch: the source of {name} is not available ({e}); define it in a "
+            f"module, or install cloudpickle"
+        ) from e
     return {"kind": "source", "source": source, "name": name}
 
 
@@ -110,11 +140,18 @@ def _decode_callable(spec: dict) -> Callable:
     return namespace[spec["name"]]
 
 
-def _child_env(np: int, extra: Optional[dict]) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_NAMES}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+def _child_env(np: int, extra: dict | None) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_NAMES
+    }
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONUNBUFFERED="1",
+    )
     # Share the cores instead of every rank starting one thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // np)))
     # The ranks must import what the parent imports (fluxmpi_py, the module of fn).
@@ -174,7 +211,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
             pass
 
 
-def _stream(proc: subprocess.Popen, deadline: Optional[float], tail: deque) -> bool:
+def _stream(proc: subprocess.Popen, deadline: float | None, tail: deque) -> bool:
     """Copy the ranks' stdout/stderr to ours as it arrives (from this thread, so that Jupyter
     shows it under the running cell). Returns False if the deadline passed first."""
     sel = selectors.DefaultSelector()
@@ -223,11 +260,18 @@ def _mpiexec() -> list:
     if _MPIEXEC is None:
         path = shutil.which("mpiexec") or shutil.which("mpirun")
         if path is None:
-            raise RuntimeError("launch: mpiexec is not on PATH; install Open MPI "
-                               "(apt-get install openmpi-bin) or MPICH")
+            raise RuntimeError(
+                "launch: mpiexec is not on PATH; install Open MPI "
+                "(apt-get install openmpi-bin) or MPICH"
+            )
         try:
-            version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                     timeout=30, stdin=subprocess.DEVNULL).stdout
+            version = subprocess.run(
+                [path, "--version"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             version = ""
         openmpi = "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version
@@ -235,7 +279,7 @@ def _mpiexec() -> list:
     return _MPIEXEC
 
 
-def _first_failure(workdir: str, np: int) -> Optional[dict]:
+def _first_failure(workdir: str, np: int) -> dict | None:
     found = []
     for r in range(np):
         try:
@@ -247,7 +291,7 @@ def _first_failure(workdir: str, np: int) -> Optional[dict]:
     return min(found, key=lambda e: (e["time"], e["rank"])) if found else None
 
 
-def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **kwargs) -> Any:
+def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwargs) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``np`` MPI ranks and return rank 0's result.
 
     Each rank calls ``Init()`` first, so ``fn`` sees a world of ``np``. The ranks' output is
@@ -269,7 +313,9 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
     if isinstance(np, bool) or not isinstance(np, int) or np < 1:
         raise ValueError(f"launch: np must be an int >= 1 (the number of ranks), got {np!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"launch: timeout must be a positive number of seconds or None, got {timeout!r}")
+        raise ValueError(
+            f"launch: timeout must be a positive number of seconds or None, got {timeout!r}"
+        )
     mpiexec = _mpiexec()
     name = getattr(fn, "__qualname__", repr(fn))
     payload = {"fn": _encode_callable(fn), "args": _dumps((args, kwargs))}
@@ -281,9 +327,14 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
         cmd = [*mpiexec, "-n", str(np), sys.executable, "-u", "-c", _CHILD_CODE, workdir]
         deadline = None if timeout is None else time.monotonic() + timeout
         tail: deque = deque(maxlen=_TAIL_LINES)
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=_child_env(np, None),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_child_env(np, None),
+            start_new_session=True,
+        )
         try:
             finished = _stream(proc, deadline, tail)
             if finished:
@@ -297,18 +348,25 @@ def launch(fn: Callable, *args, np: int = 2, timeout: Optional[float] = None, **
             proc.stdout.close()
             proc.stderr.close()
         if not finished:
-            raise TimeoutError(f"launch: {name} on {np} ranks did not finish within {timeout} s; "
-                               f"all ranks were killed")
+            raise TimeoutError(
+                f"launch: {name} on {np} ranks did not finish within {timeout} s; "
+                f"all ranks were killed"
+            )
         failure = _first_failure(workdir, np)
         if failure is not None:
             raise LaunchError(
                 f"launch: rank {failure['rank']} of {np} raised {failure['type']}: {failure['message']}\n"
                 f"\nTraceback on rank {failure['rank']}:\n{failure['traceback']}",
-                rank=failure["rank"], exc_type=failure["type"], remote_traceback=failure["traceback"])
+                rank=failure["rank"],
+                exc_type=failure["type"],
+                remote_traceback=failure["traceback"],
+            )
         result_path = os.path.join(workdir, "result.pkl")
         if proc.returncode != 0 or not os.path.exists(result_path):
-            raise LaunchError(f"launch: {name} on {np} ranks: mpiexec exited {proc.returncode} "
-                              f"without a Python exception; last output:\n" + "\n".join(tail))
+            raise LaunchError(
+                f"launch: {name} on {np} ranks: mpiexec exited {proc.returncode} "
+                f"without a Python exception; last output:\n" + "\n".join(tail)
+            )
         with open(result_path, "rb") as f:
             return pickle.load(f)
     finally:
@@ -332,7 +390,12 @@ def _child_main(workdir: str) -> None:
     except BaseException as e:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             raise
-        record = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
-                  "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+        record = {
+            "rank": rank,
+            "time": time.time(),
+            "type": type(e).__name__,
+            "message": str(e),
+            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__)),
+        }
         write_atomic(os.path.join(workdir, f"error.{rank}.json"), json.dumps(record).encode())
         raise  # on several ranks, Init's excepthook aborts the job so no rank waits forever

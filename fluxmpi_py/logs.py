@@ -6,12 +6,13 @@ logging setup, add :class:`RankFilter` to a handler instead: every record then h
 ``%(rank)s`` and ``%(world_size)s`` for the format string. Both work before ``Init()``
 (the rank then comes from the launcher's environment, or is 0).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 __all__ = ["get_logger", "RankFilter", "RANK_FORMAT"]
 
@@ -44,7 +45,7 @@ class RankFilter(logging.Filter):
     [0] hello
     """
 
-    def __init__(self, ranks: Union[int, Iterable[int], None] = None):
+    def __init__(self, ranks: int | Iterable[int] | None = None):
         super().__init__()
         if ranks is None:
             self.ranks = None
@@ -59,9 +60,14 @@ class RankFilter(logging.Filter):
         return self.ranks is None or rank in self.ranks
 
 
-def get_logger(name: str = "fluxmpi_py", level: Union[int, str] = logging.INFO, *,
-               ranks: Union[int, Iterable[int], None] = None, fmt: str = RANK_FORMAT,
-               stream=None) -> logging.Logger:
+def get_logger(
+    name: str = "fluxmpi_py",
+    level: int | str = logging.INFO,
+    *,
+    ranks: int | Iterable[int] | None = None,
+    fmt: str = RANK_FORMAT,
+    stream=None,
+) -> logging.Logger:
     """A logger whose records carry the rank, printed as ``[rank / size] time LEVEL name: msg``.
 
     ``ranks=0`` (or a list) keeps the records of those ranks only; by default every rank logs.

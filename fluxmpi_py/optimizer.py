@@ -5,11 +5,13 @@ parameter's post-accumulate hook hands its gradient to the C++ reducer, which re
 buckets of gradients on the engine thread while backward goes on; ``step()`` waits for the
 rest and then runs the wrapped optimizer.
 """
+
 from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Callable, Iterable, Optional, Tuple, Union
+from collections.abc import Iterable
+from typing import Callable
 
 import torch
 
@@ -71,15 +73,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         *,
         op: str = "average",
         bucket_cap_mb: float = 25,
-        compression: Optional[str] = None,
+        compression: str | None = None,
         backward_passes_per_step: int = 1,
-        direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES,
-        named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-        module: Optional[torch.nn.Module] = None,
-        buffers: Optional[str] = "average",
+        direct_min_bytes: int | None = DEFAULT_DIRECT_MIN_BYTES,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        module: torch.nn.Module | None = None,
+        buffers: str | None = "average",
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(
+                f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("the optimizer is already a DistributedOptimizer")
         if op not in ("sum", "average", "avg", "mean"):
@@ -87,20 +91,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Parsed where the reducer reads it (ValueError for an unknown name), before any collective.
         compression = C.ReducerOptions(compression=compression).compression
         if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
-            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+            raise ValueError(
+                f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
+            )
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
         if buffers not in (None, "average", "broadcast"):
-            raise ValueError(f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None")
+            raise ValueError(
+                f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None"
+            )
         if module is None and buffers == "broadcast":
-            raise ValueError("DistributedOptimizer(buffers='broadcast') syncs the buffers of module=: pass module=model")
+            raise ValueError(
+                "DistributedOptimizer(buffers='broadcast') syncs the buffers of module=: pass module=model"
+            )
         if module is not None and not isinstance(module, torch.nn.Module):
-            raise TypeError(f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}")
+            raise TypeError(
+                f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}"
+            )
         if not C.initialized():
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
         # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
         # touch this object touch the real optimizer.
-        super().__init__([{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults))
+        super().__init__(
+            [{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults)
+        )
         self.optimizer = optimizer
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
@@ -110,20 +124,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._direct_min_bytes = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
         self._compression = "" if compression in (None, "none") else compression
         self._passes_per_step = backward_passes_per_step
-        self._names = {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
-        self._passes = 0               # backward passes since the last step
-        self._pass_hooked = False      # end-of-backward callback queued for this pass
-        self._sync_enabled = True      # False inside no_sync()
-        self._skip_sync = False        # True inside skip_synchronize()
-        self._synchronized = False     # synchronize() already ran for this step
+        self._names = (
+            {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
+        )
+        self._passes = 0  # backward passes since the last step
+        self._pass_hooked = False  # end-of-backward callback queued for this pass
+        self._sync_enabled = True  # False inside no_sync()
+        self._skip_sync = False  # True inside skip_synchronize()
+        self._synchronized = False  # synchronize() already ran for this step
         self._handles = []
-        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", op=self._op,
-                                   cap_bytes=self._cap_bytes, direct_min_bytes=self._direct_min_bytes,
-                                   compression=self._compression)
+        self._plan = ReductionPlan(
+            self._named(),
+            "DistributedOptimizer()",
+            op=self._op,
+            cap_bytes=self._cap_bytes,
+            direct_min_bytes=self._direct_min_bytes,
+            compression=self._compression,
+        )
         self._num_groups = len(self.param_groups)
         self._hook(self._plan.order)
-        self._buffer_sync = None       # keeps module's buffers equal across ranks
-        self._buffer_watch = None      # warns once when unsynced buffers change
+        self._buffer_sync = None  # keeps module's buffers equal across ranks
+        self._buffer_watch = None  # warns once when unsynced buffers change
         if module is not None and buffers is not None:
             self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
         elif module is None:
@@ -137,8 +158,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self._handles:
             h.remove()
         self._reducer = self._plan.reducer
-        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
-                         for i, p in enumerate(order)]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(order)
+        ]
 
     def _make_hook(self, index: int) -> Callable:
         reducer_ref = self  # the hook must see the reducer of a later plan
@@ -146,8 +168,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         def hook(param: torch.Tensor) -> None:
             if not reducer_ref._pass_hooked:
                 reducer_ref._pass_hooked = True
-                torch.autograd.Variable._execution_engine.queue_callback(reducer_ref._end_of_backward)
-            if reducer_ref._sync_enabled and reducer_ref._passes + 1 >= reducer_ref._passes_per_step:
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    reducer_ref._end_of_backward
+                )
+            if (
+                reducer_ref._sync_enabled
+                and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
+            ):
                 reducer_ref._reducer.mark_ready(index)
 
         return hook
@@ -197,7 +224,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     @user_call.of("DistributedOptimizer.step()")
-    def step(self, closure: Optional[Callable] = None):
+    def step(self, closure: Callable | None = None):
         """Wait for the gradient reduction, then step the wrapped optimizer (and sync the
         module's buffers, overlapping the optimizer step, when built with ``module=``).
 
@@ -205,6 +232,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
         """
         if closure is not None:
+
             def reduced_closure():
                 with torch.enable_grad():
                     loss = closure()
@@ -274,9 +302,13 @@ _plan_cache: dict = {}
 
 
 @user_call.of("allreduce_gradients()")
-def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.Tensor]], op: str = "average",
-                        *, bucket_cap_mb: float = 25,
-                        direct_min_bytes: Optional[int] = DEFAULT_DIRECT_MIN_BYTES) -> None:
+def allreduce_gradients(
+    model_or_params: torch.nn.Module | Iterable[torch.Tensor],
+    op: str = "average",
+    *,
+    bucket_cap_mb: float = 25,
+    direct_min_bytes: int | None = DEFAULT_DIRECT_MIN_BYTES,
+) -> None:
     """Reduce the ``.grad`` of every parameter over all ranks in one fused call (FluxMPI's
     ``allreduce_gradients``), for training loops without DistributedOptimizer.
 
@@ -310,8 +342,13 @@ def allreduce_gradients(model_or_params: Union[torch.nn.Module, Iterable[torch.T
             raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
         if len(_plan_cache) > 8:
             _plan_cache.clear()
-        plan = ReductionPlan(named(), "allreduce_gradients()", op=op, cap_bytes=int(bucket_cap_mb * _MiB),
-                             direct_min_bytes=direct)
+        plan = ReductionPlan(
+            named(),
+            "allreduce_gradients()",
+            op=op,
+            cap_bytes=int(bucket_cap_mb * _MiB),
+            direct_min_bytes=direct,
+        )
         hit = _plan_cache[key] = (given, plan)
     plan = hit[1]
     replan_if_changed(plan, plan.requires_grad_changed(), named)

@@ -4,6 +4,7 @@ The file is ``$FLUXMPI_PY_CONFIG_DIR/preferences.json`` (default
 ``$XDG_CONFIG_HOME/fluxmpi_py``, else ``~/.config/fluxmpi_py``). A changed preference takes
 effect at the next start of Python.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """print() for many ranks: every line says which rank wrote it, and no line is cut by another
 rank's output."""
+
 from __future__ import annotations
 
 import io

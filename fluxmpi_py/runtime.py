@@ -1,9 +1,10 @@
 """Start-up and rank helpers: Init, Initialized, local_rank, total_workers, barrier."""
+
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -31,11 +32,15 @@ def _comm_handle(comm) -> int:
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise TypeError("Init(comm=...) takes an mpi4py communicator, but mpi4py is not installed") from e
+        raise TypeError(
+            "Init(comm=...) takes an mpi4py communicator, but mpi4py is not installed"
+        ) from e
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"Init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
-        raise ValueError("Init(comm=MPI.COMM_NULL): call Init only on the ranks inside the communicator")
+        raise ValueError(
+            "Init(comm=MPI.COMM_NULL): call Init only on the ranks inside the communicator"
+        )
     return int(MPI._handleof(comm))
 
 
@@ -44,7 +49,7 @@ def _at_exit():
         C.shutdown()
 
 
-def Init(gpu_devices: Optional[Sequence[int]] = None, verbose: bool = False, comm=None) -> None:
+def Init(gpu_devices: Sequence[int] | None = None, verbose: bool = False, comm=None) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
     Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.

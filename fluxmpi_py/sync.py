@@ -16,19 +16,28 @@ How a call travels (every step is a collective that every rank makes in the same
    existing tensors or into new ones where a rank lacks them; then containers are rebuilt and
    optimizers and schedulers load the root's state.
 """
+
 from __future__ import annotations
 
 import operator
 import pickle
 
+from torch import nn
+
 from ._agreement import user_call
 from ._loader import C
 from ._sync_apply import _Planner
+from ._sync_walk import (
+    _NONE,
+    _RUNTIME,
+    _TYPE,
+    _Flattener,
+    _module_walk,
+    _pickle_error,
+    _SyncError,
+    _type_name,
+)
 from .buffers import note_synchronized_module
-from torch import nn
-
-from ._sync_walk import (_NONE, _RUNTIME, _TYPE, _Flattener, _module_walk, _SyncError, _pickle_error,
-                         _type_name)
 
 __all__ = ["synchronize_"]
 
@@ -47,8 +56,14 @@ def _root_index(root_rank):
 
 
 @user_call.of("synchronize_()")
-def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 direct_bytes: int = DEFAULT_DIRECT_BYTES, relocate: bool = True):
+def synchronize_(
+    obj,
+    root_rank: int = 0,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    direct_bytes: int = DEFAULT_DIRECT_BYTES,
+    relocate: bool = True,
+):
     """Bring ``obj`` on every rank to root_rank's value and return it. A collective.
 
     Updated in place: tensors, ``nn.Module`` parameters and buffers, tensors inside dicts,
@@ -90,7 +105,8 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
     relocate = bool(relocate)
     options = C.CoalescedOptions(
         plan=C.BroadcastPlanOptions(bucket_bytes=bucket_bytes, direct_bytes=direct_bytes),
-        relocate=relocate)
+        relocate=relocate,
+    )
     if isinstance(obj, nn.Module):
         note_synchronized_module(obj)  # lets DistributedOptimizer warn about unsynced buffers
     if err is None and isinstance(obj, nn.Module):
@@ -110,8 +126,15 @@ def synchronize_(obj, root_rank: int = 0, *, bucket_bytes: int = DEFAULT_BUCKET_
         flat, tree, err = _walk(obj)
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
     tensors = C.TensorList(flat.tensors if err is None else [])
-    if C.sync_fast_path(tensors, root, flat.structure_hash(), options, needs_skeleton=not flat.pure,
-                        error_class=cls, error_text=text):
+    if C.sync_fast_path(
+        tensors,
+        root,
+        flat.structure_hash(),
+        options,
+        needs_skeleton=not flat.pure,
+        error_class=cls,
+        error_text=text,
+    ):
         if rank != root:
             for gen, i in flat.generators:
                 gen.set_state(flat.tensors[i])
@@ -128,8 +151,11 @@ def _walk(obj):
     except _SyncError as e:
         return flat, None, e
     except Exception as e:  # noqa: BLE001 - e.g. a state_dict() that fails on one rank
-        return flat, None, _SyncError(_RUNTIME,
-                                      f"walking the object failed: {type(e).__name__}: {e}")
+        return (
+            flat,
+            None,
+            _SyncError(_RUNTIME, f"walking the object failed: {type(e).__name__}: {e}"),
+        )
 
 
 def _slow_path(obj, rank, root, options, flat=None, tree=None):
@@ -161,6 +187,7 @@ def _slow_path(obj, rank, root, options, flat=None, tree=None):
     except Exception as e:  # noqa: BLE001 - e.g. the root's classes do not import here
         err = _SyncError(_RUNTIME, f"reading the root's objects failed: {type(e).__name__}: {e}")
     cls, text = (err.cls, err.msg) if err else (_NONE, "")
-    C.coalesced_broadcast(planner.targets if err is None else [], root, options, error_class=cls,
-                          error_text=text)
+    C.coalesced_broadcast(
+        planner.targets if err is None else [], root, options, error_class=cls, error_text=text
+    )
     return planner.rebuild(root_tree, obj)

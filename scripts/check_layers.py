@@ -19,6 +19,7 @@ backend, backends never see a plan. Includes inside #ifdef count like any other.
 >>> allowed("ops", "runtime"), allowed("runtime", "backend"), allowed("fusion", "backend")
 (True, False, False)
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,11 @@ def allowed(src: str, dst: str) -> bool:
 def sources(root: str) -> list[str]:
     out = []
     for d, _, files in os.walk(root):
-        out += [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
-                for f in files if f.endswith(SOURCES)]
+        out += [
+            os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+            for f in files
+            if f.endswith(SOURCES)
+        ]
     return sorted(out)
 
 
@@ -77,7 +81,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         path.append(n)
         for m in sorted(edges.get(n, ())):
             if state.get(m) == 1:
-                return path[path.index(m):] + [m]
+                return path[path.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -111,14 +115,16 @@ def check(root: str) -> tuple[list[str], int]:
             line = text.count("\n", 0, m.start()) + 1
             target = resolve(root, rel, m.group(1))
             if target is None:
-                faults.append(f"{rel}:{line}: includes \"{m.group(1)}\", which is not in csrc/")
+                faults.append(f'{rel}:{line}: includes "{m.group(1)}", which is not in csrc/')
                 continue
             dst = layer_of(target)
             if dst is None:
                 continue  # reported as a file outside every layer
             if not allowed(src, dst):
-                faults.append(f"{rel}:{line}: includes \"{m.group(1)}\": layer {src} may not "
-                              f"include layer {dst}")
+                faults.append(
+                    f'{rel}:{line}: includes "{m.group(1)}": layer {src} may not '
+                    f"include layer {dst}"
+                )
             unit, dst_unit = os.path.splitext(rel)[0], os.path.splitext(target)[0]
             if unit != dst_unit:
                 edges.setdefault(unit, set()).add(dst_unit)

@@ -78,8 +78,12 @@ def _launch(path, np, args, timeout, env):
     """Run the worker; return (exit code, stdout+stderr, timed out). A job still running after
     `timeout` seconds is killed with its whole process group."""
     proc = subprocess.Popen(
-        _command(path, np, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=singleton_env(env) if np is None else mpi_env(env), cwd=ROOT,
+        _command(path, np, args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=singleton_env(env) if np is None else mpi_env(env),
+        cwd=ROOT,
         start_new_session=True,
     )
     try:
@@ -112,9 +116,11 @@ def worker_cases(script):
     path = worker_path(script)
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
-    names = [n.name for n in tree.body
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and n.name.startswith("case_")]
+    names = [
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("case_")
+    ]
     return list(dict.fromkeys(names))  # a redefinition keeps its first place, as in globals()
 
 
@@ -134,8 +140,13 @@ class WorkerCase:
     def run(self, env=None):
         """Launch the worker (once per session for this script, world size and env) and fail
         with this case's own report unless it passed on every rank. Returns the job's output."""
-        launch = launch_worker(self.script, self.np, timeout=self.timeout, env=env,
-                               cases=_SELECTED.get((self.script, self.np)))
+        launch = launch_worker(
+            self.script,
+            self.np,
+            timeout=self.timeout,
+            env=env,
+            cases=_SELECTED.get((self.script, self.np)),
+        )
         if self.name == CLEAN_EXIT:
             launch.check_exit()
         else:
@@ -218,12 +229,14 @@ class Launch:
         self.records = records
         self.world = 1 if np is None else np
         self.where = f"{script} on {self.world} rank{'s' if self.world > 1 else ''}" + (
-            " (without mpiexec)" if np is None else "")
+            " (without mpiexec)" if np is None else ""
+        )
 
     # -- what the records say
     def _with(self, status, case=None):
-        return [r for r in self.records if r["status"] == status
-                and (case is None or r["case"] == case)]
+        return [
+            r for r in self.records if r["status"] == status and (case is None or r["case"] == case)
+        ]
 
     def _ending(self):
         """How the job ended, in words."""
@@ -244,8 +257,10 @@ class Launch:
         seen = sorted((r["rank"], r["world"]) for r in begun)
         if seen != [(r, self.world) for r in range(self.world)]:
             got = ", ".join(f"rank {r} of {w}" for r, w in seen)
-            self._fail(f"expected ranks 0..{self.world - 1} of a world of {self.world}, "
-                       f"got {got}{self._tail()}")
+            self._fail(
+                f"expected ranks 0..{self.world - 1} of a world of {self.world}, "
+                f"got {got}{self._tail()}"
+            )
 
     def _first_failure(self):
         failed = sorted(self._with("failed"), key=lambda r: r["time"])
@@ -265,9 +280,12 @@ class Launch:
         first = failed[0]
         same = [r["rank"] for r in failed if r["message"] == first["message"]]
         # The message on the first line: pytest's summary line shows only that one.
-        lines = [f"{case} failed on {_ranks(same)} of {self.world}: {first['message']}", "",
-                 f"traceback on rank {first['rank']} ({first['seconds']:.2f}s into the case):",
-                 first["traceback"].rstrip()]
+        lines = [
+            f"{case} failed on {_ranks(same)} of {self.world}: {first['message']}",
+            "",
+            f"traceback on rank {first['rank']} ({first['seconds']:.2f}s into the case):",
+            first["traceback"].rstrip(),
+        ]
         for r in failed:
             if r["message"] != first["message"]:
                 lines.append(f"\nalso failed on rank {r['rank']}: {r['message']}")
@@ -290,11 +308,13 @@ class Launch:
             self._fail(f"not run: {first['case']} failed on rank {first['rank']}")
         stuck = self._interrupted()
         if stuck and stuck[0] == case:
-            self._fail(f"{case} did not finish on {_ranks(stuck[1])}: {self._ending()}"
-                       f"{self._tail()}")
+            self._fail(
+                f"{case} did not finish on {_ranks(stuck[1])}: {self._ending()}{self._tail()}"
+            )
         if stuck:
-            self._fail(f"not run: {stuck[0]} did not finish on {_ranks(stuck[1])} "
-                       f"({self._ending()})")
+            self._fail(
+                f"not run: {stuck[0]} did not finish on {_ranks(stuck[1])} ({self._ending()})"
+            )
         missing = sorted(set(range(self.world)) - passed)
         self._fail(f"{case} has no result from {_ranks(missing)}: {self._ending()}{self._tail()}")
 
@@ -304,16 +324,20 @@ class Launch:
         self._check_world()
         first = self._first_failure()
         if first is not None:
-            pytest.skip(f"the job ended with the failure of {first['case']} on rank "
-                        f"{first['rank']}, reported by that case")
+            pytest.skip(
+                f"the job ended with the failure of {first['case']} on rank "
+                f"{first['rank']}, reported by that case"
+            )
         stuck = self._interrupted()
         if stuck:
             pytest.skip(f"the job ended during {stuck[0]}, reported by that case")
         ran = self._with("begin")[0]["cases"]
         unknown = [c for c in ran if c not in worker_cases(self.script)]
         if unknown:
-            self._fail(f"the harness ran {', '.join(unknown)}, which pytest does not collect: "
-                       "define each case_* with `def` at the top level of the worker")
+            self._fail(
+                f"the harness ran {', '.join(unknown)}, which pytest does not collect: "
+                "define each case_* with `def` at the top level of the worker"
+            )
         ended = {r["rank"] for r in self._with("end")}
         if ended != set(range(self.world)) or self.timed_out or self.rc != 0:
             missing = sorted(set(range(self.world)) - ended)

@@ -1,4 +1,5 @@
 """save_checkpoint / load_checkpoint at 1, 2 and 3 ranks (tests/workers/checkpoint_worker.py)."""
+
 import os
 import sys
 

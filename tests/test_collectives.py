@@ -1,5 +1,6 @@
 """allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2, 3 and 4 (and a world of
 one started without mpiexec). The cases live in tests/workers/collectives_worker.py."""
+
 import os
 import re
 import subprocess
@@ -54,18 +55,27 @@ def test_ring_options_round_trip_and_checks():
         C.set_ring_options(saved)
 
 
-@pytest.mark.parametrize("value, expect", [
-    ("", "RingOptions(enabled=True, sum_min_bytes=16777216"),
-    ("12345", "RingOptions(enabled=True, sum_min_bytes=12345"),
-    ("0", "RingOptions(enabled=False, sum_min_bytes=16777216"),
-    ("lots", "ValueError: fluxmpi_py: FLUXMPI_RING_MIN_BYTES must be a byte count >= 0, got 'lots'"),
-])
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ("", "RingOptions(enabled=True, sum_min_bytes=16777216"),
+        ("12345", "RingOptions(enabled=True, sum_min_bytes=12345"),
+        ("0", "RingOptions(enabled=False, sum_min_bytes=16777216"),
+        (
+            "lots",
+            "ValueError: fluxmpi_py: FLUXMPI_RING_MIN_BYTES must be a byte count >= 0, got 'lots'",
+        ),
+    ],
+)
 def test_ring_min_bytes_environment_variable(value, expect):
     # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
-    code = ("from fluxmpi_py._loader import C\n"
-            "try:\n    print(repr(C.ring_options()))\n"
-            "except ValueError as e:\n    print('ValueError:', e)\n")
+    code = (
+        "from fluxmpi_py._loader import C\n"
+        "try:\n    print(repr(C.ring_options()))\n"
+        "except ValueError as e:\n    print('ValueError:', e)\n"
+    )
     env = dict(mpi_env(), FLUXMPI_RING_MIN_BYTES=value)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.startswith(expect), proc.stdout + proc.stderr

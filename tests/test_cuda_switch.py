@@ -3,6 +3,7 @@ never reach CUDA headers outside ``#ifdef FLUXMPI_WITH_CUDA``, what build_info r
 the NCCL backend's dtype/op lowering (csrc/cuda/nccl_lowering.h, pure C++ compiled here
 with the host compiler), replayed with torch on CPU against the MPI path's semantics.
 """
+
 import ast
 import functools
 import glob
@@ -34,16 +35,25 @@ def _touch(root, rel):
 
 def test_sources_selection_rule(tmp_path, monkeypatch):
     sources = _setup_function("sources", {"glob": glob, "os": os})
-    for rel in ["csrc/bindings.cpp", "csrc/ops/pack.cpp", "csrc/ops/pack_cuda.cpp",
-                "csrc/cuda/nccl_comm.cpp", "csrc/fusion/kernel.cu", "csrc/cuda/x.h"]:
+    for rel in [
+        "csrc/bindings.cpp",
+        "csrc/ops/pack.cpp",
+        "csrc/ops/pack_cuda.cpp",
+        "csrc/cuda/nccl_comm.cpp",
+        "csrc/fusion/kernel.cu",
+        "csrc/cuda/x.h",
+    ]:
         _touch(tmp_path, rel)
     monkeypatch.chdir(tmp_path)
     cpu = sources(False)
     assert cpu == ["csrc/bindings.cpp", "csrc/ops/pack.cpp"]
     gpu = sources(True)
     assert gpu[:2] == cpu  # the CPU sources are shared, unchanged, by the CUDA build
-    assert sorted(gpu[2:]) == ["csrc/cuda/nccl_comm.cpp", "csrc/fusion/kernel.cu",
-                               "csrc/ops/pack_cuda.cpp"]
+    assert sorted(gpu[2:]) == [
+        "csrc/cuda/nccl_comm.cpp",
+        "csrc/fusion/kernel.cu",
+        "csrc/ops/pack_cuda.cpp",
+    ]
 
 
 def test_repo_sources_cpu_build_has_no_cuda_file(monkeypatch):
@@ -60,8 +70,9 @@ def test_cuda_switch_off_by_env_and_on_cpu_torch(monkeypatch):
     from torch.utils import cpp_extension
 
     want_cuda = _setup_function(
-        "want_cuda", {"os": os, "glob": glob, "shutil": shutil, "torch": torch,
-                      "cpp_extension": cpp_extension})
+        "want_cuda",
+        {"os": os, "glob": glob, "shutil": shutil, "torch": torch, "cpp_extension": cpp_extension},
+    )
     monkeypatch.setenv("FLUXMPI_PY_WITH_CUDA", "0")
     assert not want_cuda()
     monkeypatch.delenv("FLUXMPI_PY_WITH_CUDA")
@@ -70,7 +81,8 @@ def test_cuda_switch_off_by_env_and_on_cpu_torch(monkeypatch):
 
 
 CUDA_ONLY_INCLUDE = re.compile(
-    r'#\s*include\s*[<"](cuda[_a-z0-9]*\.h|nccl\.h|c10/cuda/|ATen/cuda/|cuda/|backend/nccl_backend\.h)')
+    r'#\s*include\s*[<"](cuda[_a-z0-9]*\.h|nccl\.h|c10/cuda/|ATen/cuda/|cuda/|backend/nccl_backend\.h)'
+)
 
 
 def _is_cuda_only(path):
@@ -87,8 +99,12 @@ def test_cpu_sources_reach_cuda_headers_only_behind_the_switch():
         for n, line in enumerate(open(path), 1):
             s = line.strip()
             if s.startswith("#if"):
-                guarded.append(bool(re.match(r"#\s*ifdef\s+FLUXMPI_WITH_CUDA\b", s) or
-                                    re.match(r"#\s*if\s+defined\(FLUXMPI_WITH_CUDA\)", s)))
+                guarded.append(
+                    bool(
+                        re.match(r"#\s*ifdef\s+FLUXMPI_WITH_CUDA\b", s)
+                        or re.match(r"#\s*if\s+defined\(FLUXMPI_WITH_CUDA\)", s)
+                    )
+                )
             elif s.startswith("#endif") and guarded:
                 guarded.pop()
             elif CUDA_ONLY_INCLUDE.match(s) and not any(guarded):
@@ -110,8 +126,16 @@ def test_build_info_matches_the_build():
 # --- the NCCL lowering, compiled with the host compiler and replayed on CPU -------------------
 
 DTYPES = {  # c10::ScalarType codes, as in c10/core/ScalarType.h
-    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
-    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+    torch.uint8: 0,
+    torch.int8: 1,
+    torch.int16: 2,
+    torch.int32: 3,
+    torch.int64: 4,
+    torch.float16: 5,
+    torch.float32: 6,
+    torch.float64: 7,
+    torch.bool: 11,
+    torch.bfloat16: 15,
 }
 CODE_TO_DTYPE = {v: k for k, v in DTYPES.items()}
 OPS = {"sum": 0, "min": 1, "max": 2, "prod": 3}  # fluxmpi::ReduceOp
@@ -152,15 +176,21 @@ def lowering_table(tmp_path_factory):
     src.write_text(PROBE.replace("DTYPES", ", ".join(str(v) for v in DTYPES.values())))
     inc = os.path.join(os.path.dirname(torch.__file__), "include")
     exe = d / "probe"
-    r = subprocess.run([cxx, "-std=c++20", "-O0", "-I", CSRC, "-I", inc, str(src), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [cxx, "-std=c++20", "-O0", "-I", CSRC, "-I", inc, str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     table = {}
     for row in out.strip().splitlines():
         f = row.split()
         key = (CODE_TO_DTYPE[int(f[0])], int(f[1]))
-        table[key] = None if f[2] == "none" else (CODE_TO_DTYPE[int(f[2])], int(f[3]), MOVES[int(f[4])])
+        table[key] = (
+            None if f[2] == "none" else (CODE_TO_DTYPE[int(f[2])], int(f[3]), MOVES[int(f[4])])
+        )
     return table
 
 
@@ -175,8 +205,12 @@ def _nccl_emulated(xs, plan):
         ws = [x.view(wire) for x in xs]
     else:
         ws = xs
-    combine = {OPS["sum"]: torch.add, OPS["prod"]: torch.mul,
-               OPS["min"]: torch.minimum, OPS["max"]: torch.maximum}[op]
+    combine = {
+        OPS["sum"]: torch.add,
+        OPS["prod"]: torch.mul,
+        OPS["min"]: torch.minimum,
+        OPS["max"]: torch.maximum,
+    }[op]
     r = functools.reduce(combine, ws)
     assert r.dtype == wire
     return r.view(xs[0].dtype) if move == "reinterpret" else r.to(xs[0].dtype)
@@ -192,8 +226,12 @@ def _mpi_reference(xs, opname):
         s = torch.stack([x.double() for x in xs])
     else:  # wrap modulo 2^bits, as fixed-width integer arithmetic does
         s = torch.stack([x.long() for x in xs])
-    r = {"sum": lambda: s.sum(0), "prod": lambda: s.prod(0),
-         "min": lambda: s.amin(0), "max": lambda: s.amax(0)}[opname]()
+    r = {
+        "sum": lambda: s.sum(0),
+        "prod": lambda: s.prod(0),
+        "min": lambda: s.amin(0),
+        "max": lambda: s.amax(0),
+    }[opname]()
     if not dt.is_floating_point and dt != torch.int64:  # int64 arithmetic already wraps
         bits = torch.iinfo(dt).bits
         r = r & ((1 << bits) - 1)
@@ -207,14 +245,22 @@ def _inputs(dt, world):
     if dt == torch.bool:
         return [torch.rand(64, generator=g) < 0.5 for _ in range(world)]
     if dt == torch.float16:  # 2048 + 1 + 1: a 16-bit accumulator would lose both ones
-        return [torch.tensor([2048.0 if r == 0 else 1.0, r + 0.5, -r], dtype=dt) for r in range(world)]
+        return [
+            torch.tensor([2048.0 if r == 0 else 1.0, r + 0.5, -r], dtype=dt) for r in range(world)
+        ]
     if dt == torch.bfloat16:  # same at 256, where bfloat16's spacing is 2
-        return [torch.tensor([256.0 if r == 0 else 1.0, r + 0.5, -r], dtype=dt) for r in range(world)]
+        return [
+            torch.tensor([256.0 if r == 0 else 1.0, r + 0.5, -r], dtype=dt) for r in range(world)
+        ]
     if dt.is_floating_point:
         return [torch.randn(64, generator=g, dtype=torch.float64).to(dt) for _ in range(world)]
-    lo, hi = (-(1 << 40), 1 << 40) if dt == torch.int64 else (torch.iinfo(dt).min, torch.iinfo(dt).max)
+    lo, hi = (
+        (-(1 << 40), 1 << 40) if dt == torch.int64 else (torch.iinfo(dt).min, torch.iinfo(dt).max)
+    )
     # large magnitudes so that sums and products wrap
-    return [torch.randint(lo, hi, (64,), generator=g, dtype=torch.int64).to(dt) for _ in range(world)]
+    return [
+        torch.randint(lo, hi, (64,), generator=g, dtype=torch.int64).to(dt) for _ in range(world)
+    ]
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
@@ -224,8 +270,16 @@ def test_nccl_lowering_matches_mpi_semantics(lowering_table, dt, opname, world):
     plan = lowering_table[(dt, OPS[opname])]
     assert plan is not None, f"the NCCL backend cannot reduce {dt} with {opname}"
     wire, op, move = plan
-    assert wire in (torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
-                    torch.bfloat16, torch.float32, torch.float64), "NCCL has no such type"
+    assert wire in (
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    ), "NCCL has no such type"
     xs = _inputs(dt, world)
     got = _nccl_emulated(xs, plan)
     want = _mpi_reference(xs, opname)

@@ -1,6 +1,7 @@
 """DistributedDataContainer and DistributedSampler: shard contents, coverage, shuffle quality,
 resume, pickling and DataLoader use in one process (explicit rank/world_size), plus the
 multi-rank worker at 1, 2 and 4 ranks."""
+
 import collections
 import copy
 import doctest
@@ -22,8 +23,22 @@ from fluxmpi_py._loader import C  # noqa: E402
 from fluxmpi_py._shared_view import SharedInts  # noqa: E402
 
 MODES = {"pad": dict(pad=True), "drop_last": dict(drop_last=True), "even": dict(pad=False)}
-SIZES = [(0, 1), (0, 3), (1, 1), (1, 4), (2, 4), (3, 4), (5, 4), (7, 3), (7, 2), (8, 4), (10, 3),
-         (16, 5), (33, 7), (100, 8)]
+SIZES = [
+    (0, 1),
+    (0, 3),
+    (1, 1),
+    (1, 4),
+    (2, 4),
+    (3, 4),
+    (5, 4),
+    (7, 3),
+    (7, 2),
+    (8, 4),
+    (10, 3),
+    (16, 5),
+    (33, 7),
+    (100, 8),
+]
 
 
 # --- plain-Python reference ---------------------------------------------------------------------
@@ -34,10 +49,10 @@ def ref_positions(n, p, r, mode):
         padded = []
         while len(padded) < p * per:  # append whole copies of the order, then cut
             padded += list(range(n))
-        return padded[: p * per][r * per:(r + 1) * per]
+        return padded[: p * per][r * per : (r + 1) * per]
     if mode == "drop_last":
         per = n // p
-        return list(range(n))[: p * per][r * per:(r + 1) * per]
+        return list(range(n))[: p * per][r * per : (r + 1) * per]
     return [int(v) for v in np.array_split(np.arange(n), p)[r]]  # first n % p ranks one longer
 
 
@@ -49,8 +64,9 @@ def order(n, shuffle, seed=0, epoch=0):
 
 
 def shard(n, p, r, mode, shuffle=False, seed=0, epoch=0):
-    d = fm.DistributedDataContainer(list(range(n)), rank=r, world_size=p, shuffle=shuffle,
-                                    seed=seed, **MODES[mode])
+    d = fm.DistributedDataContainer(
+        list(range(n)), rank=r, world_size=p, shuffle=shuffle, seed=seed, **MODES[mode]
+    )
     d.set_epoch(epoch)
     return [d[i] for i in range(len(d))]
 
@@ -75,17 +91,30 @@ def test_shards_match_reference(mode, shuffle):
             o = order(n, shuffle, seed, epoch)
             for r in range(p):
                 want = [o[q] for q in ref_positions(n, p, r, mode)]
-                assert shard(n, p, r, mode, shuffle, seed, epoch) == want, (n, p, r, mode, seed, epoch)
-                s = fm.DistributedSampler(n, num_replicas=p, rank=r, shuffle=shuffle, seed=seed,
-                                          **MODES[mode])
+                assert shard(n, p, r, mode, shuffle, seed, epoch) == want, (
+                    n,
+                    p,
+                    r,
+                    mode,
+                    seed,
+                    epoch,
+                )
+                s = fm.DistributedSampler(
+                    n, num_replicas=p, rank=r, shuffle=shuffle, seed=seed, **MODES[mode]
+                )
                 s.set_epoch(epoch)
                 assert list(s) == want and len(s) == len(want)
 
 
 def test_container_over_dataset_types():
     x = torch.arange(20.0).reshape(10, 2)
-    for data in (torch.utils.data.TensorDataset(x, torch.arange(10)), x, x.numpy(), list(range(10)),
-                 range(10)):
+    for data in (
+        torch.utils.data.TensorDataset(x, torch.arange(10)),
+        x,
+        x.numpy(),
+        list(range(10)),
+        range(10),
+    ):
         d = fm.DistributedDataContainer(data, rank=1, world_size=3)
         assert len(d) == 4
         got = d[0]
@@ -239,7 +268,9 @@ def test_errors():
             fm.DistributedDataContainer([1], rank=0, world_size=1).set_epoch(bad)
         with pytest.raises(ValueError, match="epoch"):
             fm.DistributedSampler(3, num_replicas=1, rank=0).set_epoch(bad)
-    fm.DistributedSampler(3, num_replicas=1, rank=0, seed=np.int64(3)).set_epoch(np.uint64(2**64 - 1))
+    fm.DistributedSampler(3, num_replicas=1, rank=0, seed=np.int64(3)).set_epoch(
+        np.uint64(2**64 - 1)
+    )
     with pytest.raises(ValueError, match=r"rank must be an int in \[0, world_size=2\), got 2"):
         fm.DistributedDataContainer([1], rank=2, world_size=2)
     with pytest.raises(ValueError, match="num_replicas"):
@@ -275,6 +306,7 @@ def test_errors():
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sampler_resume_equals_uninterrupted(mode):
     n, p, r = 23, 3, 2
+
     def make(seed=5):
         return fm.DistributedSampler(n, num_replicas=p, rank=r, seed=seed, **MODES[mode])
 
@@ -328,9 +360,11 @@ def test_sampler_resume_with_dataloader_consumed():
 @pytest.mark.parametrize("mode", list(MODES))
 def test_container_resume_equals_uninterrupted(mode):
     n, p, r = 29, 4, 3
+
     def make():
-        return fm.DistributedDataContainer(list(range(n)), shuffle=True, seed=8, rank=r,
-                                           world_size=p, **MODES[mode])
+        return fm.DistributedDataContainer(
+            list(range(n)), shuffle=True, seed=8, rank=r, world_size=p, **MODES[mode]
+        )
 
     full = make()
     full.set_epoch(2)
@@ -405,13 +439,27 @@ def test_persistent_workers_follow_set_epoch(method):
     s = fm.DistributedSampler(data, num_replicas=p, rank=r, seed=seed)
     # batches (__getitems__) under `method`; single samples (__getitem__) from forked workers
     # that start first, so under spawn they see the values from before they were ever sent
-    loaders = [torch.utils.data.DataLoader(d, batch_size=4, num_workers=2, persistent_workers=True,
-                                           multiprocessing_context=method),
-               torch.utils.data.DataLoader(d, batch_size=None, num_workers=1, persistent_workers=True,
-                                           multiprocessing_context="fork")]
+    loaders = [
+        torch.utils.data.DataLoader(
+            d, batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context=method
+        ),
+        torch.utils.data.DataLoader(
+            d,
+            batch_size=None,
+            num_workers=1,
+            persistent_workers=True,
+            multiprocessing_context="fork",
+        ),
+    ]
     # the sampler lives in the main process: it always followed set_epoch
-    sampled = torch.utils.data.DataLoader(data, batch_size=4, sampler=s, num_workers=1,
-                                          persistent_workers=True, multiprocessing_context=method)
+    sampled = torch.utils.data.DataLoader(
+        data,
+        batch_size=4,
+        sampler=s,
+        num_workers=1,
+        persistent_workers=True,
+        multiprocessing_context=method,
+    )
     wants = []
     for epoch in range(3):
         d.set_epoch(epoch)
@@ -452,17 +500,24 @@ def test_sampler_refuses_a_container():
     for dataset in (d, torch.utils.data.Subset(d, range(3))):
         with pytest.raises(TypeError) as e:
             fm.DistributedSampler(dataset, num_replicas=2, rank=1)
-        for needle in ("DistributedDataContainer", "rank 1", "1/4", "without a distributed sampler",
-                       "the full dataset with DistributedSampler(full_dataset)"):
+        for needle in (
+            "DistributedDataContainer",
+            "rank 1",
+            "1/4",
+            "without a distributed sampler",
+            "the full dataset with DistributedSampler(full_dataset)",
+        ):
             assert needle in str(e.value), (needle, str(e.value))
     # nothing is sharded twice when either side has one part
     fm.DistributedSampler(d, num_replicas=1, rank=0)
-    fm.DistributedSampler(fm.DistributedDataContainer(list(range(10)), rank=0, world_size=1),
-                          num_replicas=2, rank=1)
+    fm.DistributedSampler(
+        fm.DistributedDataContainer(list(range(10)), rank=0, world_size=1), num_replicas=2, rank=1
+    )
 
 
 def test_docstring_examples_run():
     from fluxmpi_py import _dataloader_check, _shared_view, data
+
     for m in (data, _shared_view, _dataloader_check):
         res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, (m.__name__, res)

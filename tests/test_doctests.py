@@ -25,8 +25,9 @@ def has_something_to_check(path):
 
 MODULES = sorted(
     "fluxmpi_py" if name == "__init__" else f"fluxmpi_py.{name}"
-    for name, path in ((os.path.basename(p)[:-3], p)
-                       for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*.py")))
+    for name, path in (
+        (os.path.basename(p)[:-3], p) for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*.py"))
+    )
     if has_something_to_check(path)
 )
 
@@ -49,12 +50,18 @@ print("DOCTEST " + json.dumps(dict(attempted=res.attempted, failed=res.failed,
 def test_docstring_examples(module, tmp_path):
     # Preferences written by an example go to a directory of this test's own.
     env = singleton_env({"FLUXMPI_PY_CONFIG_DIR": str(tmp_path)})
-    p = subprocess.run([sys.executable, "-c", RUN_EXAMPLES, module], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [sys.executable, "-c", RUN_EXAMPLES, module],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     out = p.stdout + p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("DOCTEST ")]
     assert p.returncode == 0 and lines, out[-4000:]
-    res = json.loads(lines[-1][len("DOCTEST "):])
+    res = json.loads(lines[-1][len("DOCTEST ") :])
     print(f"{module}: {res['attempted']} examples run, {res['failed']} failed")
     assert res["failed"] == 0, res["report"][-6000:]
     assert not res["missing"], f"{module}: no example in the docstring of {res['missing']}"

@@ -3,6 +3,7 @@
 Each test checks what the example claims (the loss falls, the ranks agree, the demo's
 accuracy bar), not only its exit status.
 """
+
 import json
 import os
 import re
@@ -21,12 +22,24 @@ def example(name):
     return os.path.join(EXAMPLES, name)
 
 
-@pytest.mark.parametrize("script", ["examples/quickstart.py", "examples/mlp_regression.py",
-                                    "examples/digits_cnn.py", "examples/resnet_synthetic.py",
-                                    "benchmarks/plot_scaling.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "examples/quickstart.py",
+        "examples/mlp_regression.py",
+        "examples/digits_cnn.py",
+        "examples/resnet_synthetic.py",
+        "benchmarks/plot_scaling.py",
+    ],
+)
 def test_help(script):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True,
-                         text=True, timeout=60, env=mpi_env())
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=mpi_env(),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:") and "--" in out.stdout
 
@@ -56,8 +69,17 @@ def test_digits_demo_reaches_the_bar_with_identical_weights(tmp_path):
     summary = tmp_path / "summary.json"
     ckpt = tmp_path / "digits.pt"
     # 8 epochs instead of 30: measured 98.6-99.4% held out over seeds 0-3 on 2 ranks.
-    _, out = run_mpi(example("digits_cnn.py"), 2, "--epochs", 8, "--summary", summary,
-                     "--checkpoint", ckpt, timeout=300)
+    _, out = run_mpi(
+        example("digits_cnn.py"),
+        2,
+        "--epochs",
+        8,
+        "--summary",
+        summary,
+        "--checkpoint",
+        ckpt,
+        timeout=300,
+    )
     s = json.loads(summary.read_text())
     assert s["world_size"] == 2 and s["held_out_images"] == 360
     assert s["held_out_accuracy"] >= 0.95, s
@@ -71,16 +93,43 @@ def test_digits_demo_reaches_the_bar_with_identical_weights(tmp_path):
 
 def test_digits_demo_fails_loudly_below_the_bar(tmp_path):
     # One epoch cannot reach 99.9%: the demo must say so and exit non-zero.
-    rc, out = run_mpi(example("digits_cnn.py"), 2, "--epochs", 1, "--no-progress",
-                      "--min-accuracy", 0.999, timeout=180, expect_ok=False)
+    rc, out = run_mpi(
+        example("digits_cnn.py"),
+        2,
+        "--epochs",
+        1,
+        "--no-progress",
+        "--min-accuracy",
+        0.999,
+        timeout=180,
+        expect_ok=False,
+    )
     assert rc != 0 and "FAILED" in out
 
 
 def test_scaling_plot_quick(tmp_path):
     png, js = tmp_path / "scaling.png", tmp_path / "scaling.json"
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "plot_scaling.py"), "--quick",
-                          "--ranks", "1", "2", "--out", str(png), "--json-out", str(js), "--timeout", "120"],
-                         capture_output=True, text=True, timeout=600, env=mpi_env(), start_new_session=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "plot_scaling.py"),
+            "--quick",
+            "--ranks",
+            "1",
+            "2",
+            "--out",
+            str(png),
+            "--json-out",
+            str(js),
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=mpi_env(),
+        start_new_session=True,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = json.loads(js.read_text())["runs"]
@@ -89,7 +138,9 @@ def test_scaling_plot_quick(tmp_path):
         for mode in ("fluxmpi_py", "ddp_gloo"):
             res = r["results"][mode]
             assert res["step_ms"] > 0
-            assert res["images_per_s"] == pytest.approx(r["ranks"] * r["batch_per_rank"] * 1e3 / res["step_ms"])
+            assert res["images_per_s"] == pytest.approx(
+                r["ranks"] * r["batch_per_rank"] * 1e3 / res["step_ms"]
+            )
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert line["benchmark"] == "scaling" and len(line["table"]) == 2
 
@@ -105,12 +156,19 @@ def test_notebook_runs_top_to_bottom(monkeypatch):
     path = os.path.join(EXAMPLES, "notebooks", "quickstart.ipynb")
     nb = nbformat.read(path, as_version=4)
     # "python3" resolves to this interpreter (jupyter_client substitutes sys.executable).
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": os.path.dirname(path)}})
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": os.path.dirname(path)}},
+    )
     client.execute()  # raises CellExecutionError if any cell fails
     text = "\n".join(
         o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-        for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
     assert "rank 0 of 1" in text  # Init() in a notebook: a world of one
     assert "[0 / 1] Epoch 1: Loss" in text and "[0 / 1] Epoch 100: Loss" in text  # fluxmpi_println
     assert "same weights: True" in text  # checkpoint round trip

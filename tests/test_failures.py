@@ -3,6 +3,7 @@ that ends normally must exit 0 promptly; a failing case of a harness worker is r
 its own name. Workers: tests/workers/failure_worker.py and failing_worker.py. The only time
 limit here is the hard kill timeout of each launch (run_mpi fails the test if it fires): times
 are printed, not asserted."""
+
 import os
 import subprocess
 import sys
@@ -38,8 +39,9 @@ def test_uncaught_exception_in_a_thread_ends_job():
     assert "[rank 1 / 2] uncaught ZeroDivisionError in thread" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("mode,np", [("exit", 2), ("return", 2), ("exit_early", 2),
-                                     ("exit_async", 2), ("exit", 4)])
+@pytest.mark.parametrize(
+    "mode,np", [("exit", 2), ("return", 2), ("exit_early", 2), ("exit_async", 2), ("exit", 4)]
+)
 def test_rank_leaving_early_ends_job_naming_it(mode, np):
     rc, out = launch(mode, np)
     leaver = np - 1
@@ -61,8 +63,10 @@ def test_failing_assertion_on_one_rank_fails_the_launch():
     with pytest.raises(pytest.fail.Exception) as info:
         run_cases_on("failing_worker.py", 2, timeout=TIMEOUT)
     msg = str(info.value)
-    assert "case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate assertion " \
-           "failure on rank 1" in msg, msg[-3000:]
+    assert (
+        "case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate assertion "
+        "failure on rank 1" in msg
+    ), msg[-3000:]
 
 
 FAILING_WORKER_TEST = """
@@ -81,28 +85,50 @@ def test_failing_case_is_reported_under_its_own_name(tmp_path):
     # A pytest session of its own over failing_worker.py's cases at 2 ranks: each case is an
     # item; the failing one shows its message and rank 1's traceback, not the job's output.
     (tmp_path / "test_failing.py").write_text(
-        FAILING_WORKER_TEST.format(tests=os.path.dirname(__file__), timeout=TIMEOUT))
+        FAILING_WORKER_TEST.format(tests=os.path.dirname(__file__), timeout=TIMEOUT)
+    )
     t0 = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-         "--junitxml", str(tmp_path / "report.xml"), "test_failing.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=2 * TIMEOUT,
-        env=dict(os.environ, COLUMNS="300"))  # summary lines in full
-    print(f"pytest over failing_worker.py: exit code {p.returncode} after "
-          f"{time.monotonic() - t0:.1f}s")
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            str(tmp_path / "report.xml"),
+            "test_failing.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=2 * TIMEOUT,
+        env=dict(os.environ, COLUMNS="300"),
+    )  # summary lines in full
+    print(
+        f"pytest over failing_worker.py: exit code {p.returncode} after "
+        f"{time.monotonic() - t0:.1f}s"
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 1, out[-4000:]  # 1: some tests failed
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "report.xml").iter("testcase")}
     name = "test_failing_worker[np=2-{}]".format
-    assert set(cases) == {name(c) for c in ("case_passes", "case_fails_on_rank_1",
-                                             "case_after_the_failure", "clean_exit")}, out
+    assert set(cases) == {
+        name(c)
+        for c in ("case_passes", "case_fails_on_rank_1", "case_after_the_failure", "clean_exit")
+    }, out
     assert cases[name("case_passes")].find("failure") is None, out[-4000:]
     failure = cases[name("case_fails_on_rank_1")].find("failure")
     text = failure.get("message") + "\n" + (failure.text or "")
-    for needle in ("failing_worker.py on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: "
-                   "AssertionError: deliberate assertion failure on rank 1",
-                   "traceback on rank 1 (", 'failing_worker.py", line',
-                   "in case_fails_on_rank_1"):
+    for needle in (
+        "failing_worker.py on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: "
+        "AssertionError: deliberate assertion failure on rank 1",
+        "traceback on rank 1 (",
+        'failing_worker.py", line',
+        "in case_fails_on_rank_1",
+    ):
         assert needle in text, text
     # only that case's report: not rank 0's progress lines nor the abort that followed
     assert "ok case_passes" not in text and "MPI_ABORT" not in text, text
@@ -110,12 +136,15 @@ def test_failing_case_is_reported_under_its_own_name(tmp_path):
     assert "not run: case_fails_on_rank_1 failed on rank 1" in after.get("message"), out
     assert cases[name("clean_exit")].find("skipped") is not None, out
     # pytest's summary line: the case's name and its message
-    assert f"FAILED test_failing.py::{name('case_fails_on_rank_1')} - Failed: failing_worker.py " \
-           "on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate " \
-           "assertion failure on rank 1" in out, out[-4000:]
+    assert (
+        f"FAILED test_failing.py::{name('case_fails_on_rank_1')} - Failed: failing_worker.py "
+        "on 2 ranks: case_fails_on_rank_1 failed on rank 1 of 2: AssertionError: deliberate "
+        "assertion failure on rank 1" in out
+    ), out[-4000:]
 
 
 # ---- one readable story per failure (tests/workers/error_report_worker.py) -----------------
+
 
 def report(mode, np=2):
     t0 = time.monotonic()
@@ -128,22 +157,29 @@ def traceback_block(out, exc):
     """The report's lines, from its first traceback (a chained cause comes first) to the line
     of the exception raised last."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)"))
+    start = next(
+        i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")
+    )
     end = max(i for i, line in enumerate(lines) if line.startswith(f"{exc}: "))
-    return lines[start:end + 1]
+    return lines[start : end + 1]
 
 
 def count_tracebacks(out):
     # A chained exception's cause is part of the same traceback.
-    return (out.count("Traceback (most recent call last)")
-            - out.count("The above exception was the direct cause of the following exception")
-            - out.count("During handling of the above exception, another exception occurred"))
+    return (
+        out.count("Traceback (most recent call last)")
+        - out.count("The above exception was the direct cause of the following exception")
+        - out.count("During handling of the above exception, another exception occurred")
+    )
 
 
-@pytest.mark.parametrize("mode,exc,first", [
-    ("same_error", "RuntimeError", "allreduce_(): ranks disagree on numel"),
-    ("same_error_python", "FileNotFoundError", "no-such-checkpoint.pt"),
-])
+@pytest.mark.parametrize(
+    "mode,exc,first",
+    [
+        ("same_error", "RuntimeError", "allreduce_(): ranks disagree on numel"),
+        ("same_error_python", "FileNotFoundError", "no-such-checkpoint.pt"),
+    ],
+)
 @pytest.mark.parametrize("np", [2, 3])
 def test_error_on_every_rank_is_reported_once(mode, exc, first, np):
     rc, out = report(mode, np)
@@ -155,7 +191,9 @@ def test_error_on_every_rank_is_reported_once(mode, exc, first, np):
     assert block[-1].startswith(f"{exc}: ") and first in block[-1], block
     for r in range(1, np):
         mine = [line for line in out.splitlines() if line.startswith(f"[rank {r} / {np}]")]
-        assert len(mine) == 1 and mine[0].startswith(f"[rank {r} / {np}] same {exc} as rank 0: "), mine
+        assert len(mine) == 1 and mine[0].startswith(f"[rank {r} / {np}] same {exc} as rank 0: "), (
+            mine
+        )
         assert first in mine[0], mine
     # Open MPI's abort notice and other ranks' output stay out of the traceback.
     text = "\n".join(block)
@@ -183,18 +221,32 @@ def test_error_on_one_rank_still_reports_its_traceback():
 def caught_lines(out, np):
     lines = {}
     for r in range(np):
-        found = [line for line in out.splitlines() if line.startswith(f"[{r} / {np}] rank {r} caught ")]
+        found = [
+            line for line in out.splitlines() if line.startswith(f"[{r} / {np}] rank {r} caught ")
+        ]
         assert len(found) == 1, (r, out[-3000:])
         lines[r] = found[0]
     return lines
 
 
-@pytest.mark.parametrize("mode,expected", [
-    ("ctor_vs_allreduce", "ranks are in different calls: rank 0 is in DistributedOptimizer() ("),
-    ("step_op_mismatch", "DistributedOptimizer.step(): ranks disagree on op: rank 0 has average"),
-    ("step_vs_allreduce", "ranks are in different calls: rank 0 is in DistributedOptimizer.step() ("),
-    ("sync_vs_allreduce", "ranks are in different calls: rank 0 is in synchronize_() ("),
-])
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        (
+            "ctor_vs_allreduce",
+            "ranks are in different calls: rank 0 is in DistributedOptimizer() (",
+        ),
+        (
+            "step_op_mismatch",
+            "DistributedOptimizer.step(): ranks disagree on op: rank 0 has average",
+        ),
+        (
+            "step_vs_allreduce",
+            "ranks are in different calls: rank 0 is in DistributedOptimizer.step() (",
+        ),
+        ("sync_vs_allreduce", "ranks are in different calls: rank 0 is in synchronize_() ("),
+    ],
+)
 def test_mismatch_names_the_users_call(mode, expected):
     rc, out = report(mode)
     assert rc == 0, out[-3000:]
@@ -207,5 +259,7 @@ def test_watchdog_names_the_users_call():
     rc, out = report("sync_peer_exits")
     assert rc != 0, out[-3000:]
     assert "[rank 0 / 2] rank 1 has exited" in out, out[-3000:]
-    assert "while this rank waits in synchronize_() (its allreduce, collective call" in out, out[-3000:]
+    assert "while this rank waits in synchronize_() (its allreduce, collective call" in out, out[
+        -3000:
+    ]
     assert "[fluxmpi_py rank" not in out, out[-3000:]

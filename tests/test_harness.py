@@ -1,5 +1,6 @@
 """The multi-rank harness itself: every worker is launched by some test, and the case names
 pytest collects are the ones the harness runs."""
+
 import glob
 import os
 import sys
@@ -11,10 +12,14 @@ TESTS = os.path.dirname(__file__)
 
 
 def test_every_harness_worker_is_launched_by_a_test():
-    tests = "".join(open(p, encoding="utf-8").read()
-                    for p in glob.glob(os.path.join(TESTS, "test_*.py")))
-    workers = [p for p in glob.glob(os.path.join(WORKERS, "*_worker.py"))
-               if "run_cases(" in open(p, encoding="utf-8").read()]
+    tests = "".join(
+        open(p, encoding="utf-8").read() for p in glob.glob(os.path.join(TESTS, "test_*.py"))
+    )
+    workers = [
+        p
+        for p in glob.glob(os.path.join(WORKERS, "*_worker.py"))
+        if "run_cases(" in open(p, encoding="utf-8").read()
+    ]
     assert workers
     unlaunched = [os.path.basename(p) for p in workers if f'"{os.path.basename(p)}"' not in tests]
     assert not unlaunched, f"no test launches {unlaunched}: parametrize one with worker_params"
@@ -22,7 +27,9 @@ def test_every_harness_worker_is_launched_by_a_test():
 
 def test_case_names_come_from_the_source_in_definition_order(tmp_path):
     worker = tmp_path / "w_worker.py"
-    worker.write_text("def case_b():\n    pass\n\n\ndef helper():\n    pass\n\n\n"
-                      "def case_a():\n    pass\n\n\ndef case_b():  # redefined: keeps its place\n"
-                      "    pass\n\n\nif True:\n    def case_nested():\n        pass\n")
+    worker.write_text(
+        "def case_b():\n    pass\n\n\ndef helper():\n    pass\n\n\n"
+        "def case_a():\n    pass\n\n\ndef case_b():  # redefined: keeps its place\n"
+        "    pass\n\n\nif True:\n    def case_nested():\n        pass\n"
+    )
     assert worker_cases(str(worker)) == ["case_b", "case_a"]

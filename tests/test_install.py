@@ -3,6 +3,7 @@
 Each case runs in a fresh Python: a copy of the package laid out as a clone (a source tree
 without the compiled core) or as an installed copy, in a temporary directory.
 """
+
 import glob
 import os
 import shutil
@@ -16,20 +17,31 @@ from mpi_util import ROOT  # noqa: E402
 
 PACKAGE = os.path.join(ROOT, "fluxmpi_py")
 # Drops setuptools' editable-install hook, so that only the copies a test lays out are found.
-NO_EDITABLE = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-               "if '__editable__' not in getattr(f, '__module__', '')]; ")
+NO_EDITABLE = (
+    "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+    "if '__editable__' not in getattr(f, '__module__', '')]; "
+)
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PEP517_BUILD_BACKEND", "PYTHONNOUSERSITE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PEP517_BUILD_BACKEND", "PYTHONNOUSERSITE")
+    }
     env.update(extra)
     return env
 
 
 def python(args, cwd, **env):
-    p = subprocess.run([sys.executable, *args], cwd=cwd, env=clean_env(**env),
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -80,8 +92,11 @@ def test_source_tree_hiding_the_installed_package_names_both(tmp_path):
     assert rc != 0 and f"installed package at {installed} is hidden" in out, out
     assert f"the script's directory, {clone} (sys.path[0]), is the clone's root" in out, out
     # Run from elsewhere, the installed package imports.
-    rc, out = python(["-c", NO_EDITABLE + "import fluxmpi_py; print(fluxmpi_py.__file__)"],
-                     cwd=str(tmp_path), PYTHONPATH=site)
+    rc, out = python(
+        ["-c", NO_EDITABLE + "import fluxmpi_py; print(fluxmpi_py.__file__)"],
+        cwd=str(tmp_path),
+        PYTHONPATH=site,
+    )
     assert rc == 0 and installed in out, out
 
 
@@ -98,8 +113,10 @@ def test_source_tree_without_any_compiled_core_says_build_it(tmp_path):
 def test_compiled_core_that_does_not_load_says_rebuild_against_this_torch(tmp_path):
     # A core that needs a symbol this torch lacks, as one built against another torch does.
     c_file = tmp_path / "core.c"
-    c_file.write_text("void c10_symbol_of_another_torch(void);\n"
-                      "void *PyInit__C(void) { c10_symbol_of_another_torch(); return 0; }\n")
+    c_file.write_text(
+        "void c10_symbol_of_another_torch(void);\n"
+        "void *PyInit__C(void) { c10_symbol_of_another_torch(); return 0; }\n"
+    )
     so = str(tmp_path / "core.so")
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -126,7 +143,8 @@ def fake_build_env(tmp_path, dirname):
         "    def find_spec(name, path=None, target=None):\n"
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ModuleNotFoundError(\"No module named 'torch'\")\n"
-        "sys.meta_path.insert(0, _NoTorch)\n")
+        "sys.meta_path.insert(0, _NoTorch)\n"
+    )
     return str(site)
 
 
@@ -135,8 +153,10 @@ def test_isolated_build_says_use_no_build_isolation(tmp_path, how):
     if how == "pip_build_env":
         env = dict(PYTHONPATH=fake_build_env(tmp_path, "pip-build-env-x1y2"), PYTHONNOUSERSITE="1")
     else:  # any PEP 517 frontend; torch importable by this interpreter outside the isolation
-        env = dict(PYTHONPATH=fake_build_env(tmp_path, "isolated"),
-                   PEP517_BUILD_BACKEND="setuptools.build_meta")
+        env = dict(
+            PYTHONPATH=fake_build_env(tmp_path, "isolated"),
+            PEP517_BUILD_BACKEND="setuptools.build_meta",
+        )
     rc, out = python([os.path.join(ROOT, "setup.py"), "--name"], cwd=ROOT, **env)
     assert rc != 0
     assert "pip is building in an isolated environment that lacks torch" in out, out
@@ -172,12 +192,26 @@ def test_build_progress_shows_one_line_per_compiled_file():
         "'-c -c /x/csrc/ops/a.cpp -o /b/a.o')\n"
         "print('  [2/2] c++ -c -c /x/csrc/runtime/b.cpp -o /b/b.o')\n"
         "print('/x/csrc/runtime/b.cpp:3:1: error: expected declaration')\n"
-        "sys.exit(1)\n")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_progress.py"), "--",
-                        sys.executable, "-c", fake_build], capture_output=True, text=True, timeout=60)
+        "sys.exit(1)\n"
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "build_progress.py"),
+            "--",
+            sys.executable,
+            "-c",
+            fake_build,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = p.stdout
     assert p.returncode == 1, out
     assert "fluxmpi_py: compiling 2 sources" in out, out
-    assert "[1/2] compiling csrc/ops/a.cpp" in out and "[2/2] compiling csrc/runtime/b.cpp" in out, out
+    assert (
+        "[1/2] compiling csrc/ops/a.cpp" in out and "[2/2] compiling csrc/runtime/b.cpp" in out
+    ), out
     assert "error: expected declaration" in out and "build failed (exit 1)" in out, out
     assert max(len(line) for line in out.split("build failed")[0].splitlines()) < 200, out

@@ -3,6 +3,7 @@
 These tests call launch() from the pytest process itself (which never calls Init), each
 launch bounded by a timeout.
 """
+
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def world_info(scale, offset=0.0):
     import torch
+
     import fluxmpi_py as fm
 
     print(f"hello from rank {fm.local_rank()}", flush=True)
@@ -30,6 +32,7 @@ def world_info(scale, offset=0.0):
 
 def fail_on(bad_rank):
     import torch
+
     import fluxmpi_py as fm
 
     if fm.local_rank() == bad_rank:
@@ -79,7 +82,7 @@ def test_exception_on_one_rank_is_raised_with_its_traceback():
     assert isinstance(err, RuntimeError)
     assert err.rank == 1 and err.exc_type == "ValueError"
     assert "bad value on rank 1" in str(err)
-    assert "in fail_on" in err.remote_traceback and 'raise ValueError' in err.remote_traceback
+    assert "in fail_on" in err.remote_traceback and "raise ValueError" in err.remote_traceback
 
 
 def test_timeout_kills_every_rank(tmp_path):
@@ -99,8 +102,10 @@ def test_function_from_main_travels_by_value():
         pytest.skip("cloudpickle is not installed")
     # What a notebook cell defines: a function of __main__ that uses a global of __main__.
     namespace = {"__name__": "__main__", "FACTOR": 7}
-    exec("def cell_fn(x):\n    import fluxmpi_py as fm\n    return FACTOR * x + fm.local_rank()\n",
-         namespace)
+    exec(
+        "def cell_fn(x):\n    import fluxmpi_py as fm\n    return FACTOR * x + fm.local_rank()\n",
+        namespace,
+    )
     assert namespace["cell_fn"].__module__ == "__main__"
     assert fm.launch(namespace["cell_fn"], 3, np=2, timeout=120) == 21
 
@@ -111,12 +116,19 @@ def test_source_fallback_without_cloudpickle(monkeypatch):
     assert launch_mod._encode_callable(from_source)["kind"] == "source"
     assert fm.launch(from_source, 4, np=2, timeout=120) == 42
     with pytest.raises(TypeError, match="named function"):
-        launch_mod._encode_callable(type("L", (), {"__call__": lambda s: 0, "__module__": "__main__"})())
+        launch_mod._encode_callable(
+            type("L", (), {"__call__": lambda s: 0, "__module__": "__main__"})()
+        )
 
 
-@pytest.mark.parametrize("kwargs, exc", [
-    (dict(np=0), ValueError), (dict(np=1.5), ValueError), (dict(np=2, timeout=-1), ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        (dict(np=0), ValueError),
+        (dict(np=1.5), ValueError),
+        (dict(np=2, timeout=-1), ValueError),
+    ],
+)
 def test_bad_arguments(kwargs, exc):
     with pytest.raises(exc):
         fm.launch(world_info, 1.0, **kwargs)

@@ -1,4 +1,5 @@
 """Logging with the rank in every record (fluxmpi_py.logs), at 1 and 2 ranks."""
+
 import os
 import sys
 
@@ -19,5 +20,3 @@ def test_rank_in_every_record(np):
     assert [line for line in lines if "only rank 0" in line] == [f"[0 / {np}] WARNING only rank 0"]
     assert [line for line in lines if line.endswith("once")] == [f"[0 / {np}] WARNING once"]
     assert [line for line in lines if "custom" in line] == [f"custom rank={np - 1} last rank"]
-
-

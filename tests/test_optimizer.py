@@ -18,8 +18,16 @@ def test_planner_buckets():
     # The bucket planner is pure: no Init (checked in a fresh process below).
     from fluxmpi_py._loader import C
 
-    params = [torch.zeros(n, dtype=dt) for n, dt in
-              [(10, torch.float32), (300, torch.float32), (5, torch.float64), (20, torch.float32), (7, torch.float64)]]
+    params = [
+        torch.zeros(n, dtype=dt)
+        for n, dt in [
+            (10, torch.float32),
+            (300, torch.float32),
+            (5, torch.float64),
+            (20, torch.float32),
+            (7, torch.float64),
+        ]
+    ]
     # cap 100 bytes: 25 floats; direct from 1000 bytes
     plan = C.plan_buckets(params, C.PlanOptions(cap_bytes=100, direct_min_bytes=1000))
     assert [b["members"] for b in plan] == [[1], [0], [2, 4], [3]], plan
@@ -47,12 +55,20 @@ def test_reducer_plan_is_the_planners():
 def test_reducer_options_are_keyword_objects():
     from fluxmpi_py._loader import C
 
-    o = C.ReducerOptions(plan=C.PlanOptions(cap_bytes=100), op="avg", compression="float16",
-                         plan_hash=7)
+    o = C.ReducerOptions(
+        plan=C.PlanOptions(cap_bytes=100), op="avg", compression="float16", plan_hash=7
+    )
     assert (o.plan.cap_bytes, o.plan.direct_min_bytes, o.op, o.compression, o.plan_hash) == (
-        100, 1 << 20, "average", "fp16", 7)
-    assert repr(o) == ("ReducerOptions(plan=PlanOptions(cap_bytes=100, direct_min_bytes=1048576), "
-                       "op='average', compression='fp16', plan_hash=7)")
+        100,
+        1 << 20,
+        "average",
+        "fp16",
+        7,
+    )
+    assert repr(o) == (
+        "ReducerOptions(plan=PlanOptions(cap_bytes=100, direct_min_bytes=1048576), "
+        "op='average', compression='fp16', plan_hash=7)"
+    )
     o.plan.cap_bytes = 200  # fields are read and written in place
     o.compression = None
     assert o == C.ReducerOptions(plan=C.PlanOptions(cap_bytes=200), plan_hash=7)
@@ -62,8 +78,11 @@ def test_reducer_options_are_keyword_objects():
         C.ReducerOptions(op="median")
     # compression is checked in one place, the C++ parser, whatever builds the options
     for bad in ("int8", 5):
-        with pytest.raises(ValueError, match=r"DistributedOptimizer\(compression='?(int8|5)'?\): "
-                                             r"expected None, 'fp16' or 'bf16'"):
+        with pytest.raises(
+            ValueError,
+            match=r"DistributedOptimizer\(compression='?(int8|5)'?\): "
+            r"expected None, 'fp16' or 'bf16'",
+        ):
             C.ReducerOptions(compression=bad)
         with pytest.raises(ValueError, match="compression"):
             o.compression = bad
@@ -90,8 +109,9 @@ def test_planners_need_no_init():
         "print(len(b), len(s))\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
 
 
@@ -107,5 +127,7 @@ def test_buffers_kept_in_sync(case):
 
 @pytest.mark.parametrize("np", [1, 2])
 def test_docstring_examples_run(np):
-    _, out = run_mpi("doctest_worker.py", np, "fluxmpi_py.optimizer", "fluxmpi_py.buffers", timeout=180)
+    _, out = run_mpi(
+        "doctest_worker.py", np, "fluxmpi_py.optimizer", "fluxmpi_py.buffers", timeout=180
+    )
     assert f"doctests passed on {np} ranks" in out, out[-4000:]

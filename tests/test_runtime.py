@@ -1,6 +1,7 @@
 """Init, rank helpers, build_info, printing and preferences. Single-process tests run in
 fresh subprocesses (a world of one, no mpiexec); Init with mpi4py and on sub-communicators
 runs under mpiexec (tests/workers/init_worker.py)."""
+
 import os
 import subprocess
 import sys
@@ -16,8 +17,11 @@ def run_py(code_or_path, *args, env=None, timeout=180):
     e = mpi_env(env)
     for k in [k for k in e if k.startswith(("OMPI_COMM_WORLD", "PMIX_"))]:
         del e[k]
-    cmd = [sys.executable, code_or_path, *args] if code_or_path.endswith(".py") else \
-        [sys.executable, "-c", code_or_path, *args]
+    cmd = (
+        [sys.executable, code_or_path, *args]
+        if code_or_path.endswith(".py")
+        else [sys.executable, "-c", code_or_path, *args]
+    )
     p = subprocess.run(cmd, env=e, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
@@ -102,19 +106,24 @@ def test_disable_cudampi_support_is_persisted(tmp_path):
         "import fluxmpi_py as fm, json; p = fm.disable_cudampi_support(); "
         "assert json.load(open(p)) == {'disable_cudampi': True}; "
         "assert fm.cudampi_enabled()  # takes effect at the next start\n"
-        "print('SET', p)", env=env)
+        "print('SET', p)",
+        env=env,
+    )
     assert rc == 0 and f"SET {tmp_path}" in out, out
     rc, out = run_py(
         "import fluxmpi_py as fm; assert not fm.cudampi_enabled(); "
         "assert fm.build_info()['cuda_mpi_enabled'] is False; "
-        "fm.disable_cudampi_support(False); print('OFF')", env=env)
+        "fm.disable_cudampi_support(False); print('OFF')",
+        env=env,
+    )
     assert rc == 0 and "OFF" in out, out
     rc, out = run_py("import fluxmpi_py as fm; assert fm.cudampi_enabled(); print('ON')", env=env)
     assert rc == 0 and "ON" in out, out
 
 
-@pytest.mark.parametrize("mode,np", [("mpi4py_first", 2), ("fm_first", 2), ("split", 4),
-                                     ("subset", 3), ("funneled", 2)])
+@pytest.mark.parametrize(
+    "mode,np", [("mpi4py_first", 2), ("fm_first", 2), ("split", 4), ("subset", 3), ("funneled", 2)]
+)
 def test_init_with_mpi4py(mode, np):
     rc, out = run_mpi("init_worker.py", np, mode, timeout=180)
     assert rc == 0 and all(f"rank {r} ok" in out for r in range(np)), out[-4000:]

@@ -1,5 +1,6 @@
 """fluxmpi_py/_C.pyi names exactly the public API of the built fluxmpi_py._C: every public
 name of the module and of its classes is in the stub, and every name in the stub exists."""
+
 import ast
 import os
 import subprocess
@@ -7,8 +8,9 @@ import sys
 
 from fluxmpi_py._loader import C
 
-STUB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fluxmpi_py",
-                    "_C.pyi")
+STUB = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fluxmpi_py", "_C.pyi"
+)
 
 
 def _public(names):
@@ -41,10 +43,12 @@ def differences(stub_text, module):
         obj = getattr(module, name)
         if isinstance(obj, type):
             members, stub_members = _public(vars(obj)), _public(stub[name] or {})
-            faults += [f"{name}.{m}: in _C, not in the stub"
-                       for m in sorted(members - stub_members)]
-            faults += [f"{name}.{m}: in the stub, not in _C"
-                       for m in sorted(stub_members - members)]
+            faults += [
+                f"{name}.{m}: in _C, not in the stub" for m in sorted(members - stub_members)
+            ]
+            faults += [
+                f"{name}.{m}: in the stub, not in _C" for m in sorted(stub_members - members)
+            ]
     return faults
 
 
@@ -68,8 +72,13 @@ def test_a_stale_stub_is_reported():
 def test_stub_ships_with_the_package(tmp_path):
     # build_py copies what a wheel or an install gets: the stub and the py.typed marker too.
     root = os.path.dirname(os.path.dirname(STUB))
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "fluxmpi_py" / "_C.pyi").is_file()
     assert (tmp_path / "fluxmpi_py" / "py.typed").is_file()

@@ -37,8 +37,7 @@ class Backend {
     unsupported("reduce");
   }
   // `recv` holds size * count elements, rank r's contribution at offset r * count.
-  virtual void allgather(const void* send, void* recv, std::int64_t count,
-                         c10::ScalarType dtype) {
+  virtual void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dtype) {
     unsupported("allgather");
   }
   virtual void barrier() { unsupported("barrier"); }

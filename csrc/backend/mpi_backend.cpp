@@ -118,8 +118,7 @@ class MpiBackend final : public Backend {
 
   bool fuses_division() const override { return true; }
 
-  void allreduce_divided(void* buf, std::int64_t count, c10::ScalarType dt,
-                         int divisor) override {
+  void allreduce_divided(void* buf, std::int64_t count, c10::ScalarType dt, int divisor) override {
     TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
                 "fluxmpi_py: allreduce_divided takes float or double, got ", dt);
     TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
@@ -178,10 +177,10 @@ class MpiBackend final : public Backend {
   void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dt) override {
     BlockingCall guard("allgather");
     std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
-    TORCH_CHECK(bytes * env().size < std::numeric_limits<int>::max(),
-                "fluxmpi_py: allgather of ", bytes, " bytes per rank is too large");
-    mpi_check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
-                            static_cast<int>(bytes), MPI_BYTE, env().comm),
+    TORCH_CHECK(bytes * env().size < std::numeric_limits<int>::max(), "fluxmpi_py: allgather of ",
+                bytes, " bytes per rank is too large");
+    mpi_check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                            MPI_BYTE, env().comm),
               "MPI_Allgather");
   }
 

@@ -23,8 +23,7 @@ RingOptions from_environment() {
   char* end = nullptr;
   long long n = std::strtoll(s, &end, 10);
   TORCH_CHECK_VALUE(end != s && *end == '\0' && n >= 0,
-                    "fluxmpi_py: FLUXMPI_RING_MIN_BYTES must be a byte count >= 0, got '", s,
-                    "'");
+                    "fluxmpi_py: FLUXMPI_RING_MIN_BYTES must be a byte count >= 0, got '", s, "'");
   if (n == 0) {
     o.enabled = false;
   } else {
@@ -54,8 +53,7 @@ Settings& settings() {
 // senders can wait on each other, since each piece k sent is a piece k received.
 template <typename T, typename RecvAt, typename After>
 void ring_step(const T* send, std::int64_t send_n, std::int64_t recv_n, std::int64_t piece,
-               MPI_Datatype type, int right, int left, MPI_Comm comm, RecvAt recv_at,
-               After after) {
+               MPI_Datatype type, int right, int left, MPI_Comm comm, RecvAt recv_at, After after) {
   const std::int64_t ns = (send_n + piece - 1) / piece, nr = (recv_n + piece - 1) / piece;
   for (std::int64_t k = 0; k < std::max(ns, nr); ++k) {
     const std::int64_t off = k * piece;
@@ -63,12 +61,11 @@ void ring_step(const T* send, std::int64_t send_n, std::int64_t recv_n, std::int
     const int rn = k < nr ? static_cast<int>(std::min(piece, recv_n - off)) : 0;
     T* dst = rn > 0 ? recv_at(off) : nullptr;
     if (sn > 0 && rn > 0) {
-      mpi_check(MPI_Sendrecv(send + off, sn, type, right, kRingTag, dst, rn, type, left,
-                             kRingTag, comm, MPI_STATUS_IGNORE),
+      mpi_check(MPI_Sendrecv(send + off, sn, type, right, kRingTag, dst, rn, type, left, kRingTag,
+                             comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv (ring allreduce)");
     } else if (sn > 0) {
-      mpi_check(MPI_Send(send + off, sn, type, right, kRingTag, comm),
-                "MPI_Send (ring allreduce)");
+      mpi_check(MPI_Send(send + off, sn, type, right, kRingTag, comm), "MPI_Send (ring allreduce)");
     } else {
       mpi_check(MPI_Recv(dst, rn, type, left, kRingTag, comm, MPI_STATUS_IGNORE),
                 "MPI_Recv (ring allreduce)");
@@ -97,24 +94,25 @@ void ring(T* buf, std::int64_t count, int divisor, const RingOptions& opts, MPI_
     const int sc = mod(rank - s), rc = mod(rank - s - 1);
     const bool divide = s + 2 == size && divisor != 1;
     T* acc = buf + lo(rc);
-    ring_step(buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, type, right, left,
-              comm, [&](std::int64_t) { return tmp; },
-              [&](std::int64_t off, int n, const T* got) {
-                T* d = acc + off;
-                if (divide) {
-                  for (int i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / inv;
-                } else {
-                  for (int i = 0; i < n; ++i) d[i] += got[i];
-                }
-              });
+    ring_step(
+        buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, type, right, left, comm,
+        [&](std::int64_t) { return tmp; },
+        [&](std::int64_t off, int n, const T* got) {
+          T* d = acc + off;
+          if (divide) {
+            for (int i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / inv;
+          } else {
+            for (int i = 0; i < n; ++i) d[i] += got[i];
+          }
+        });
   }
   // Allgather: pass the finished chunks around the ring, straight into place.
   for (int s = 0; s + 1 < size; ++s) {
     const int sc = mod(rank + 1 - s), rc = mod(rank - s);
     T* dst = buf + lo(rc);
-    ring_step(buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxPiece, type, right,
-              left, comm, [&](std::int64_t off) { return dst + off; },
-              [](std::int64_t, int, const T*) {});
+    ring_step(
+        buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxPiece, type, right, left, comm,
+        [&](std::int64_t off) { return dst + off; }, [](std::int64_t, int, const T*) {});
   }
 }
 
@@ -134,8 +132,7 @@ void set_ring_options(const RingOptions& opts) {
   TORCH_CHECK_VALUE(opts.sum_min_bytes >= 0 && opts.average_min_bytes >= 0,
                     "ring thresholds must be >= 0 bytes, got sum_min_bytes=", opts.sum_min_bytes,
                     " and average_min_bytes=", opts.average_min_bytes);
-  TORCH_CHECK_VALUE(opts.min_segment_bytes >= 1 &&
-                        opts.min_segment_bytes <= opts.max_segment_bytes,
+  TORCH_CHECK_VALUE(opts.min_segment_bytes >= 1 && opts.min_segment_bytes <= opts.max_segment_bytes,
                     "ring segments need 1 <= min_segment_bytes <= max_segment_bytes, got ",
                     opts.min_segment_bytes, " and ", opts.max_segment_bytes);
   Settings& s = settings();

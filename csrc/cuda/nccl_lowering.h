@@ -45,10 +45,8 @@ constexpr bool nccl_native(c10::ScalarType t) {
     case c10::ScalarType::Half:
     case c10::ScalarType::BFloat16:
     case c10::ScalarType::Float:
-    case c10::ScalarType::Double:
-      return true;
-    default:
-      return false;
+    case c10::ScalarType::Double: return true;
+    default: return false;
   }
 }
 
@@ -63,8 +61,7 @@ constexpr std::optional<WirePlan> reduction_plan(c10::ScalarType t, ReduceOp op)
         return WirePlan{c10::ScalarType::Float, op, Move::Convert};
       }
       return WirePlan{t, op, Move::Native};
-    case c10::ScalarType::Short:
-      return WirePlan{c10::ScalarType::Int, op, Move::Convert};
+    case c10::ScalarType::Short: return WirePlan{c10::ScalarType::Int, op, Move::Convert};
     case c10::ScalarType::Bool: {
       bool any = op == ReduceOp::Sum || op == ReduceOp::Max;
       return WirePlan{c10::ScalarType::Byte, any ? ReduceOp::Max : ReduceOp::Min,

@@ -5,8 +5,7 @@
 
 namespace fluxmpi {
 
-Signature object_signature(ObjectStage stage, std::int64_t root, ErrorClass err,
-                           std::string& msg) {
+Signature object_signature(ObjectStage stage, std::int64_t root, ErrorClass err, std::string& msg) {
   Signature s;
   s.kind = CallKind::ObjectBroadcast;
   s.detail = static_cast<std::int64_t>(stage);
@@ -15,8 +14,8 @@ Signature object_signature(ObjectStage stage, std::int64_t root, ErrorClass err,
   return s;
 }
 
-std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t root,
-                            ErrorClass err, const std::string& err_text) {
+std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t root, ErrorClass err,
+                            const std::string& err_text) {
   std::string msg = err_text;
   Signature s = object_signature(ObjectStage::Skeleton, root, err, msg);
   agree(s, kSyncWhat, msg);

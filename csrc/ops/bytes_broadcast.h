@@ -19,14 +19,13 @@ enum class ObjectStage : std::int64_t { Begin = 1, Skeleton = 2 };
 
 // Signature of one ObjectBroadcast stage, with the root checked and this rank's error `err`
 // folded in; `msg` holds its text (or gets the root's).
-Signature object_signature(ObjectStage stage, std::int64_t root, ErrorClass err,
-                           std::string& msg);
+Signature object_signature(ObjectStage stage, std::int64_t root, ErrorClass err, std::string& msg);
 
 // Agree (stage Skeleton; this rank's error `err`, text `err_text`, raises on every rank), then
 // broadcast the length and then the `len` bytes at `data` from the root. Returns the root's
 // bytes on the other ranks and an empty string on the root (it keeps its own). `data` is read
 // on the root only. Must run inline on the engine or on its thread.
-std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t root,
-                            ErrorClass err, const std::string& err_text);
+std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t root, ErrorClass err,
+                            const std::string& err_text);
 
 }  // namespace fluxmpi

@@ -111,8 +111,7 @@ ErrorClass validate(const std::vector<at::Tensor>& ts, std::string& msg) {
 CopyCounters copy_counters() { return {g_copied.load(), g_in_place.load()}; }
 
 void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
-                              const CoalescedOptions& opts,
-                              const std::vector<BroadcastStep>* plan,
+                              const CoalescedOptions& opts, const std::vector<BroadcastStep>* plan,
                               const std::vector<Probe>* probes) {
   // Parameters are leaves that require grad; writing the root's values is not a step of
   // any autograd graph, so any copy below runs without autograd.
@@ -140,10 +139,9 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
   for (const auto& s : steps) {
     if (s.direct || staging.count(s.device)) continue;
     std::int64_t bytes = need[s.device];
-    staging[s.device] =
-        s.device == c10::DeviceType::CPU
-            ? host_staging(bytes)
-            : at::empty({bytes}, tensors[s.members[0]].options().dtype(at::kByte));
+    staging[s.device] = s.device == c10::DeviceType::CPU
+                            ? host_staging(bytes)
+                            : at::empty({bytes}, tensors[s.members[0]].options().dtype(at::kByte));
   }
   for (const auto& s : steps) {
     const auto& first = tensors[s.members[0]];

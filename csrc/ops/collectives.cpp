@@ -16,12 +16,17 @@ namespace {
 
 bool supported_dtype(c10::ScalarType t) {
   switch (t) {
-    case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
-    case c10::kChar: case c10::kShort: case c10::kInt: case c10::kLong: case c10::kByte:
-    case c10::kBool:
-      return true;
-    default:
-      return false;
+    case c10::kHalf:
+    case c10::kBFloat16:
+    case c10::kFloat:
+    case c10::kDouble:
+    case c10::kChar:
+    case c10::kShort:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kByte:
+    case c10::kBool: return true;
+    default: return false;
   }
 }
 
@@ -37,8 +42,8 @@ std::string describe(const at::Tensor& t) {
 // different backends (MPI and NCCL) and wait for each other forever.
 std::int64_t shape_hash(const at::Tensor& t) {
   auto sizes = t.sizes();
-  const auto seed = static_cast<std::int64_t>(sizes.size()) +
-                    (static_cast<std::int64_t>(t.device().type()) << 8);
+  const auto seed =
+      static_cast<std::int64_t>(sizes.size()) + (static_cast<std::int64_t>(t.device().type()) << 8);
   return hash_bytes(sizes.data(), sizes.size() * sizeof(std::int64_t), seed);
 }
 
@@ -133,15 +138,15 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
     return ErrorClass::Type;
   }
   if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
-    msg = "tensor has elements that share memory (e.g. made by expand()), so it cannot hold "
-          "a result in place; pass a .clone() of it";
+    msg =
+        "tensor has elements that share memory (e.g. made by expand()), so it cannot hold "
+        "a result in place; pass a .clone() of it";
     return ErrorClass::Value;
   }
   return ErrorClass::None;
 }
 
-void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
-                    HalfReduction half) {
+void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world, HalfReduction half) {
   if (t.numel() == 0) return;
   c10::AutoGradMode no_grad(false);  // a collective is not a step of any autograd graph
   const auto dt = t.scalar_type();
@@ -177,8 +182,7 @@ void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int ran
   // A non-root rank only sends: from t itself when it is already a contiguous buffer of the
   // wire dtype, else from a copy. Either way its tensor is left unchanged.
   at::Tensor c = staging(t, wire);
-  b.reduce(c.data_ptr(), is_root ? c.data_ptr() : nullptr, c.numel(), wire, wire_op(op, dt),
-           root);
+  b.reduce(c.data_ptr(), is_root ? c.data_ptr() : nullptr, c.numel(), wire, wire_op(op, dt), root);
   if (!is_root) return;
   if (op == ReduceOp::Average) divide_by(c, world);
   write_back(c, t);

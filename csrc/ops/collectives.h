@@ -38,8 +38,7 @@ void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int ran
 // a tensor", "root_rank is not an int"); it is raised on every rank like any other.
 void allreduce_checked(const at::Tensor& t, const std::string& op,
                        const std::string& local_error = {});
-void broadcast_checked(const at::Tensor& t, std::int64_t root,
-                       const std::string& local_error = {});
+void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string& local_error = {});
 void reduce_checked(const at::Tensor& t, const std::string& op, std::int64_t root,
                     const std::string& local_error = {});
 // Agree that every rank is in a barrier, then wait for all of them (MPI, whatever devices the

@@ -66,8 +66,8 @@ std::string field_value(int field, std::int64_t v) {
 }
 
 const char* field_name(int field) {
-  static const char* names[kFields] = {"collective", "op", "root_rank", "dtype",
-                                       "numel", "shape", "error"};
+  static const char* names[kFields] = {"collective", "op",    "root_rank", "dtype",
+                                       "numel",      "shape", "error"};
   return names[field];
 }
 
@@ -155,8 +155,7 @@ std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
 
-bool agree(const Signature& sig, const std::string& what, const std::string& text,
-           bool* vetoed) {
+bool agree(const Signature& sig, const std::string& what, const std::string& text, bool* vetoed) {
   return agree(sig, what, text, [&] { return text; }, vetoed);
 }
 

@@ -21,7 +21,7 @@ enum class CallKind : std::int64_t {
   Broadcast = 2,
   Reduce = 3,
   Barrier = 4,
-  GradientBuckets = 6,   // the DistributedOptimizer's fused reduction (plan hash in `detail`)
+  GradientBuckets = 6,     // the DistributedOptimizer's fused reduction (plan hash in `detail`)
   CoalescedBroadcast = 7,  // synchronize_'s packed tensors
   ObjectBroadcast = 8,     // pickled skeletons
 };
@@ -33,11 +33,11 @@ enum class ErrorClass : std::int64_t { None = 0, Value = 1, Type = 2, Runtime = 
 
 struct Signature {
   CallKind kind = CallKind::Allreduce;
-  std::int64_t op = -1;      // ReduceOp, or -1 when not a reduction
-  std::int64_t root = -1;    // root rank, or -1
-  std::int64_t dtype = -1;   // c10::ScalarType, or -1
-  std::int64_t numel = 0;    // elements (or bytes, or tensors: whatever the call compares)
-  std::int64_t detail = 0;   // a hash of shapes / plan; compared, never interpreted
+  std::int64_t op = -1;     // ReduceOp, or -1 when not a reduction
+  std::int64_t root = -1;   // root rank, or -1
+  std::int64_t dtype = -1;  // c10::ScalarType, or -1
+  std::int64_t numel = 0;   // elements (or bytes, or tensors: whatever the call compares)
+  std::int64_t detail = 0;  // a hash of shapes / plan; compared, never interpreted
   ErrorClass error = ErrorClass::None;
   // Travel in the same allreduce but never raise: agree() returns true when `soft` is equal
   // on every rank and `soft_flag` is 0 on every rank (a caller's "can we take the fast path").
@@ -81,8 +81,7 @@ std::string dtype_name(c10::ScalarType t);
 // one rank reports it for all (python/module.cpp, fluxmpi_py/_excepthooks.py).
 class RaisedOnEveryRank : public std::runtime_error {
  public:
-  RaisedOnEveryRank(ErrorClass cls, const std::string& msg)
-      : std::runtime_error(msg), cls_(cls) {}
+  RaisedOnEveryRank(ErrorClass cls, const std::string& msg) : std::runtime_error(msg), cls_(cls) {}
   ErrorClass error_class() const { return cls_; }
 
  private:

@@ -83,8 +83,8 @@ bool find_home(const std::vector<Probe>& probes, const BroadcastStep& s, Home& h
   }
   if (!make_buf) return true;
   // Written in place: the home is ours (its holders are exactly this step's members).
-  home.buf = at::from_blob(const_cast<char*>(base), {s.bytes},
-                           at::TensorOptions().dtype(at::kByte));
+  home.buf =
+      at::from_blob(const_cast<char*>(base), {s.bytes}, at::TensorOptions().dtype(at::kByte));
   return true;
 }
 

@@ -128,11 +128,10 @@ void GradientReducer::prepare(std::int64_t i) {
   const auto& bk = buckets_[bucket_of_[i]];
   at::Tensor g = p.grad();
   if (g.defined()) {
-    TORCH_CHECK(g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() &&
-                    g.layout() == c10::kStrided,
-                "parameter ", i, ": its .grad has shape ", g.sizes(), " and dtype ",
-                g.scalar_type(), ", expected a dense gradient of shape ", p.sizes(), " and dtype ",
-                p.scalar_type());
+    TORCH_CHECK(
+        g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() && g.layout() == c10::kStrided,
+        "parameter ", i, ": its .grad has shape ", g.sizes(), " and dtype ", g.scalar_type(),
+        ", expected a dense gradient of shape ", p.sizes(), " and dtype ", p.scalar_type());
   }
   // "average" pre-scales every contribution by 1/world here, on every rank alike, so the
   // bucket is summed with no division pass afterwards: a fresh gradient is scaled while it is
@@ -197,28 +196,28 @@ void GradientReducer::launch(std::int64_t b) {
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work = Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale,
-                                                            direct] {
-    if (failed->load()) return;  // the step's agreement failed: move no data
-    try {
-      for (const auto& s : to_scale) s.mul_(1.0 / world);
-      Backend& be = backend_for(t);
-      // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
-      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-      if (comp && *comp != t.scalar_type()) {
-        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-        at::Tensor h = t.to(*comp);
-        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-        t.copy_(h);
-      } else {
-        allreduce_data(be, t, wire_op, world);
-      }
-    } catch (...) {
-      failed->store(true);
-      throw;
-    }
-  });
+  state_[b].work =
+      Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale, direct] {
+        if (failed->load()) return;  // the step's agreement failed: move no data
+        try {
+          for (const auto& s : to_scale) s.mul_(1.0 / world);
+          Backend& be = backend_for(t);
+          // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
+          // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+          const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+          if (comp && *comp != t.scalar_type()) {
+            // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+            at::Tensor h = t.to(*comp);
+            allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
+            t.copy_(h);
+          } else {
+            allreduce_data(be, t, wire_op, world);
+          }
+        } catch (...) {
+          failed->store(true);
+          throw;
+        }
+      });
 }
 
 void GradientReducer::launch_ready() {
@@ -233,8 +232,8 @@ constexpr const char* kUserCall = "DistributedOptimizer.step()";
 void GradientReducer::mark_ready(std::int64_t i) {
   UserCall named(kUserCall);
   std::lock_guard<std::mutex> lk(mu_);
-  TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()),
-                    "parameter index ", i, " out of range");
+  TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()), "parameter index ", i,
+                    " out of range");
   if (!step_open_) open_step();
   TORCH_CHECK(!ready_[i], "DistributedOptimizer: the gradient of parameter ", i,
               " was produced twice before step(); run the extra backward passes inside "

@@ -89,10 +89,10 @@ class GradientReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
   std::vector<BucketState> state_;
-  std::vector<std::uint8_t> present_;    // this rank had a gradient for param i this step
-  std::vector<std::uint8_t> ready_;      // mark_ready seen for param i this step
-  std::vector<at::Tensor> zeros_;        // direct params missing here: reduced from zeros
-  std::vector<at::Tensor> watched_;      // see watch_requires_grad
+  std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
+  std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
+  std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros
+  std::vector<at::Tensor> watched_;    // see watch_requires_grad
   std::vector<std::uint8_t> watched_flags_;
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;

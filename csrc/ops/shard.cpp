@@ -46,16 +46,17 @@ ShardMode parse_shard_mode(const std::string& mode) {
   if (mode == "pad") return ShardMode::Pad;
   if (mode == "drop_last") return ShardMode::DropLast;
   if (mode == "even") return ShardMode::Even;
-  TORCH_CHECK_VALUE(false, "shard mode must be one of 'pad', 'drop_last', 'even', got '", mode, "'");
+  TORCH_CHECK_VALUE(false, "shard mode must be one of 'pad', 'drop_last', 'even', got '", mode,
+                    "'");
 }
 
 ShardRange shard_range(std::int64_t n, std::int64_t world, std::int64_t rank, ShardMode mode) {
-  TORCH_CHECK_VALUE(n >= 0 && n <= kMaxShardLength,
-                    "dataset length n must be in [0, 2**62], got ", n);
+  TORCH_CHECK_VALUE(n >= 0 && n <= kMaxShardLength, "dataset length n must be in [0, 2**62], got ",
+                    n);
   TORCH_CHECK_VALUE(world >= 1 && world <= (std::int64_t{1} << 31),
                     "world_size must be in [1, 2**31], got ", world);
-  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank must be in [0, world_size=", world,
-                    "), got ", rank);
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank must be in [0, world_size=", world, "), got ",
+                    rank);
   ShardRange r;
   switch (mode) {
     case ShardMode::Pad:
@@ -153,8 +154,10 @@ void Permutation::apply_range(std::uint64_t first, std::int64_t count, std::int6
       if (++lo == b_) lo = 0, ++hi;
     }
     for (int i = 0; i < kRounds; i += 2) {
-      for (int w = 0; w < kLanes; ++w) h[w] = add_mod(h[w], reduce(round_fn(l[w], keys_[i]), a_), a_);
-      for (int w = 0; w < kLanes; ++w) l[w] = add_mod(l[w], reduce(round_fn(h[w], keys_[i + 1]), b_), b_);
+      for (int w = 0; w < kLanes; ++w)
+        h[w] = add_mod(h[w], reduce(round_fn(l[w], keys_[i]), a_), a_);
+      for (int w = 0; w < kLanes; ++w)
+        l[w] = add_mod(l[w], reduce(round_fn(h[w], keys_[i + 1]), b_), b_);
     }
     for (int w = 0; w < kLanes; ++w) out[j + w] = static_cast<std::int64_t>(h[w] * b_ + l[w]);
   }
@@ -189,15 +192,16 @@ ShardIndexer::ShardIndexer(const ShardSpec& spec)
       perm_(static_cast<std::uint64_t>(spec.n), spec.seed, spec.epoch) {}
 
 void ShardIndexer::check_positions(std::int64_t first, std::int64_t count) const {
-  TORCH_CHECK_VALUE(first >= 0 && count >= 0 && first <= range_.length &&
-                        count <= range_.length - first,
-                    "positions [", first, ", ", first, " + ", count, ") must lie in rank ",
-                    spec_.rank, "'s shard [0, ", range_.length, ")");
+  TORCH_CHECK_VALUE(
+      first >= 0 && count >= 0 && first <= range_.length && count <= range_.length - first,
+      "positions [", first, ", ", first, " + ", count, ") must lie in rank ", spec_.rank,
+      "'s shard [0, ", range_.length, ")");
 }
 
 std::int64_t ShardIndexer::at(std::int64_t position) const {
   check_positions(position, 1);
-  auto pos = static_cast<std::uint64_t>(range_.start + position) % static_cast<std::uint64_t>(spec_.n);
+  auto pos =
+      static_cast<std::uint64_t>(range_.start + position) % static_cast<std::uint64_t>(spec_.n);
   return static_cast<std::int64_t>(spec_.shuffle ? perm_(pos) : pos);
 }
 

@@ -24,7 +24,7 @@ struct SyncPlanCache {
   std::vector<BroadcastStep> plan;    // large CPU tensors alone
   std::vector<BroadcastStep> packed;  // every CPU tensor packed (pack_cpu)
   bool has_packed = false;            // packed differs from plan
-  std::vector<Probe> probes;  // this call's, kept only to reuse the allocation
+  std::vector<Probe> probes;          // this call's, kept only to reuse the allocation
 };
 
 // The fast path for `tensors` (this rank's, in the order of its walk, whose paths and kinds

@@ -65,42 +65,56 @@ void bind_collectives(py::module_& m) {
   // The tensor may be None: the Python wrapper passes None and a `local_error` for a
   // non-tensor argument, so that every rank raises, not only the one that got it wrong.
   using MaybeTensor = std::optional<at::Tensor>;
-  m.def("allreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
-    env();
-    UserCall named("allreduce_()");
-    at::Tensor x = t.value_or(at::Tensor());
-    Engine::get().run_inline([&] { allreduce_checked(x, op, err); });
-  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
-     py::call_guard<py::gil_scoped_release>());
-  m.def("bcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
-    env();
-    UserCall named("bcast_()");
-    at::Tensor x = t.value_or(at::Tensor());
-    Engine::get().run_inline([&] { broadcast_checked(x, root, err); });
-  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
-     py::call_guard<py::gil_scoped_release>());
-  m.def("reduce_", [](const MaybeTensor& t, const std::string& op, std::int64_t root,
-                      const std::string& err) {
-    env();
-    UserCall named("reduce_()");
-    at::Tensor x = t.value_or(at::Tensor());
-    Engine::get().run_inline([&] { reduce_checked(x, op, root, err); });
-  }, py::arg("tensor"), py::arg("op"), py::arg("root_rank"), py::arg("local_error") = "",
-     py::call_guard<py::gil_scoped_release>());
-  m.def("iallreduce_", [](const MaybeTensor& t, const std::string& op, const std::string& err) {
-    env();
-    UserCall named("Iallreduce()");
-    at::Tensor x = t.value_or(at::Tensor());
-    return Engine::get().submit("Iallreduce", [x, op, err] { allreduce_checked(x, op, err); });
-  }, py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
-     py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
-  m.def("ibcast_", [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
-    env();
-    UserCall named("Ibcast()");
-    at::Tensor x = t.value_or(at::Tensor());
-    return Engine::get().submit("Ibcast", [x, root, err] { broadcast_checked(x, root, err); });
-  }, py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
-     py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "allreduce_",
+      [](const MaybeTensor& t, const std::string& op, const std::string& err) {
+        env();
+        UserCall named("allreduce_()");
+        at::Tensor x = t.value_or(at::Tensor());
+        Engine::get().run_inline([&] { allreduce_checked(x, op, err); });
+      },
+      py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "bcast_",
+      [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
+        env();
+        UserCall named("bcast_()");
+        at::Tensor x = t.value_or(at::Tensor());
+        Engine::get().run_inline([&] { broadcast_checked(x, root, err); });
+      },
+      py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "reduce_",
+      [](const MaybeTensor& t, const std::string& op, std::int64_t root, const std::string& err) {
+        env();
+        UserCall named("reduce_()");
+        at::Tensor x = t.value_or(at::Tensor());
+        Engine::get().run_inline([&] { reduce_checked(x, op, root, err); });
+      },
+      py::arg("tensor"), py::arg("op"), py::arg("root_rank"), py::arg("local_error") = "",
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "iallreduce_",
+      [](const MaybeTensor& t, const std::string& op, const std::string& err) {
+        env();
+        UserCall named("Iallreduce()");
+        at::Tensor x = t.value_or(at::Tensor());
+        return Engine::get().submit("Iallreduce", [x, op, err] { allreduce_checked(x, op, err); });
+      },
+      py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
+      py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
+  m.def(
+      "ibcast_",
+      [](const MaybeTensor& t, std::int64_t root, const std::string& err) {
+        env();
+        UserCall named("Ibcast()");
+        at::Tensor x = t.value_or(at::Tensor());
+        return Engine::get().submit("Ibcast", [x, root, err] { broadcast_checked(x, root, err); });
+      },
+      py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
+      py::call_guard<py::gil_scoped_release>());
 
   bind_ring_options(m);
 }

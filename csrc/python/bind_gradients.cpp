@@ -86,16 +86,17 @@ void bind_gradients(py::module_& m) {
                      "identity of the parameter list, compared across ranks every step");
   def_fields(reducer, {"plan", "op", "compression", "plan_hash"});
 
-  m.def("plan_buckets",
-        [](const std::vector<at::Tensor>& tensors, const PlanOptions& options) {
-          std::vector<TensorMeta> metas;
-          metas.reserve(tensors.size());
-          for (const auto& t : tensors) metas.push_back({t.scalar_type(), t.device(), t.numel()});
-          return buckets_to_python(plan_buckets(metas, options));
-        },
-        py::arg("tensors"), py::arg("options"),
-        "The bucket plan for tensors' dtypes, devices and sizes: a list of dicts (members, "
-        "direct, numel, dtype, device) in issue order. Pure: needs no Init");
+  m.def(
+      "plan_buckets",
+      [](const std::vector<at::Tensor>& tensors, const PlanOptions& options) {
+        std::vector<TensorMeta> metas;
+        metas.reserve(tensors.size());
+        for (const auto& t : tensors) metas.push_back({t.scalar_type(), t.device(), t.numel()});
+        return buckets_to_python(plan_buckets(metas, options));
+      },
+      py::arg("tensors"), py::arg("options"),
+      "The bucket plan for tensors' dtypes, devices and sizes: a list of dicts (members, "
+      "direct, numel, dtype, device) in issue order. Pure: needs no Init");
 
   py::class_<GradientReducer, std::shared_ptr<GradientReducer>>(m, "GradientReducer")
       .def(py::init([](std::vector<at::Tensor> params, const ReducerOptions& options) {

@@ -16,8 +16,9 @@ void bind_runtime(py::module_& m) {
   m.def("init", &init, py::arg("comm_handle") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("initialized", &initialized);
   m.def("shutdown", &shutdown, py::call_guard<py::gil_scoped_release>());
-  m.def("abort", [](const std::string& why, int code) { abort_job(why, code); },
-        py::arg("why"), py::arg("code") = 1);
+  m.def(
+      "abort", [](const std::string& why, int code) { abort_job(why, code); }, py::arg("why"),
+      py::arg("code") = 1);
   m.def("meet_before_abort", &meet_before_abort, py::arg("timeout_s"),
         py::call_guard<py::gil_scoped_release>());
   m.def("enter_user_call", &enter_user_call, py::arg("name"));
@@ -32,11 +33,13 @@ void bind_runtime(py::module_& m) {
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);
   m.attr("compiled_torch_version") = TORCH_VERSION;
-  m.def("barrier", [] {
-    UserCall named("barrier()");
-    Engine::get().run_inline(barrier_checked);
-  },
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "barrier",
+      [] {
+        UserCall named("barrier()");
+        Engine::get().run_inline(barrier_checked);
+      },
+      py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace fluxmpi

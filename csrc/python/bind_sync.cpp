@@ -32,8 +32,7 @@ struct TensorList {
 };
 
 void bind_options(py::module_& m) {
-  py::enum_<ErrorClass>(m, "ErrorClass",
-                        "The exception a rank's local error becomes on every rank")
+  py::enum_<ErrorClass>(m, "ErrorClass", "The exception a rank's local error becomes on every rank")
       .value("NONE", ErrorClass::None, "no error")
       .value("VALUE", ErrorClass::Value, "ValueError")
       .value("TYPE", ErrorClass::Type, "TypeError")
@@ -86,81 +85,88 @@ void bind_sync(py::module_& m) {
            py::arg("tensors"))
       .def("__len__", [](const TensorList& l) { return l.items.size(); });
 
-  m.def("dict_version", [](py::handle d) {
-    TORCH_CHECK_TYPE(PyDict_Check(d.ptr()), "dict_version takes a dict");
-    return dict_version(d.ptr());
-  }, py::arg("d"));
-  m.def("dicts_unchanged", [](py::handle snapshot) { return dicts_unchanged(snapshot.ptr()); },
-        py::arg("snapshot"));
+  m.def(
+      "dict_version",
+      [](py::handle d) {
+        TORCH_CHECK_TYPE(PyDict_Check(d.ptr()), "dict_version takes a dict");
+        return dict_version(d.ptr());
+      },
+      py::arg("d"));
+  m.def(
+      "dicts_unchanged", [](py::handle snapshot) { return dicts_unchanged(snapshot.ptr()); },
+      py::arg("snapshot"));
 
-  m.def("sync_fast_path",
-        [](TensorList& tensors, std::int64_t root, std::int64_t structure_hash,
-           const CoalescedOptions& options, bool needs_skeleton, ErrorClass err,
-           const std::string& err_text) {
-          env();
-          bool done = false;
-          Engine::get().run_inline([&] {
-            done = sync_fast_path(tensors.items, root, structure_hash, needs_skeleton, err,
-                                  err_text, options, tensors.plan);
-          });
-          return done;
-        },
-        py::arg("tensors"), py::arg("root_rank"), py::arg("structure_hash"), py::arg("options"),
-        py::kw_only(), py::arg("needs_skeleton") = false,
-        py::arg("error_class") = ErrorClass::None, py::arg("error_text") = "",
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "sync_fast_path",
+      [](TensorList& tensors, std::int64_t root, std::int64_t structure_hash,
+         const CoalescedOptions& options, bool needs_skeleton, ErrorClass err,
+         const std::string& err_text) {
+        env();
+        bool done = false;
+        Engine::get().run_inline([&] {
+          done = sync_fast_path(tensors.items, root, structure_hash, needs_skeleton, err, err_text,
+                                options, tensors.plan);
+        });
+        return done;
+      },
+      py::arg("tensors"), py::arg("root_rank"), py::arg("structure_hash"), py::arg("options"),
+      py::kw_only(), py::arg("needs_skeleton") = false, py::arg("error_class") = ErrorClass::None,
+      py::arg("error_text") = "", py::call_guard<py::gil_scoped_release>());
 
   // The root passes its pickle and gets it back (same object); other ranks pass None.
-  m.def("broadcast_bytes",
-        [](py::object data, std::int64_t root, ErrorClass err,
-           const std::string& err_text) -> py::object {
-          env();
-          const char* ptr = nullptr;
-          Py_ssize_t len = 0;
-          if (!data.is_none()) {
-            TORCH_CHECK_TYPE(PyBytes_Check(data.ptr()), "fluxmpi_py: broadcast_bytes takes bytes");
-            ptr = PyBytes_AS_STRING(data.ptr());
-            len = PyBytes_GET_SIZE(data.ptr());
-          }
-          std::string out;
-          bool is_root = false;
-          {
-            py::gil_scoped_release no_gil;
-            is_root = initialized() && env().rank == root;
-            Engine::get().run_inline([&] { out = broadcast_bytes(ptr, len, root, err, err_text); });
-          }
-          if (is_root) return data;  // no copy of the root's pickle
-          return py::bytes(out);
-        },
-        py::arg("data"), py::arg("root_rank"), py::kw_only(),
-        py::arg("error_class") = ErrorClass::None, py::arg("error_text") = "");
+  m.def(
+      "broadcast_bytes",
+      [](py::object data, std::int64_t root, ErrorClass err,
+         const std::string& err_text) -> py::object {
+        env();
+        const char* ptr = nullptr;
+        Py_ssize_t len = 0;
+        if (!data.is_none()) {
+          TORCH_CHECK_TYPE(PyBytes_Check(data.ptr()), "fluxmpi_py: broadcast_bytes takes bytes");
+          ptr = PyBytes_AS_STRING(data.ptr());
+          len = PyBytes_GET_SIZE(data.ptr());
+        }
+        std::string out;
+        bool is_root = false;
+        {
+          py::gil_scoped_release no_gil;
+          is_root = initialized() && env().rank == root;
+          Engine::get().run_inline([&] { out = broadcast_bytes(ptr, len, root, err, err_text); });
+        }
+        if (is_root) return data;  // no copy of the root's pickle
+        return py::bytes(out);
+      },
+      py::arg("data"), py::arg("root_rank"), py::kw_only(),
+      py::arg("error_class") = ErrorClass::None, py::arg("error_text") = "");
 
-  m.def("coalesced_broadcast",
-        [](const std::vector<at::Tensor>& tensors, std::int64_t root,
-           const CoalescedOptions& options, ErrorClass err, const std::string& err_text) {
-          env();
-          Engine::get().run_inline(
-              [&] { coalesced_broadcast_checked(tensors, root, err, err_text, options); });
-        },
-        py::arg("tensors"), py::arg("root_rank"), py::arg("options"), py::kw_only(),
-        py::arg("error_class") = ErrorClass::None, py::arg("error_text") = "",
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "coalesced_broadcast",
+      [](const std::vector<at::Tensor>& tensors, std::int64_t root, const CoalescedOptions& options,
+         ErrorClass err, const std::string& err_text) {
+        env();
+        Engine::get().run_inline(
+            [&] { coalesced_broadcast_checked(tensors, root, err, err_text, options); });
+      },
+      py::arg("tensors"), py::arg("root_rank"), py::arg("options"), py::kw_only(),
+      py::arg("error_class") = ErrorClass::None, py::arg("error_text") = "",
+      py::call_guard<py::gil_scoped_release>());
 
   m.def("sync_copy_counters", [] {
     auto c = copy_counters();
     return py::make_tuple(c.copied, c.in_place);
   });
 
-  m.def("plan_broadcast",
-        [](const std::vector<at::Tensor>& tensors, const BroadcastPlanOptions& options) {
-          py::list out;
-          for (const auto& s : plan_broadcast(tensors, options)) {
-            out.append(py::make_tuple(s.direct, s.members, s.bytes));
-          }
-          return out;
-        },
-        py::arg("tensors"), py::arg("options"),
-        "The broadcasts for tensors: a list of (direct, members, bytes). Pure: needs no Init");
+  m.def(
+      "plan_broadcast",
+      [](const std::vector<at::Tensor>& tensors, const BroadcastPlanOptions& options) {
+        py::list out;
+        for (const auto& s : plan_broadcast(tensors, options)) {
+          out.append(py::make_tuple(s.direct, s.members, s.bytes));
+        }
+        return out;
+      },
+      py::arg("tensors"), py::arg("options"),
+      "The broadcasts for tensors: a list of (direct, members, bytes). Pure: needs no Init");
 }
 
 }  // namespace fluxmpi

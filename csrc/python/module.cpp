@@ -19,7 +19,8 @@ PYBIND11_MODULE(_C, m) {
       PyObject* type = e.error_class() == fluxmpi::ErrorClass::Value  ? PyExc_ValueError
                        : e.error_class() == fluxmpi::ErrorClass::Type ? PyExc_TypeError
                                                                       : PyExc_RuntimeError;
-      py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
+      py::object exc =
+          py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
       if (!exc || PyObject_SetAttrString(exc.ptr(), "raised_on_every_rank", Py_True) != 0) {
         PyErr_SetString(type, e.what());
         return;

@@ -30,8 +30,7 @@ struct IterState {
 };
 
 struct ShardIterObject {
-  PyObject_HEAD
-  IterState state;  // placement-constructed after allocation, destroyed in dealloc
+  PyObject_HEAD IterState state;  // placement-constructed after allocation, destroyed in dealloc
 };
 
 PyTypeObject* g_type = nullptr;

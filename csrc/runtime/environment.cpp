@@ -30,7 +30,7 @@ std::condition_variable g_wd_cv;
 std::int64_t g_calls_started = 0;
 int g_calls_active = 0;
 const char* g_wd_what = "";
-const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h), or ""
+const char* g_wd_call = "";              // the user call it is part of (runtime/user_call.h), or ""
 std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;
@@ -164,8 +164,7 @@ const Environment& env() {
 }
 
 void init(std::intptr_t comm_handle) {
-  MPI_Comm requested =
-      comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
+  MPI_Comm requested = comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
   if (g_initialized) {
     int cmp = MPI_UNEQUAL;
     MPI_Comm_compare(g_env.comm, requested, &cmp);
@@ -222,15 +221,13 @@ void shutdown() {
   if (g_env.we_initialized_mpi) MPI_Finalize();
 }
 
-void add_shutdown_hook(std::function<void()> hook) {
-  shutdown_hooks().push_back(std::move(hook));
-}
+void add_shutdown_hook(std::function<void()> hook) { shutdown_hooks().push_back(std::move(hook)); }
 
 void abort_job(const std::string& why, int code) {
   if (!why.empty()) {
     // One write, with the prefix Python's error output uses too (fluxmpi_py/_excepthooks.py).
-    std::string line = "[rank " + std::to_string(g_env.rank) + " / " +
-                       std::to_string(g_env.size) + "] " + why + "\n";
+    std::string line = "[rank " + std::to_string(g_env.rank) + " / " + std::to_string(g_env.size) +
+                       "] " + why + "\n";
     for (std::size_t done = 0; done < line.size();) {
       ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
       if (n <= 0) break;

@@ -1,6 +1,7 @@
 """BatchNorm buffers on N ranks that each see different data: DistributedOptimizer(module=...)
 and synchronize_buffers_ keep them equal; "average" equals one process that saw every rank's
 batch (running_mean), "broadcast" gives rank 0's, None leaves each rank its own."""
+
 import functools
 import os
 import sys
@@ -32,7 +33,9 @@ def make_model():
     # The first BatchNorm sees the raw inputs, so its running statistics depend on the data
     # alone and have a closed form; the second sees trained features.
     torch.manual_seed(3)
-    return nn.Sequential(nn.BatchNorm1d(5), nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    return nn.Sequential(
+        nn.BatchNorm1d(5), nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)
+    )
 
 
 def rank_batch(step, r):
@@ -99,7 +102,8 @@ def case_average_is_the_default_and_equals_one_process():
     var = torch.ones(5)
     for s in range(STEPS):
         var = (1 - MOMENTUM) * var + MOMENTUM * torch.stack(
-            [rank_batch(s, q)[0].var(0) for q in range(n)]).mean(0)
+            [rank_batch(s, q)[0].var(0) for q in range(n)]
+        ).mean(0)
     torch.testing.assert_close(model[0].running_var, var, rtol=1e-5, atol=1e-6)
     assert int(model[0].num_batches_tracked) == STEPS
     assert eval_outputs_identical(model), "eval outputs differ across ranks"
@@ -110,8 +114,13 @@ def case_broadcast_gives_rank_0s_buffers():
     torch.testing.assert_close(model[0].running_mean, own_running_mean(0), rtol=1e-5, atol=1e-6)
     assert eval_outputs_identical(model), "eval outputs differ across ranks"
     # without the module there is nothing to broadcast: say so instead of doing nothing
-    raises(ValueError, lambda: fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                                       buffers="broadcast"), "module=model")
+    raises(
+        ValueError,
+        lambda: fm.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), buffers="broadcast"
+        ),
+        "module=model",
+    )
 
 
 def case_none_leaves_each_rank_its_own():
@@ -154,22 +163,29 @@ def case_closure_and_accumulation_sync_buffers():
     for mode in ("closure", "accumulate"):
         model = make_model()
         kw = {"backward_passes_per_step": 2} if mode == "accumulate" else {}
-        opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model, **kw)
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), module=model, **kw
+        )
         ref = torch.zeros(5)
         for s in range(2):
             if mode == "closure":
                 opt.step(functools.partial(train_closure, opt, model, *rank_batch(s, r)))
-                ref = (1 - MOMENTUM) * ref + MOMENTUM * torch.cat([rank_batch(s, q)[0] for q in range(n)]).mean(0)
+                ref = (1 - MOMENTUM) * ref + MOMENTUM * torch.cat(
+                    [rank_batch(s, q)[0] for q in range(n)]
+                ).mean(0)
             else:
                 opt.zero_grad()
                 for half in range(2):
                     x, y = rank_batch(10 * s + half, r)
                     (F.mse_loss(model(x), y) / 2).backward()
                     ref = (1 - MOMENTUM) * ref + MOMENTUM * torch.cat(
-                        [rank_batch(10 * s + half, q)[0] for q in range(n)]).mean(0)
+                        [rank_batch(10 * s + half, q)[0] for q in range(n)]
+                    ).mean(0)
                 opt.step()
             assert_buffers_equal_across_ranks(model, f"{mode}, step {s}")
-        torch.testing.assert_close(model[0].running_mean, ref, rtol=1e-5, atol=1e-6, msg=labelled(mode))
+        torch.testing.assert_close(
+            model[0].running_mean, ref, rtol=1e-5, atol=1e-6, msg=labelled(mode)
+        )
 
 
 def case_synchronize_buffers_without_optimizer():
@@ -184,7 +200,9 @@ def case_synchronize_buffers_without_optimizer():
         assert fm.synchronize_buffers_(model, mode) is model
         assert_buffers_equal_across_ranks(model, f"synchronize_buffers_({mode!r})")
         if expected is None:
-            expected = MOMENTUM * torch.stack([rank_batch(0, q)[0].mean(0) for q in range(n)]).mean(0)
+            expected = MOMENTUM * torch.stack([rank_batch(0, q)[0].mean(0) for q in range(n)]).mean(
+                0
+            )
         torch.testing.assert_close(model[0].running_mean, expected, rtol=1e-5, atol=1e-6)
         assert eval_outputs_identical(model)
     raises(ValueError, lambda: fm.synchronize_buffers_(model, "sum"), "'average' or 'broadcast'")
@@ -196,9 +214,16 @@ def case_different_buffers_raise_everywhere():
         return
     # No parameters differ (affine=False): only the buffers do.
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4 if r == 0 else 3, affine=False))
-    raises(ValueError, lambda: fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model),
-           "DistributedOptimizer(module=...)", "buffers differ across ranks", "1.running_mean: shape (3,)")
-    raises(ValueError, lambda: fm.synchronize_buffers_(model), "synchronize_buffers_", "1.running_mean")
+    raises(
+        ValueError,
+        lambda: fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model),
+        "DistributedOptimizer(module=...)",
+        "buffers differ across ranks",
+        "1.running_mean: shape (3,)",
+    )
+    raises(
+        ValueError, lambda: fm.synchronize_buffers_(model), "synchronize_buffers_", "1.running_mean"
+    )
 
 
 def case_warns_once_when_buffers_change_unsynced():

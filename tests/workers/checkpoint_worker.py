@@ -2,6 +2,7 @@
 
 CKPT_DIR (from the environment) is a directory every rank sees.
 """
+
 import os
 import re
 from contextlib import contextmanager
@@ -37,8 +38,11 @@ def raises(exc, *needles):
 
 
 def flat(module_or_tensors):
-    ts = module_or_tensors.state_dict().values() if isinstance(module_or_tensors, torch.nn.Module) \
+    ts = (
+        module_or_tensors.state_dict().values()
+        if isinstance(module_or_tensors, torch.nn.Module)
         else module_or_tensors
+    )
     return torch.cat([t.detach().double().reshape(-1) for t in ts])
 
 
@@ -51,7 +55,9 @@ def same_on_all_ranks(vec):
 
 def make(seed):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     return model, opt, sched
@@ -77,8 +83,9 @@ def case_round_trip_model_optimizer_scheduler():
     model, opt, sched = make(seed=rank)  # every rank starts different
     train(model, opt, sched, steps=3 + rank, seed=rank)
     meta = {"name": "run-a", "losses": [1.0, 0.5], "t": torch.arange(5) * (rank + 1)}
-    path = fm.save_checkpoint(path_of("round.pt"), model=model, optimizer=opt, scheduler=sched,
-                              epoch=5 + rank, meta=meta)
+    path = fm.save_checkpoint(
+        path_of("round.pt"), model=model, optimizer=opt, scheduler=sched, epoch=5 + rank, meta=meta
+    )
     assert os.path.exists(path)
     assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp" in f]
     if rank == 0:  # the file holds rank 0's objects
@@ -89,7 +96,9 @@ def case_round_trip_model_optimizer_scheduler():
     model2, opt2, sched2 = make(seed=100 + rank)  # fresh objects, different on every rank
     assert not same_on_all_ranks(flat(model2)) or fm.total_workers() == 1
     got = fm.load_checkpoint(path, model=model2, optimizer=opt2, scheduler=sched2)
-    assert got["epoch"] == 5 and got["meta"]["name"] == "run-a" and got["meta"]["losses"] == [1.0, 0.5]
+    assert (
+        got["epoch"] == 5 and got["meta"]["name"] == "run-a" and got["meta"]["losses"] == [1.0, 0.5]
+    )
     assert torch.equal(got["meta"]["t"], torch.arange(5))
     on_disk = torch.load(path)["objects"]
     assert torch.equal(flat(model2), flat(on_disk["model"].values()))
@@ -186,7 +195,9 @@ def _resumable_run(model, opt, data, first_epoch, epochs, stop=None):
 
 def case_resume_with_distributed_optimizer_and_data():
     g = torch.Generator().manual_seed(5)
-    dataset = torch.utils.data.TensorDataset(torch.randn(40, 3, generator=g), torch.randn(40, 1, generator=g))
+    dataset = torch.utils.data.TensorDataset(
+        torch.randn(40, 3, generator=g), torch.randn(40, 1, generator=g)
+    )
 
     def fresh():
         torch.manual_seed(11)  # same start on every rank

@@ -3,6 +3,7 @@ forms; non-contiguous tensors; 16-bit accumulation; async requests; bad input on
 
 Run by tests/test_collectives.py under mpiexec at 1, 2 and 4 ranks (and once without mpiexec).
 """
+
 import functools
 import io
 import math
@@ -12,12 +13,22 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
 from harness import raises, run_cases  # noqa: E402
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64,
-          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py._loader import C  # noqa: E402
+
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+]
 SIZES = [0, 1, 7, 1023]
 OPS = ["sum", "average", "min", "max", "prod"]
 
@@ -70,6 +81,7 @@ def check_equal(got, want, what):
 
 # ---------------------------------------------------------------- closed forms
 
+
 def case_allreduce_rank_plus_one():
     n = world()
     for dtype in DTYPES:
@@ -80,10 +92,16 @@ def case_allreduce_rank_plus_one():
     t = torch.full((3,), float(rank() + 1))
     check_equal(fm.allreduce_(t, op="max"), torch.full((3,), float(n)), "max")
     check_equal(fm.allreduce_(torch.full((3,), float(rank() + 1)), op="min"), torch.ones(3), "min")
-    check_equal(fm.allreduce_(torch.full((3,), float(rank() + 1)), op="average"),
-                torch.full((3,), (n + 1) / 2), "average")
-    check_equal(fm.allreduce_(torch.full((3,), rank() + 1, dtype=torch.int64), op="prod"),
-                torch.full((3,), math.factorial(n), dtype=torch.int64), "prod")
+    check_equal(
+        fm.allreduce_(torch.full((3,), float(rank() + 1)), op="average"),
+        torch.full((3,), (n + 1) / 2),
+        "average",
+    )
+    check_equal(
+        fm.allreduce_(torch.full((3,), rank() + 1, dtype=torch.int64), op="prod"),
+        torch.full((3,), math.factorial(n), dtype=torch.int64),
+        "prod",
+    )
 
 
 def case_allreduce_every_dtype_op_size():
@@ -93,7 +111,9 @@ def case_allreduce_every_dtype_op_size():
             for size in SIZES:
                 t = filled(op, dtype, size, r)
                 fm.allreduce_(t, op=op)
-                check_equal(t, expect_tensor(op, dtype, size, n), f"allreduce_ {op} {dtype} [{size}]")
+                check_equal(
+                    t, expect_tensor(op, dtype, size, n), f"allreduce_ {op} {dtype} [{size}]"
+                )
 
 
 def case_allreduce_large_buffer():
@@ -103,7 +123,9 @@ def case_allreduce_large_buffer():
     for dtype in (torch.float32, torch.float16, torch.int32):
         t = torch.arange(size, dtype=torch.float64).remainder(7).to(dtype) + r
         fm.allreduce_(t)
-        want = (torch.arange(size, dtype=torch.float64).remainder(7) * n + n * (n - 1) // 2).to(dtype)
+        want = (torch.arange(size, dtype=torch.float64).remainder(7) * n + n * (n - 1) // 2).to(
+            dtype
+        )
         check_equal(t, want, f"large sum {dtype}")
 
 
@@ -122,7 +144,11 @@ def check_ring_sum_and_average(dtype, numel, what):
     mine = a.clone()
     fm.allreduce_(a, op="average")
     total = fm.allreduce_(mine.to(torch.float64), op="sum")
-    assert torch.allclose(a.to(torch.float64), total / n, rtol=1e-6, atol=1e-6), (what, dtype, numel)
+    assert torch.allclose(a.to(torch.float64), total / n, rtol=1e-6, atol=1e-6), (
+        what,
+        dtype,
+        numel,
+    )
     first = a.clone()
     fm.bcast_(first, root_rank=0)
     assert torch.equal(first, a), f"{what}: average {dtype} [{numel}]: ranks differ"
@@ -139,12 +165,18 @@ def case_ring_allreduce_sizes_and_identical_bits():
     average_from = min(o.sum_min_bytes, o.average_min_bytes) if on else float("inf")
     for dtype in (torch.float32, torch.float64):
         esz = torch.tensor([], dtype=dtype).element_size()
-        for numel in ((1 << 20) // esz - 1, (1 << 20) // esz, 300_007, 2_000_003,
-                      (16 << 20) // esz + 5):
+        for numel in (
+            (1 << 20) // esz - 1,
+            (1 << 20) // esz,
+            300_007,
+            2_000_003,
+            (16 << 20) // esz + 5,
+        ):
             rings = check_ring_sum_and_average(dtype, numel, "default ring")
             # the sum in dtype, the average, the check's sum in float64
-            want = ((numel * esz >= sum_from) + (numel * esz >= average_from) +
-                    (numel * 8 >= sum_from))
+            want = (
+                (numel * esz >= sum_from) + (numel * esz >= average_from) + (numel * 8 >= sum_from)
+            )
             assert rings == want, f"{dtype} [{numel}]: {rings} ring calls, expected {want}"
 
 
@@ -154,8 +186,11 @@ def case_ring_multi_segment_small_inputs():
     # elements than ranks), uneven (one element shorter) and of many segments.
     n = world()
     saved = C.ring_options()
-    C.set_ring_options(C.RingOptions(sum_min_bytes=1, average_min_bytes=1, min_segment_bytes=8,
-                                     max_segment_bytes=24))
+    C.set_ring_options(
+        C.RingOptions(
+            sum_min_bytes=1, average_min_bytes=1, min_segment_bytes=8, max_segment_bytes=24
+        )
+    )
     try:
         for dtype in (torch.float32, torch.float64):
             for numel in (1, 2, 3, 5, 7, 64, 1001):
@@ -174,7 +209,9 @@ def case_bcast_every_dtype_root_size():
                 t = filled("sum", dtype, size, r)
                 out = fm.bcast_(t, root_rank=root)
                 assert out is t
-                check_equal(t, filled("sum", dtype, size, root), f"bcast_ {dtype} root {root} [{size}]")
+                check_equal(
+                    t, filled("sum", dtype, size, root), f"bcast_ {dtype} root {root} [{size}]"
+                )
 
 
 def case_reduce_every_dtype_op_root_size():
@@ -204,13 +241,14 @@ def case_bool():
 
 # ---------------------------------------------------------------- layouts
 
+
 def case_noncontiguous_allreduce():
     n, r = world(), rank()
     base = torch.arange(35, dtype=torch.float32).reshape(5, 7) + r
     view = base.t()  # transposed: 7 x 5, not contiguous
     assert not view.is_contiguous()
     fm.allreduce_(view)
-    want = (torch.arange(35, dtype=torch.float32).reshape(5, 7) * n + n * (n - 1) / 2)
+    want = torch.arange(35, dtype=torch.float32).reshape(5, 7) * n + n * (n - 1) / 2
     check_equal(base, want, "transposed view, seen through its base")
 
     base = torch.full((20,), float(r + 1))
@@ -241,7 +279,9 @@ def case_noncontiguous_bcast_and_reduce():
         base = torch.full((6, 4), r + 1, dtype=torch.float64)
         view = base.t()
         fm.reduce_(view, op="sum", root_rank=root)
-        want = torch.full((6, 4), float(n * (n + 1) // 2 if r == root else r + 1), dtype=torch.float64)
+        want = torch.full(
+            (6, 4), float(n * (n + 1) // 2 if r == root else r + 1), dtype=torch.float64
+        )
         check_equal(base, want, f"reduce_ transposed, root {root}")
 
 
@@ -261,6 +301,7 @@ def case_zero_dim_and_requires_grad():
 
 
 # ---------------------------------------------------------------- 16-bit accumulation
+
 
 def case_half_average_does_not_overflow():
     n = world()
@@ -298,13 +339,20 @@ def case_integer_average_is_floor_without_wrap():
     n, r = world(), rank()
     t = torch.full((3,), 100 + r, dtype=torch.int8)  # int8 sum would wrap at 4 ranks
     fm.allreduce_(t, op="average")
-    check_equal(t, torch.full((3,), (sum(100 + k for k in range(n))) // n, dtype=torch.int8), "int8 avg")
+    check_equal(
+        t, torch.full((3,), (sum(100 + k for k in range(n))) // n, dtype=torch.int8), "int8 avg"
+    )
     t = torch.full((3,), -1 - r, dtype=torch.int32)
     fm.allreduce_(t, op="average")
-    check_equal(t, torch.full((3,), sum(-1 - k for k in range(n)) // n, dtype=torch.int32), "floor of negative mean")
+    check_equal(
+        t,
+        torch.full((3,), sum(-1 - k for k in range(n)) // n, dtype=torch.int32),
+        "floor of negative mean",
+    )
 
 
 # ---------------------------------------------------------------- async
+
 
 def case_iallreduce_ibcast_wait_and_test():
     n, r = world(), rank()
@@ -380,16 +428,30 @@ def case_async_errors_raise_at_wait():
 
 def case_bad_input_raises_on_every_rank():
     n, r = world(), rank()
-    raises(TypeError, lambda: fm.allreduce_(torch.ones(3, dtype=torch.complex64)),
-           "rank 0", "torch.complex64", "not supported")
+    raises(
+        TypeError,
+        lambda: fm.allreduce_(torch.ones(3, dtype=torch.complex64)),
+        "rank 0",
+        "torch.complex64",
+        "not supported",
+    )
     raises(TypeError, lambda: fm.bcast_(torch.ones(2, 2).to_sparse()), "layout", "rank 0")
-    raises(ValueError, lambda: fm.allreduce_(torch.ones(3), op="median"), "'median'", "sum, average")
+    raises(
+        ValueError, lambda: fm.allreduce_(torch.ones(3), op="median"), "'median'", "sum, average"
+    )
     raises(ValueError, lambda: fm.reduce_(torch.ones(3), op="avg!", root_rank=0), "'avg!'")
     for bad_root in (n, -1):
-        raises(ValueError, functools.partial(fm.bcast_, torch.ones(3), root_rank=bad_root),
-               f"root_rank {bad_root} is out of range", f"< {n}")
-        raises(ValueError, functools.partial(fm.reduce_, torch.ones(3), root_rank=bad_root),
-               f"root_rank {bad_root} is out of range")
+        raises(
+            ValueError,
+            functools.partial(fm.bcast_, torch.ones(3), root_rank=bad_root),
+            f"root_rank {bad_root} is out of range",
+            f"< {n}",
+        )
+        raises(
+            ValueError,
+            functools.partial(fm.reduce_, torch.ones(3), root_rank=bad_root),
+            f"root_rank {bad_root} is out of range",
+        )
     raises(TypeError, lambda: fm.bcast_(torch.ones(3), root_rank="0"), "root_rank must be an int")
     raises(TypeError, lambda: fm.allreduce_([1.0, 2.0]), "must be a torch.Tensor, got list")
     raises(ValueError, lambda: fm.allreduce_(torch.zeros(1).expand(4)), "share memory")
@@ -409,28 +471,57 @@ def case_bad_input_on_one_rank_only():
     op = "bogus" if r == bad else "sum"
     raises(ValueError, lambda: fm.reduce_(torch.ones(3), op=op), f"rank {bad}", "'bogus'")
     root = 99 if r == bad else 0
-    raises(ValueError, lambda: fm.bcast_(torch.ones(3), root_rank=root), f"rank {bad}", "root_rank 99")
+    raises(
+        ValueError, lambda: fm.bcast_(torch.ones(3), root_rank=root), f"rank {bad}", "root_rank 99"
+    )
 
 
 def case_mismatch_across_ranks():
     n, r = world(), rank()
     if n == 1:
         return
-    raises(RuntimeError, lambda: fm.allreduce_(torch.ones(r + 1)),
-           "disagree on numel", "rank 0 has 1", "rank 1 has 2")
+    raises(
+        RuntimeError,
+        lambda: fm.allreduce_(torch.ones(r + 1)),
+        "disagree on numel",
+        "rank 0 has 1",
+        "rank 1 has 2",
+    )
     dt = torch.float32 if r == 0 else torch.float64
-    raises(RuntimeError, lambda: fm.allreduce_(torch.ones(4, dtype=dt)),
-           "disagree on dtype", "rank 0 has torch.float32", "rank 1 has torch.float64")
+    raises(
+        RuntimeError,
+        lambda: fm.allreduce_(torch.ones(4, dtype=dt)),
+        "disagree on dtype",
+        "rank 0 has torch.float32",
+        "rank 1 has torch.float64",
+    )
     shape = (2, 3) if r == 0 else (3, 2)
-    raises(RuntimeError, lambda: fm.bcast_(torch.ones(shape)), "disagree on shape", "[2, 3]", "[3, 2]")
+    raises(
+        RuntimeError, lambda: fm.bcast_(torch.ones(shape)), "disagree on shape", "[2, 3]", "[3, 2]"
+    )
     op = "sum" if r == 0 else "max"
-    raises(RuntimeError, lambda: fm.allreduce_(torch.ones(3), op=op), "disagree on op", "rank 1 has max")
-    raises(RuntimeError, lambda: fm.bcast_(torch.ones(3), root_rank=r % 2),
-           "disagree on root_rank", "rank 0 has 0", "rank 1 has 1")
+    raises(
+        RuntimeError,
+        lambda: fm.allreduce_(torch.ones(3), op=op),
+        "disagree on op",
+        "rank 1 has max",
+    )
+    raises(
+        RuntimeError,
+        lambda: fm.bcast_(torch.ones(3), root_rank=r % 2),
+        "disagree on root_rank",
+        "rank 0 has 0",
+        "rank 1 has 1",
+    )
     # different collectives at the same point
     call = (lambda: fm.bcast_(torch.ones(3))) if r == 0 else (lambda: fm.allreduce_(torch.ones(3)))
-    raises(RuntimeError, call, "ranks are in different calls", "rank 0 is in bcast_()",
-           "rank 1 is in allreduce_()")
+    raises(
+        RuntimeError,
+        call,
+        "ranks are in different calls",
+        "rank 0 is in bcast_()",
+        "rank 1 is in allreduce_()",
+    )
     req = fm.Iallreduce(torch.ones(r + 2))
     raises(RuntimeError, req.wait, "disagree on numel")
     # and the ranks are still in step afterwards
@@ -440,6 +531,7 @@ def case_mismatch_across_ranks():
 
 
 # ---------------------------------------------------------------- runtime
+
 
 def case_runtime_helpers():
     n, r = world(), rank()
@@ -451,8 +543,17 @@ def case_runtime_helpers():
     assert fm.total_workers() == n and fm.local_rank() == r
     assert fm.node_local_rank() == r  # one node here
     info = fm.build_info()
-    for key in ("torch", "compiled_torch", "mpi_library", "mpi_standard", "cuda",
-                "compiled_with_cuda", "nccl", "cuda_mpi_enabled", "thread_multiple"):
+    for key in (
+        "torch",
+        "compiled_torch",
+        "mpi_library",
+        "mpi_standard",
+        "cuda",
+        "compiled_with_cuda",
+        "nccl",
+        "cuda_mpi_enabled",
+        "thread_multiple",
+    ):
         assert key in info, key
     assert info["torch"] == torch.__version__
     assert info["thread_multiple"] is True
@@ -468,7 +569,9 @@ def case_print_prefix_and_order():
     f = io.StringIO()
     fm.fluxmpi_println("line", "from", r, file=f, ordered=True)
     if r == 0:
-        assert f.getvalue() == "".join(f"[{k} / {n}] line from {k}\n" for k in range(n)), f.getvalue()
+        assert f.getvalue() == "".join(f"[{k} / {n}] line from {k}\n" for k in range(n)), (
+            f.getvalue()
+        )
     else:
         assert f.getvalue() == ""
     if r == n - 1:

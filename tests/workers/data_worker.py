@@ -3,14 +3,15 @@
 Every rank builds its shard from Init's rank and world size; allreduce_ of per-index count
 tensors then shows what all ranks hold together, which must match closed forms.
 """
+
 import functools
 import inspect
 import itertools
 import warnings
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Subset, TensorDataset
 from harness import raises, run_cases  # also puts the repository on sys.path
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Subset, TensorDataset
 
 import fluxmpi_py as fm
 from fluxmpi_py._loader import C
@@ -41,7 +42,9 @@ def case_all_ranks_together_cover_the_data():
     for n, (mode, kw), shuffle in itertools.product(SIZES, MODES.items(), (False, True)):
         d = fm.DistributedDataContainer(list(range(n)), shuffle=shuffle, seed=17, **kw)
         d.set_epoch(3)
-        counts = torch.bincount(d.indices(), minlength=n) if n else torch.zeros(0, dtype=torch.int64)
+        counts = (
+            torch.bincount(d.indices(), minlength=n) if n else torch.zeros(0, dtype=torch.int64)
+        )
         fm.allreduce_(counts, op="sum")
         o = _order(n, shuffle, 17, 3)
         want = torch.zeros(n, dtype=torch.int64)
@@ -106,8 +109,10 @@ def case_ranks_that_disagree_raise_everywhere():
     if fm.total_workers() == 1:
         return
     for kwargs in ({"seed": fm.local_rank()}, {"shuffle": fm.local_rank() == 0}):
-        for make in (functools.partial(fm.DistributedDataContainer, list(range(10)), **kwargs),
-                     functools.partial(fm.DistributedSampler, 10, **kwargs)):
+        for make in (
+            functools.partial(fm.DistributedDataContainer, list(range(10)), **kwargs),
+            functools.partial(fm.DistributedSampler, 10, **kwargs),
+        ):
             try:
                 make()
             except ValueError as e:
@@ -164,19 +169,31 @@ def case_double_sharding_is_refused():
     d = fm.DistributedDataContainer(data)
     makers = {
         "ours": lambda: fm.DistributedSampler(d),
-        "torch's": lambda: DataLoader(d, sampler=torch.utils.data.DistributedSampler(
-            d, num_replicas=p, rank=r), batch_size=4),
-        "torch's in a batch_sampler": lambda: DataLoader(d, batch_sampler=BatchSampler(
-            torch.utils.data.DistributedSampler(d, num_replicas=p, rank=r), 4, False)),
+        "torch's": lambda: DataLoader(
+            d, sampler=torch.utils.data.DistributedSampler(d, num_replicas=p, rank=r), batch_size=4
+        ),
+        "torch's in a batch_sampler": lambda: DataLoader(
+            d,
+            batch_sampler=BatchSampler(
+                torch.utils.data.DistributedSampler(d, num_replicas=p, rank=r), 4, False
+            ),
+        ),
         "ours over a Subset of the container": lambda: DataLoader(
-            Subset(d, range(3)), sampler=fm.DistributedSampler(3), batch_size=2),
+            Subset(d, range(3)), sampler=fm.DistributedSampler(3), batch_size=2
+        ),
     }
     for make in makers.values():
         if p == 1:
             make()  # one rank: the container is the whole data, nothing is sharded twice
             continue
-        raises(TypeError, make, "DistributedDataContainer", f"rank {r}", f"1/{p * p}",
-               "without a distributed sampler")
+        raises(
+            TypeError,
+            make,
+            "DistributedDataContainer",
+            f"rank {r}",
+            f"1/{p * p}",
+            "without a distributed sampler",
+        )
 
 
 def case_full_dataset_warns():
@@ -188,9 +205,12 @@ def case_full_dataset_warns():
         "default": lambda: DataLoader(data, batch_size=8),
         "shuffle": lambda: DataLoader(data, batch_size=8, shuffle=True),
         "no batching": lambda: DataLoader(data, batch_size=None),
-        "batch_sampler": lambda: DataLoader(data, batch_sampler=BatchSampler(
-            torch.utils.data.SequentialSampler(data), 8, False)),
-        "one replica": lambda: DataLoader(data, sampler=fm.DistributedSampler(data, num_replicas=1, rank=0)),
+        "batch_sampler": lambda: DataLoader(
+            data, batch_sampler=BatchSampler(torch.utils.data.SequentialSampler(data), 8, False)
+        ),
+        "one replica": lambda: DataLoader(
+            data, sampler=fm.DistributedSampler(data, num_replicas=1, rank=0)
+        ),
     }
 
     class MyLoader(DataLoader):
@@ -205,8 +225,14 @@ def case_full_dataset_warns():
             continue
         assert len(got) == 1, (what, [str(w.message) for w in got])
         msg = str(got[0].message)
-        for needle in ("TensorDataset", "40 samples", f"rank {r} of {p}", "DistributedDataContainer",
-                       "DistributedSampler", "FullDatasetWarning"):
+        for needle in (
+            "TensorDataset",
+            "40 samples",
+            f"rank {r} of {p}",
+            "DistributedDataContainer",
+            "DistributedSampler",
+            "FullDatasetWarning",
+        ):
             assert needle in msg, (what, needle, msg)
         assert got[0].filename == __file__, (what, got[0].filename)  # points at the user's line
     # silenced the documented way
@@ -230,10 +256,14 @@ def case_sharded_loaders_do_not_warn():
         "container": lambda: DataLoader(d, batch_size=8, shuffle=True),
         "Subset of a container": lambda: DataLoader(Subset(d, range(3)), batch_size=2),
         "our sampler": lambda: DataLoader(data, batch_size=8, sampler=fm.DistributedSampler(data)),
-        "torch's sampler": lambda: DataLoader(data, batch_size=8, sampler=torch.utils.data.DistributedSampler(
-            data, num_replicas=p, rank=r)),
-        "batch_sampler over ours": lambda: DataLoader(data, batch_sampler=BatchSampler(
-            fm.DistributedSampler(data), 8, False)),
+        "torch's sampler": lambda: DataLoader(
+            data,
+            batch_size=8,
+            sampler=torch.utils.data.DistributedSampler(data, num_replicas=p, rank=r),
+        ),
+        "batch_sampler over ours": lambda: DataLoader(
+            data, batch_sampler=BatchSampler(fm.DistributedSampler(data), 8, False)
+        ),
         "IterableDataset": lambda: DataLoader(_Stream(), batch_size=2),
         "custom sampler": lambda: DataLoader(data, sampler=list(range(r, 40, p))),
     }
@@ -246,7 +276,10 @@ def case_dataloader_keeps_its_shape():
     init = DataLoader.__init__
     assert inspect.signature(init) == inspect.signature(getattr(init, "__wrapped__", init))
     assert "batch_sampler" in inspect.signature(DataLoader).parameters
-    assert init.__qualname__ == "DataLoader.__init__" and init.__doc__ == getattr(init, "__wrapped__", init).__doc__
+    assert (
+        init.__qualname__ == "DataLoader.__init__"
+        and init.__doc__ == getattr(init, "__wrapped__", init).__doc__
+    )
     # wrapped only when there is more than one rank to protect
     assert hasattr(init, "__wrapped__") == (fm.total_workers() > 1)
     fm.Init()  # idempotent: not wrapped twice

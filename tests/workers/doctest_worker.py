@@ -1,4 +1,5 @@
 """Run the docstring examples of the modules named on the command line, on every rank."""
+
 import doctest
 import importlib
 import os
@@ -13,7 +14,11 @@ for name in sys.argv[1:]:
     m = importlib.import_module(name)
     res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
     failed += res.failed
-    missing = [n for n in m.__all__ if callable(getattr(m, n)) and ">>>" not in (getattr(m, n).__doc__ or "")]
+    missing = [
+        n
+        for n in m.__all__
+        if callable(getattr(m, n)) and ">>>" not in (getattr(m, n).__doc__ or "")
+    ]
     assert not missing, f"no example in the docstring of {missing}"
     assert res.attempted > 0, f"{name}: no examples ran"
 assert failed == 0, f"{failed} docstring examples failed on rank {fm.local_rank()}"

@@ -12,6 +12,7 @@ Caught, each rank prints "[R / N] rank R caught TYPE (every rank: True|False): M
 Watchdog:
     sync_peer_exits     the last rank exits while the others call synchronize_
 """
+
 import os
 import sys
 

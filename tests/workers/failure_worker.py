@@ -11,6 +11,7 @@ The last rank ("the leaver") misbehaves; every other rank waits for it in a coll
     root_leaves  many bcast_ from root 0, which exits the moment its last one returns
     slow_peer    rank 0 finishes first; the leaver computes 3 s more, then finishes: exit 0
 """
+
 import os
 import sys
 import threading

@@ -1,6 +1,7 @@
 """Freezing and unfreezing parameters after DistributedOptimizer (or allreduce_gradients) was
 built: every rank re-plans together, and training still equals one process with N times the
 batch; ranks that change different parameters raise on every rank, naming the parameter."""
+
 import os
 import sys
 
@@ -47,10 +48,13 @@ def train(distributed, path="step", set_to_none=True, wrap=None):
     model = make_model()
     x, y = make_data(n * B)
     if distributed:
-        x, y = x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]
+        x, y = x[r * B : (r + 1) * B], y[r * B : (r + 1) * B]
     base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
-    opt = fm.DistributedOptimizer(base, named_parameters=model.named_parameters(), **(wrap or {})) \
-        if distributed else base
+    opt = (
+        fm.DistributedOptimizer(base, named_parameters=model.named_parameters(), **(wrap or {}))
+        if distributed
+        else base
+    )
     for step in range(STEPS):
         if step == UNFREEZE_AT:
             model[0].requires_grad_(True)
@@ -58,11 +62,13 @@ def train(distributed, path="step", set_to_none=True, wrap=None):
             model[2].requires_grad_(False)
         opt.zero_grad(set_to_none=set_to_none)
         if path == "closure":
+
             def closure():
                 opt.zero_grad(set_to_none=set_to_none)
                 loss = F.mse_loss(model(x), y)
                 loss.backward()
                 return loss
+
             opt.step(closure)
         else:
             F.mse_loss(model(x), y).backward()
@@ -81,7 +87,9 @@ def train(distributed, path="step", set_to_none=True, wrap=None):
             what = f"{path}, step {step}"
             assert_identical_across_ranks(model, what)
             trainable = sum(p.requires_grad for p in model.parameters())
-            assert planned(opt) == trainable, f"{what}: {planned(opt)} parameters planned, {trainable} trainable"
+            assert planned(opt) == trainable, (
+                f"{what}: {planned(opt)} parameters planned, {trainable} trainable"
+            )
     return model
 
 
@@ -127,7 +135,9 @@ def case_unfreeze_inside_accumulation():
                 if distributed:
                     sl = slice((2 * r + half) * B, (2 * r + half + 1) * B)
                 else:  # the same micro-batches, every rank's at once
-                    sl = torch.cat([torch.arange((2 * q + half) * B, (2 * q + half + 1) * B) for q in range(n)])
+                    sl = torch.cat(
+                        [torch.arange((2 * q + half) * B, (2 * q + half + 1) * B) for q in range(n)]
+                    )
                 (F.mse_loss(model(x[sl]), y[sl]) / 2).backward()
             opt.step()
         results.append(model)
@@ -144,7 +154,7 @@ def case_add_param_group_joins_at_next_step():
         model[0].requires_grad_(True)
         base = torch.optim.SGD(list(model[2:].parameters()), lr=0.1, momentum=0.9)
         opt = fm.DistributedOptimizer(base) if distributed else base
-        xs, ys = (x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) if distributed else (x, y)
+        xs, ys = (x[r * B : (r + 1) * B], y[r * B : (r + 1) * B]) if distributed else (x, y)
         for step in range(4):
             opt.zero_grad()
             F.mse_loss(model(xs), ys).backward()
@@ -173,11 +183,18 @@ def case_ranks_that_change_different_parameters_raise():
             model[0].requires_grad_(True)
         F.mse_loss(model(x), y).backward()
         name = "0.weight" if named else "param_groups[0][0]"
-        raises(ValueError, opt.step, "differ across ranks", f"has {name}: shape (8, 6)", "requires_grad=")
+        raises(
+            ValueError,
+            opt.step,
+            "differ across ranks",
+            f"has {name}: shape (8, 6)",
+            "requires_grad=",
+        )
     # Only the last rank unfreezes, and in synchronize(): rank 0, which changed nothing, raises too.
     model = make_model()
-    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters())
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     if r == n - 1:
         model[0].requires_grad_(True)
     F.mse_loss(model(x), y).backward()
@@ -197,23 +214,29 @@ def case_allreduce_gradients_after_requires_grad_changes():
             ref[2].requires_grad_(False)
         for m in (model, ref):
             m.zero_grad()
-        F.mse_loss(model(x[r * B:(r + 1) * B]), y[r * B:(r + 1) * B]).backward()
+        F.mse_loss(model(x[r * B : (r + 1) * B]), y[r * B : (r + 1) * B]).backward()
         fm.allreduce_gradients(model)
         F.mse_loss(ref(x), y).backward()
         for (name, a), b in zip(model.named_parameters(), ref.parameters()):
             if b.grad is None:
                 assert a.grad is None, f"step {step} {name}"
             else:
-                torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6,
-                                           msg=labelled(f"step {step} {name}"))
+                torch.testing.assert_close(
+                    a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=labelled(f"step {step} {name}")
+                )
     if n > 1:  # a change on one rank only raises on every rank, naming the parameter
         model = make_model()
         F.mse_loss(model(x[:B]), y[:B]).backward()
         fm.allreduce_gradients(model)
         if r == 1:
             model[4].requires_grad_(False)
-        raises(ValueError, lambda: fm.allreduce_gradients(model), "allreduce_gradients",
-               "has 4.weight: shape (3, 8)", "requires_grad=")
+        raises(
+            ValueError,
+            lambda: fm.allreduce_gradients(model),
+            "allreduce_gradients",
+            "has 4.weight: shape (3, 8)",
+            "requires_grad=",
+        )
 
 
 if __name__ == "__main__":

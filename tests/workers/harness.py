@@ -54,8 +54,15 @@ class _Results:
     def write(self, status, case=None, **fields):
         if self.file is None:
             return
-        record = dict(rank=self.rank, world=self.world, pid=os.getpid(), time=time.time(),
-                      status=status, case=case, **fields)
+        record = dict(
+            rank=self.rank,
+            world=self.world,
+            pid=os.getpid(),
+            time=time.time(),
+            status=status,
+            case=case,
+            **fields,
+        )
         # Flushed at once: an abort may follow within milliseconds.
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
@@ -85,8 +92,9 @@ def labelled(label):
 def run_cases(namespace):
     torch.set_num_threads(1)
     fm.Init()
-    cases = _selected([(k, v) for k, v in namespace.items()
-                       if k.startswith("case_") and callable(v)])
+    cases = _selected(
+        [(k, v) for k, v in namespace.items() if k.startswith("case_") and callable(v)]
+    )
     results = _Results(os.environ.get(RESULTS_ENV))
     results.write("begin", cases=[k for k, _ in cases])
     for name, fn in cases:
@@ -98,8 +106,13 @@ def run_cases(namespace):
         except BaseException as e:
             # The traceback from the case down (this frame left out), then abort as before.
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
-            results.write("failed", name, message=f"{type(e).__name__}: {e}", traceback=tb,
-                          seconds=time.perf_counter() - t0)
+            results.write(
+                "failed",
+                name,
+                message=f"{type(e).__name__}: {e}",
+                traceback=tb,
+                seconds=time.perf_counter() - t0,
+            )
             raise
         results.write("passed", name, seconds=time.perf_counter() - t0)
         if fm.local_rank() == 0:

@@ -1,10 +1,11 @@
 """Init with mpi4py around. Usage: init_worker.py MODE (every rank prints "rank R ok").
-    mpi4py_first  mpi4py initializes MPI; fm.Init adopts it; mpi4py finalizes at exit
-    fm_first      fm.Init initializes MPI; mpi4py is imported later; fm finalizes at exit
-    split         COMM_WORLD split into even and odd ranks; each half runs on its own
-    subset        only the even ranks call Init(comm=...); the odd ranks never use fluxmpi_py
-    funneled      mpi4py initializes with MPI_THREAD_FUNNELED: async requests run inline
+mpi4py_first  mpi4py initializes MPI; fm.Init adopts it; mpi4py finalizes at exit
+fm_first      fm.Init initializes MPI; mpi4py is imported later; fm finalizes at exit
+split         COMM_WORLD split into even and odd ranks; each half runs on its own
+subset        only the even ranks call Init(comm=...); the odd ranks never use fluxmpi_py
+funneled      mpi4py initializes with MPI_THREAD_FUNNELED: async requests run inline
 """
+
 import io
 import os
 import sys

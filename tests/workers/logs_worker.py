@@ -1,4 +1,5 @@
 """Logging with the rank, before and after Init; run by tests/test_logs.py (output checked)."""
+
 import logging
 import sys
 
@@ -6,7 +7,7 @@ import fluxmpi_py as fm
 
 fmt = "[%(rank)s / %(world_size)s] %(levelname)s %(message)s"
 log = fm.get_logger("worker", fmt=fmt, stream=sys.stdout)
-log.info("before init")           # rank from the launcher's environment
+log.info("before init")  # rank from the launcher's environment
 fm.Init()
 log.info("after init")
 log.debug("hidden at INFO")

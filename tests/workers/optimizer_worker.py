@@ -1,4 +1,5 @@
 """DistributedOptimizer on N ranks equals one process with N times the batch."""
+
 import contextlib
 import os
 import sys
@@ -52,7 +53,7 @@ def make_data(n):
 
 
 def shard(t, r):
-    return t[r * B:(r + 1) * B]
+    return t[r * B : (r + 1) * B]
 
 
 def make_model():
@@ -78,11 +79,13 @@ def train(opt_factory, distributed, steps=STEPS, set_to_none=True, wrap=None, cl
     for _ in range(steps):
         opt.zero_grad(set_to_none=set_to_none)
         if closure:
+
             def f():
                 opt.zero_grad()
                 loss = F.mse_loss(model(x, tok, flag), y)
                 loss.backward()
                 return loss
+
             opt.step(f)
         else:
             F.mse_loss(model(x, tok, flag), y).backward()
@@ -134,7 +137,7 @@ def case_large_gradients_reduced_in_place():
         model = nn.Sequential(nn.Linear(512, 600), nn.Tanh(), nn.Linear(600, 600))
         base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
         opt = fm.DistributedOptimizer(base) if distributed else base
-        xs, ys = (x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) if distributed else (x, y)
+        xs, ys = (x[r * B : (r + 1) * B], y[r * B : (r + 1) * B]) if distributed else (x, y)
         for _ in range(3):
             opt.zero_grad(set_to_none=set_to_none)
             if accumulate:  # two half batches, the first without communication
@@ -147,8 +150,9 @@ def case_large_gradients_reduced_in_place():
                 F.mse_loss(model(xs), ys).backward()
             if distributed:
                 w = model[0].weight
-                assert w.grad.untyped_storage().nbytes() == w.grad.nbytes, \
+                assert w.grad.untyped_storage().nbytes() == w.grad.nbytes, (
                     "a >= 1 MiB gradient should live in its own storage"
+                )
             opt.step()
         return model
 
@@ -165,13 +169,22 @@ def case_zero_grad_in_place():
 
 
 def case_other_optimizers():
-    for f in (lambda ps: torch.optim.Adam(ps, lr=1e-2), lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
-              lambda ps: torch.optim.Adagrad(ps, lr=1e-2)):
+    for f in (
+        lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
+        lambda ps: torch.optim.Adagrad(ps, lr=1e-2),
+    ):
         check_equivalent(f)
 
 
 def case_lbfgs_closure():
-    check_equivalent(lambda ps: torch.optim.LBFGS(ps, lr=0.5, max_iter=4), steps=2, closure=True, rtol=1e-4, atol=1e-5)
+    check_equivalent(
+        lambda ps: torch.optim.LBFGS(ps, lr=0.5, max_iter=4),
+        steps=2,
+        closure=True,
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def case_sum_gives_n_times_the_gradient():
@@ -193,14 +206,18 @@ def case_accumulation_equals_double_batch():
         model = make_model()
         x, tok, y, flag = make_data(2 * n * B)
         kw = {"backward_passes_per_step": 2} if mode == "passes" else {}
-        opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), **kw)
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), **kw
+        )
         ref = make_model()
         ropt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
         for _ in range(2):
             opt.zero_grad()
             for half in range(2):  # rank r's two micro-batches
                 sl = slice((2 * r + half) * B, (2 * r + half + 1) * B)
-                ctx = opt.no_sync() if (mode == "no_sync" and half == 0) else contextlib.nullcontext()
+                ctx = (
+                    opt.no_sync() if (mode == "no_sync" and half == 0) else contextlib.nullcontext()
+                )
                 with ctx:
                     (F.mse_loss(model(x[sl], tok[sl], flag[sl]), y[sl]) / 2).backward()
             opt.step()
@@ -242,7 +259,7 @@ def case_clip_after_synchronize_and_scheduler():
             else:
                 opt.step()
             sched.step()
-        assert abs(base.param_groups[0]["lr"] - 0.1 * 0.5 ** 3) < 1e-12
+        assert abs(base.param_groups[0]["lr"] - 0.1 * 0.5**3) < 1e-12
         results.append(model)
     for a, b in zip(results[0].parameters(), results[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -251,7 +268,9 @@ def case_clip_after_synchronize_and_scheduler():
 def case_state_dict_roundtrip():
     model, opt = train(ADAMW, True, steps=2)
     sd = opt.state_dict()
-    fresh = fm.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2))
+    fresh = fm.DistributedOptimizer(
+        torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    )
     fresh.load_state_dict(sd)
     assert fresh.state_dict()["state"].keys() == sd["state"].keys()
     assert len(fresh.param_groups) == 1 and fresh.param_groups is fresh.optimizer.param_groups
@@ -269,7 +288,9 @@ def case_mismatched_parameters_raise_everywhere():
         assert "param_groups[0][" in msg and "shape" in msg and "rank 0 has" in msg, msg
         # Counted from the first parameter, as the optimizer lists them: the first layer's
         # weight, not the last layer that differs.
-        assert "first difference at parameter 0: rank 1 has param_groups[0][0]: shape (6, 4)" in msg, msg
+        assert (
+            "first difference at parameter 0: rank 1 has param_groups[0][0]: shape (6, 4)" in msg
+        ), msg
     else:
         raise AssertionError(f"rank {r}: no error for mismatched parameters")
     extra = [nn.Parameter(torch.zeros(3)) for _ in range(2 if r == 1 else 1)]
@@ -283,7 +304,9 @@ def case_mismatched_parameters_raise_everywhere():
 
 def case_overlap_launches_during_backward():
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
-    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), direct_min_bytes=1 << 16)
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), direct_min_bytes=1 << 16
+    )
     model(torch.randn(4, 256)).sum().backward()
     early = opt._reducer.launched_early
     opt.step()

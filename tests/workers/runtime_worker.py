@@ -1,4 +1,5 @@
 """Runtime helpers in a world of one, started without mpiexec (run by tests/test_runtime.py)."""
+
 import io
 import os
 import re
@@ -7,8 +8,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fluxmpi_py as fm  # noqa: E402
 from harness import run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
 
 
 def case_world_of_one():
@@ -24,8 +26,17 @@ def case_world_of_one():
 
 def case_build_info():
     info = fm.build_info()
-    assert set(info) == {"torch", "compiled_torch", "mpi_library", "mpi_standard", "cuda",
-                         "compiled_with_cuda", "nccl", "cuda_mpi_enabled", "thread_multiple"}
+    assert set(info) == {
+        "torch",
+        "compiled_torch",
+        "mpi_library",
+        "mpi_standard",
+        "cuda",
+        "compiled_with_cuda",
+        "nccl",
+        "cuda_mpi_enabled",
+        "thread_multiple",
+    }
     assert info["torch"] == torch.__version__
     assert torch.__version__.startswith(info["compiled_torch"])
     assert "MPI" in info["mpi_library"], info["mpi_library"]

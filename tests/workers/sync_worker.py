@@ -5,6 +5,7 @@ synchronize_ from root R each rank checks that it holds exactly the form of R; b
 non-root ranks check that they held something else. Mismatches must raise on every rank and
 leave every rank's values as they were.
 """
+
 import collections
 import copy
 import dataclasses
@@ -17,8 +18,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fluxmpi_py as fm  # noqa: E402
 from harness import raises as expect_raise  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
 
 R = lambda: fm.local_rank()  # noqa: E731
 W = lambda: fm.total_workers()  # noqa: E731
@@ -60,9 +62,19 @@ def roots():
 
 # --- tensors -----------------------------------------------------------------------------
 
+
 def case_tensor_in_place_every_dtype_and_size():
-    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int8, torch.uint8, torch.bool]
+    dtypes = [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    ]
     for root in roots():
         for dt in dtypes:
             for n in (0, 1, 7, 300):
@@ -115,6 +127,7 @@ def case_rng_state_tensor_and_generator():
 
 # --- modules -----------------------------------------------------------------------------
 
+
 class Net(nn.Module):
     def __init__(self, hidden=6):
         super().__init__()
@@ -130,8 +143,11 @@ class Net(nn.Module):
 def fill(model, r):
     with torch.no_grad():
         for i, t in enumerate(list(model.parameters()) + list(model.buffers())):
-            t.copy_(form(r, t.numel(), t.dtype).view_as(t) * (i + 1) if t.dtype.is_floating_point
-                    else torch.full_like(t, 3 + r))
+            t.copy_(
+                form(r, t.numel(), t.dtype).view_as(t) * (i + 1)
+                if t.dtype.is_floating_point
+                else torch.full_like(t, 3 + r)
+            )
 
 
 def case_module_parameters_and_buffers_in_place():
@@ -193,6 +209,7 @@ def case_relocated_model_broadcasts_without_copies():
     # A model of small parameters only: after the first call nothing is copied, even though a
     # Python storage object was made for every parameter beforehand (as torch.save does).
     from fluxmpi_py._loader import C
+
     m = nn.Sequential(*[nn.Linear(16, 16) for _ in range(30)])
     with torch.no_grad():
         for p in m.parameters():
@@ -233,6 +250,7 @@ def case_large_parameters_travel_packed_once_relocated():
     # A 256 KiB weight is over direct_bytes (64 KiB). Relocated with the small parameters into
     # one flat storage, it then travels in the same in-place broadcast as they do.
     from fluxmpi_py._loader import C
+
     m = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 4))
     fill(m, R())
     fm.synchronize_(m, root_rank=0)
@@ -279,6 +297,7 @@ def case_replaced_layer_is_rehomed():
     # storage is then held only by the remaining parameters: the next call moves them and the
     # new layer into a new flat storage, and later calls broadcast in place again.
     from fluxmpi_py._loader import C
+
     m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3))
     fill(m, R())
     fm.synchronize_(m, root_rank=0)
@@ -301,6 +320,7 @@ def case_parameter_moved_inside_its_flat_storage():
     # so it copies out of a packed buffer instead of receiving in place; every value is the
     # root's. bn.bias is not the parameter whose address anchors the layout (fc.weight is).
     from fluxmpi_py._loader import C
+
     m = Net()
     fill(m, R())
     fm.synchronize_(m, root_rank=0)
@@ -310,7 +330,7 @@ def case_parameter_moved_inside_its_flat_storage():
         assert shares_one_storage(list(m.parameters())), "not relocated"
         flat = torch.empty(0).set_(p.untyped_storage())
         k = p.storage_offset()
-        p.data = flat[k + 8:k + 14]
+        p.data = flat[k + 8 : k + 14]
         del flat
     fill(m, R() + 9)
     copied = C.sync_copy_counters()[0]
@@ -406,6 +426,7 @@ def case_cached_walk_sees_modules_change():
 
 # --- optimizers --------------------------------------------------------------------------
 
+
 class Wrapped:
     """A duck-typed optimizer wrapper, like fluxmpi_py's DistributedOptimizer."""
 
@@ -434,8 +455,9 @@ def train(model, opt, steps, seed):
 
 
 def make_adam(model, r, wrap):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2 * (r + 1), betas=(0.9, 0.99 - 0.01 * r),
-                           weight_decay=0.1 * r)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=1e-2 * (r + 1), betas=(0.9, 0.99 - 0.01 * r), weight_decay=0.1 * r
+    )
     return wrap(opt)
 
 
@@ -508,7 +530,9 @@ def case_optimizer_state_only_on_other_ranks_is_dropped():
             train(model, opt, 1, seed=3)
         fm.synchronize_(opt, root_rank=root)
         sd = opt.state_dict()
-        assert sd["state"] == {} or all(v.get("momentum_buffer") is None for v in sd["state"].values())
+        assert sd["state"] == {} or all(
+            v.get("momentum_buffer") is None for v in sd["state"].values()
+        )
         assert sd["param_groups"][0]["lr"] == 0.1 * (root + 1)
 
 
@@ -545,6 +569,7 @@ def case_lr_scheduler_and_grad_scaler():
 
 # --- containers and values -----------------------------------------------------------------
 
+
 def case_nested_containers_and_values():
     for root in roots():
         t, u, v, w = form(R(), 3), form(R(), 4), form(R(), 2), form(R(), 6)
@@ -569,7 +594,9 @@ def case_nested_containers_and_values():
         assert out["list"] is inner and inner[0] is u and torch.equal(u, form(root, 4))
         assert inner[1:] == [root, None]
         tup = out["tuple"]
-        assert tup[0] is v and torch.equal(v, form(root, 2)) and tup[1:] == (f"s{root}", b"b" * root)
+        assert (
+            tup[0] is v and torch.equal(v, form(root, 2)) and tup[1:] == (f"s{root}", b"b" * root)
+        )
         p = out["point"]
         assert type(p) is Point and p.x is w and torch.equal(w, form(root, 6)) and p.y == root * 1.5
         assert out["box"] is box and box.n == root and torch.equal(box.w, form(root, 2) + 1)
@@ -610,6 +637,7 @@ def case_tensors_the_root_has_and_others_lack_are_created():
 
 # --- errors ------------------------------------------------------------------------------
 
+
 def snapshot(ts):
     return [t.detach().clone() for t in ts]
 
@@ -619,25 +647,34 @@ def case_shape_mismatch_raises_everywhere_and_changes_nothing():
         return
     bad = W() - 1
     for root in range(W() - 1):
-        model = nn.Sequential(collections.OrderedDict(
-            a=nn.Linear(3, 3), fc=nn.Linear(5, 10 if R() != bad else 9)))
+        model = nn.Sequential(
+            collections.OrderedDict(a=nn.Linear(3, 3), fc=nn.Linear(5, 10 if R() != bad else 9))
+        )
         fill(model, R())
         before = snapshot(model.state_dict().values())
-        msg = expect_raise(ValueError,
-                           functools.partial(fm.synchronize_, {"model": model}, root_rank=root),
-                           f"model.fc.weight: shape (9, 5) on rank {bad}, (10, 5) on root {root}")
+        msg = expect_raise(
+            ValueError,
+            functools.partial(fm.synchronize_, {"model": model}, root_rank=root),
+            f"model.fc.weight: shape (9, 5) on rank {bad}, (10, 5) on root {root}",
+        )
         assert f"rank {bad}" in msg
         for a, b in zip(model.state_dict().values(), before):
             assert torch.equal(a, b)
         # a mismatch at the very end of a container: the tensors before it stay untouched too
         ts = [form(R(), 3), form(R(), 4), form(R(), 5 if R() != bad else 6)]
         before = snapshot(ts)
-        expect_raise(ValueError, functools.partial(fm.synchronize_, ts, root_rank=root, **SMALL),
-                     f"[2]: shape (6,) on rank {bad}, (5,) on root {root}")
+        expect_raise(
+            ValueError,
+            functools.partial(fm.synchronize_, ts, root_rank=root, **SMALL),
+            f"[2]: shape (6,) on rank {bad}, (5,) on root {root}",
+        )
         assert all(torch.equal(a, b) for a, b in zip(ts, before))
         d = {"x": form(R(), 3, torch.float32 if R() != bad else torch.float64)}
-        expect_raise(ValueError, functools.partial(fm.synchronize_, d, root_rank=root),
-                     f"x: dtype torch.float64 on rank {bad}, torch.float32 on root {root}")
+        expect_raise(
+            ValueError,
+            functools.partial(fm.synchronize_, d, root_rank=root),
+            f"x: dtype torch.float64 on rank {bad}, torch.float32 on root {root}",
+        )
 
 
 def case_module_structure_mismatch_raises():
@@ -648,29 +685,46 @@ def case_module_structure_mismatch_raises():
     m = Net()
     if R() == bad:
         m.extra = nn.Linear(1, 1)
-    expect_raise(ValueError, lambda: fm.synchronize_(m, root_rank=root),
-                 f"extra.weight: present on rank {bad} but not on root {root}")
+    expect_raise(
+        ValueError,
+        lambda: fm.synchronize_(m, root_rank=root),
+        f"extra.weight: present on rank {bad} but not on root {root}",
+    )
     m = Net()
     if R() == bad:
         del m.head.bias
         m.head.register_parameter("bias", None)
-    expect_raise(ValueError, lambda: fm.synchronize_(m, root_rank=root),
-                 f"head.bias: missing on rank {bad}")
-    expect_raise(TypeError, lambda: fm.synchronize_(Net() if R() != bad else 3, root_rank=root),
-                 f"obj: int on rank {bad}, nn.Module on root {root}")
+    expect_raise(
+        ValueError, lambda: fm.synchronize_(m, root_rank=root), f"head.bias: missing on rank {bad}"
+    )
+    expect_raise(
+        TypeError,
+        lambda: fm.synchronize_(Net() if R() != bad else 3, root_rank=root),
+        f"obj: int on rank {bad}, nn.Module on root {root}",
+    )
     opt = torch.optim.SGD([nn.Parameter(torch.ones(2 if R() != bad else 3))], lr=0.1)
-    expect_raise(ValueError, lambda: fm.synchronize_(opt, root_rank=root),
-                 f"param_groups[0].params[0]: shape (3,) on rank {bad}, (2,) on root {root}")
+    expect_raise(
+        ValueError,
+        lambda: fm.synchronize_(opt, root_rank=root),
+        f"param_groups[0].params[0]: shape (3,) on rank {bad}, (2,) on root {root}",
+    )
     g = torch.amp.GradScaler("cpu", enabled=R() != bad)
-    expect_raise(ValueError, lambda: fm.synchronize_(g, root_rank=root),
-                 f"GradScaler(enabled=False) on rank {bad}, GradScaler(enabled=True) on root")
+    expect_raise(
+        ValueError,
+        lambda: fm.synchronize_(g, root_rank=root),
+        f"GradScaler(enabled=False) on rank {bad}, GradScaler(enabled=True) on root",
+    )
 
 
 def case_unsupported_type_and_bad_root():
     expect_raise(TypeError, lambda: fm.synchronize_({"cb": [lambda: 1]}), "cb[0]", "function")
     expect_raise(TypeError, lambda: fm.synchronize_(torch.ones(2).to_sparse()), "obj", "sparse")
-    expect_raise(ValueError, lambda: fm.synchronize_(torch.ones(2), root_rank=W()),
-                 "root_rank", "out of range")
+    expect_raise(
+        ValueError,
+        lambda: fm.synchronize_(torch.ones(2), root_rank=W()),
+        "root_rank",
+        "out of range",
+    )
     expect_raise(ValueError, lambda: fm.synchronize_(1, root_rank=-1), "out of range")
     expect_raise(TypeError, lambda: fm.synchronize_(1, root_rank="0"), "root_rank must be an int")
     cyc = []

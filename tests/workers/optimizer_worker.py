@@ -124,6 +124,32 @@ def case_small_buckets_and_direct_paths():
     check_equivalent(ADAMW, wrap=dict(bucket_cap_mb=1000, direct_min_bytes=1 << 40))
 
 
+def case_torch_compile_matches_one_process():
+    # A torch.compile'd model (inductor, the default backend): its backward still fires the
+    # parameters' post-accumulate hooks, so N ranks equal one process with the whole batch.
+    n, r = fm.total_workers(), fm.local_rank()
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(n * B, 8, generator=g), torch.randn(n * B, 2, generator=g)
+
+    def run(distributed):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = fm.DistributedOptimizer(base) if distributed else base
+        forward = torch.compile(model) if distributed else model
+        xs, ys = (shard(x, r), shard(y, r)) if distributed else (x, y)
+        for _ in range(3):
+            opt.zero_grad()
+            F.mse_loss(forward(xs), ys).backward()
+            opt.step()
+        return model
+
+    dist, ref = run(True), run(False)
+    assert_identical_across_ranks(dist)
+    for (name, a), b in zip(dist.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(name))
+
+
 def case_large_gradients_reduced_in_place():
     # A 1.2 MB weight takes the default direct path: reduced in autograd's own tensor, with the
     # ring allreduce dividing inside its last step. It must still equal one process with the

@@ -83,7 +83,10 @@ def main(mode):
         sys.exit(3)
     else:
         raise SystemExit(f"unknown mode {mode}")
-    print(f"rank {r} done", flush=True)
+    # One write per line: print() writes the text and the newline separately, and another
+    # rank's line could land between them.
+    sys.stdout.write(f"rank {r} done\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -74,16 +74,16 @@ def _command(path, np, args):
     return [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
 
 
-def _launch(path, np, args, timeout, env):
-    """Run the worker; return (exit code, stdout+stderr, timed out). A job still running after
-    `timeout` seconds is killed with its whole process group."""
+def _launch(path, np, args, timeout, env, cwd=ROOT):
+    """Run the worker in `cwd`; return (exit code, stdout+stderr, timed out). A job still
+    running after `timeout` seconds is killed with its whole process group."""
     proc = subprocess.Popen(
         _command(path, np, args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=singleton_env(env) if np is None else mpi_env(env),
-        cwd=ROOT,
+        cwd=cwd,
         start_new_session=True,
     )
     try:
@@ -95,10 +95,11 @@ def _launch(path, np, args, timeout, env):
         return proc.returncode, out, True
 
 
-def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True):
-    """Run ``tests/workers/<script>`` (or a path) on ``np`` ranks; return (rc, stdout+stderr)."""
+def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True, cwd=ROOT):
+    """Run ``tests/workers/<script>`` (or a path) on ``np`` ranks (None: without mpiexec), in
+    ``cwd``; return (rc, stdout+stderr)."""
     path = worker_path(script)
-    rc, out, timed_out = _launch(path, np, args, timeout, env)
+    rc, out, timed_out = _launch(path, np, args, timeout, env, cwd)
     name = os.path.basename(path)
     if timed_out:
         pytest.fail(f"{name} on {np} ranks did not finish in {timeout}s:\n{out[-4000:]}")

@@ -177,7 +177,7 @@ def test_examples_extra_declares_what_the_examples_import():
     assert {"scikit-learn", "tqdm", "matplotlib"} <= set(extras["examples"]), extras
     assert "pytest" in extras["test"], extras
     # ...and the Install section names the extra.
-    with open(os.path.join(ROOT, "docs", "sections", "10-foundation.md")) as f:
+    with open(os.path.join(ROOT, "docs", "sections", "10-install.md")) as f:
         install = f.read().split("## Launch")[0]
     assert '".[examples]"' in install and "scikit-learn" in install and "tqdm" in install
 

@@ -205,3 +205,25 @@ def first_difference(items: Sequence[str], noun: str = "items") -> tuple[int, in
     index, who = divmod(key, size)
     mine = item(items, index).encode() if rank == who else None
     return index, who, bcast_bytes(mine, who).decode(), item(ref, index)
+
+
+def require_same(
+    items: Sequence[str], what: str, noun: str, singular: str, advice: str = ""
+) -> None:
+    """Collective: return when every rank's ``items`` equal rank 0's; else raise ValueError on
+    every rank naming the first one that differs: ``"<what>: the <noun> differ across ranks;
+    first difference at <singular> <index>: rank R has ..., rank 0 has ...<advice>"``.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> require_same(["w: shape (3,)"], "doc", "parameters", "parameter")
+    """
+    diff = first_difference(items, noun)
+    if diff is None:
+        return
+    index, rank, theirs, ref0 = diff
+    raise mark_raised_on_every_rank(
+        ValueError(
+            f"{what}: the {noun} differ across ranks; first difference at {singular} {index}: "
+            f"rank {rank} has {theirs}, rank 0 has {ref0}{advice}"
+        )
+    )

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._agreement import first_difference, hash64, mark_raised_on_every_rank, span
+from ._agreement import hash64, require_same, span
 from ._loader import C
 
 _requires_grad = operator.attrgetter("requires_grad")
@@ -39,17 +39,15 @@ def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], 
     the optimizer lists them) that differs, the rank that has it and rank 0's version of it.
     """
     descs = [describe(n, p) for n, p in zip(names, params)]
-    diff = first_difference(descs, "parameters")
-    if diff is not None:
-        index, rank, theirs, ref0 = diff
-        raise mark_raised_on_every_rank(
-            ValueError(
-                f"{what}: the parameters differ across ranks; first difference at parameter {index}: "
-                f"rank {rank} has {theirs}, rank 0 has {ref0}. Every rank must build the same model "
-                f"and optimizer (same parameters, order, shapes, dtypes and requires_grad) and "
-                f"freeze or unfreeze the same parameters before the same step."
-            )
-        )
+    require_same(
+        descs,
+        what,
+        "parameters",
+        "parameter",
+        ". Every rank must build the same model and optimizer (same parameters, order, "
+        "shapes, dtypes and requires_grad) and freeze or unfreeze the same parameters "
+        "before the same step.",
+    )
     return hash64("\n".join(descs))
 
 

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from ._agreement import first_difference, mark_raised_on_every_rank, user_call
+from ._agreement import require_same, user_call
 from ._loader import C
 from .collectives import Iallreduce, Ibcast
 
@@ -59,15 +59,7 @@ class BufferSync:
                 f"{name}: shape {tuple(b.shape)}, dtype {str(b.dtype).replace('torch.', '')}, "
                 f"device {b.device.type}"
             )
-        diff = first_difference(descs, "buffers")
-        if diff is not None:
-            index, rank, theirs, ref0 = diff
-            raise mark_raised_on_every_rank(
-                ValueError(
-                    f"{what}: the module's buffers differ across ranks; first difference at buffer "
-                    f"{index}: rank {rank} has {theirs}, rank 0 has {ref0}"
-                )
-            )
+        require_same(descs, what, "module's buffers", "buffer")
 
     def _plan(self, bufs: list[torch.Tensor]) -> None:
         """One persistent flat tensor per (dtype, device), with a view per buffer."""

@@ -9,7 +9,7 @@ item per ``case_*`` function and world size::
 
     @pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
     def test_optimizer_multirank(case):
-        case.run()
+        case.check_passed()
 
 gives ``test_optimizer_multirank[np=2-case_adam_matches_single_process]`` and so on, plus one
 ``[np=2-clean_exit]`` item per world size. The cases are read from the worker's source at
@@ -138,7 +138,7 @@ class WorkerCase:
     def __repr__(self):
         return f"{self.script}[np={self.np}]::{self.name}"
 
-    def run(self, env=None):
+    def check_passed(self, env=None):
         """Launch the worker (once per session for this script, world size and env) and fail
         with this case's own report unless it passed on every rank. Returns the job's output."""
         launch = launch_worker(

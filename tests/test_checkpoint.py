@@ -18,4 +18,4 @@ def ckpt_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("case", worker_params("checkpoint_worker.py", [1, 2, 3], timeout=180))
 def test_checkpoint_round_trip_and_errors(case, ckpt_dir):
-    case.run(env={"CKPT_DIR": ckpt_dir})
+    case.check_passed(env={"CKPT_DIR": ckpt_dir})

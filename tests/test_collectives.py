@@ -23,7 +23,7 @@ def check_ordered_stdout(out, np):
 
 @pytest.mark.parametrize("case", worker_params(WORKER, [1, 2, 3, 4], timeout=300))
 def test_collectives_under_mpiexec(case):
-    out = case.run()
+    out = case.check_passed()
     if case.name == "case_print_prefix_and_order":  # what that case printed to the job's stdout
         check_ordered_stdout(out, case.np)
 
@@ -31,7 +31,7 @@ def test_collectives_under_mpiexec(case):
 @pytest.mark.parametrize("case", worker_params(WORKER, [None], timeout=300))
 def test_collectives_without_mpiexec(case):
     # A plain `python script.py` is a world of one (MPI singleton), as in Jupyter.
-    case.run()
+    case.check_passed()
 
 
 def test_ring_options_round_trip_and_checks():

@@ -528,4 +528,4 @@ def test_docstring_examples_run():
 # --- several ranks ------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", worker_params("data_worker.py", [1, 2, 4], timeout=240))
 def test_multirank(case):
-    case.run()
+    case.check_passed()

@@ -77,7 +77,7 @@ from mpi_util import worker_params
 
 @pytest.mark.parametrize("case", worker_params("failing_worker.py", [2], timeout={timeout}))
 def test_failing_worker(case):
-    case.run()
+    case.check_passed()
 """
 
 

@@ -11,7 +11,7 @@ from mpi_util import run_mpi, worker_params  # noqa: E402
 
 @pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
 def test_optimizer_multirank(case):
-    case.run()
+    case.check_passed()
 
 
 def test_planner_buckets():
@@ -117,12 +117,12 @@ def test_planners_need_no_init():
 
 @pytest.mark.parametrize("case", worker_params("freeze_worker.py", [1, 2, 3], timeout=300))
 def test_freeze_and_unfreeze_after_wrapping(case):
-    case.run()
+    case.check_passed()
 
 
 @pytest.mark.parametrize("case", worker_params("buffers_worker.py", [1, 2, 3], timeout=300))
 def test_buffers_kept_in_sync(case):
-    case.run()
+    case.check_passed()
 
 
 @pytest.mark.parametrize("np", [1, 2])

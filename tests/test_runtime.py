@@ -28,7 +28,7 @@ def run_py(code_or_path, *args, env=None, timeout=180):
 
 @pytest.mark.parametrize("case", worker_params("runtime_worker.py", [None]))
 def test_runtime_world_of_one(case):
-    out = case.run()
+    out = case.check_passed()
     if case.name == "case_print":  # what that case printed to the process's stdout
         assert "[0 / 1] hello-stdout\nafter" in out, out[-2000:]
 

@@ -99,4 +99,4 @@ def test_plan_mixes_dtypes_in_one_byte_buffer():
 
 @pytest.mark.parametrize("case", worker_params("sync_worker.py", [1, 2, 3], timeout=240))
 def test_sync_worker(case):
-    case.run()
+    case.check_passed()

@@ -65,6 +65,55 @@ def ring_options() -> RingOptions: ...
 def set_ring_options(options: RingOptions) -> None: ...
 def ring_calls() -> int: ...
 
+# ---- row collectives, grouped forms, objects (bind_gather_collectives.cpp) -----------------
+class PendingTensors:
+    def wait(self) -> list[torch.Tensor]: ...
+    def test(self) -> bool: ...
+    @property
+    def received_splits(self) -> list[list[int]]: ...
+    @property
+    def what(self) -> str: ...
+
+def allgather(
+    tensors: list[torch.Tensor], call: str, async_op: bool, local_error: str = ""
+) -> PendingTensors: ...
+def gather(
+    tensors: list[torch.Tensor], root_rank: int, call: str, async_op: bool, local_error: str = ""
+) -> PendingTensors: ...
+def scatter(
+    tensors: list[torch.Tensor],
+    splits: list[list[int]],
+    root_rank: int,
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+) -> PendingTensors: ...
+def reduce_scatter(
+    tensors: list[torch.Tensor],
+    op: str,
+    splits: list[list[int]],
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+) -> PendingTensors: ...
+def alltoall(
+    tensors: list[torch.Tensor],
+    splits: list[list[int]],
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+) -> PendingTensors: ...
+def grouped_allreduce_(
+    tensors: list[torch.Tensor], op: str, call: str, async_op: bool, local_error: str = ""
+) -> PendingTensors: ...
+def grouped_bcast_(
+    tensors: list[torch.Tensor], root_rank: int, call: str, async_op: bool, local_error: str = ""
+) -> PendingTensors: ...
+def broadcast_object_bytes(
+    data: bytes | None, root_rank: int, local_error: str = ""
+) -> bytes | None: ...
+def allgather_object_bytes(data: bytes, local_error: str = "") -> list[bytes]: ...
+
 # ---- gradients (bind_gradients.cpp) -------------------------------------------------------
 class PlanOptions:
     """The bucket planner's limits (bytes)."""

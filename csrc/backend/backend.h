@@ -6,7 +6,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/reduce_op.h"
 
@@ -42,9 +44,41 @@ class Backend {
   }
   virtual void barrier() { unsupported("barrier"); }
 
+  // The variable-size collectives below move bytes (any dtype); counts are per rank, in bytes,
+  // and each rank's part lies at the sum of the counts before it (rank order).
+  // Every rank's `send` (send_bytes) reaches every rank's `recv`, rank r's at its offset.
+  virtual void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
+                          const std::vector<std::int64_t>& recv_bytes) {
+    unsupported("allgather");
+  }
+  // As allgatherv, but only the root receives; `recv` is used on the root only.
+  virtual void gatherv(const void* send, std::int64_t send_bytes, void* recv,
+                       const std::vector<std::int64_t>& recv_bytes, int root) {
+    unsupported("gather");
+  }
+  // The root's `send` is cut into parts of send_bytes[r]; rank r receives part r in `recv`.
+  virtual void scatterv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                        std::int64_t recv_bytes, int root) {
+    unsupported("scatter");
+  }
+  // Part r of `send` (send_bytes[r]) goes to rank r; part r of `recv` (recv_bytes[r]) comes
+  // from rank r.
+  virtual void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                         const std::vector<std::int64_t>& recv_bytes) {
+    unsupported("alltoall");
+  }
+  // Elementwise reduction of every rank's `send` (the sum of `counts` elements); rank r
+  // receives part r of the result (counts[r] elements) in `recv`.
+  virtual void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                              c10::ScalarType dtype, ReduceOp op) {
+    unsupported("reduce_scatter");
+  }
+
  protected:
   [[noreturn]] void unsupported(const char* what) const {
-    TORCH_CHECK(false, "fluxmpi_py: backend ", name(), " does not support ", what);
+    TORCH_CHECK(false, "fluxmpi_py: ", what, " is not supported on this backend (", name(),
+                ", device ", std::strcmp(name(), "mpi") == 0 ? "cpu" : "cuda",
+                "); move the tensors to the CPU for this call");
   }
 };
 

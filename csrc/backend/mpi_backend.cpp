@@ -100,6 +100,28 @@ void divide_in_place(T* buf, std::int64_t count, int divisor) {
   for (std::int64_t i = 0; i < count; ++i) buf[i] /= d;
 }
 
+// Byte counts and their offsets as MPI's ints. The ops layer checks the 2 GiB limit on every
+// rank alike before any data moves, so a failure here is an internal error.
+struct IntCounts {
+  std::vector<int> counts, displs;
+  explicit IntCounts(const std::vector<std::int64_t>& bytes) {
+    std::int64_t off = 0;
+    for (std::int64_t b : bytes) {
+      TORCH_INTERNAL_ASSERT(b >= 0 && off + b <= std::numeric_limits<int>::max(),
+                            "fluxmpi_py: a collective part past 2 GiB reached the MPI backend");
+      counts.push_back(static_cast<int>(b));
+      displs.push_back(static_cast<int>(off));
+      off += b;
+    }
+  }
+};
+
+int int_bytes(std::int64_t n) {
+  TORCH_INTERNAL_ASSERT(n >= 0 && n <= std::numeric_limits<int>::max(),
+                        "fluxmpi_py: a collective part past 2 GiB reached the MPI backend");
+  return static_cast<int>(n);
+}
+
 class MpiBackend final : public Backend {
  private:
   // The ring (backend/mpi_ring.h), when its options send this buffer there: sum / divisor in
@@ -182,6 +204,51 @@ class MpiBackend final : public Backend {
     mpi_check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
                             MPI_BYTE, env().comm),
               "MPI_Allgather");
+  }
+
+  void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
+                  const std::vector<std::int64_t>& recv_bytes) override {
+    BlockingCall guard("allgather");
+    IntCounts r(recv_bytes);
+    mpi_check(MPI_Allgatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
+                             r.displs.data(), MPI_BYTE, env().comm),
+              "MPI_Allgatherv");
+  }
+
+  void gatherv(const void* send, std::int64_t send_bytes, void* recv,
+               const std::vector<std::int64_t>& recv_bytes, int root) override {
+    BlockingCall guard("gather");
+    IntCounts r(recv_bytes);
+    mpi_check(MPI_Gatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
+                          r.displs.data(), MPI_BYTE, root, env().comm),
+              "MPI_Gatherv");
+  }
+
+  void scatterv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                std::int64_t recv_bytes, int root) override {
+    BlockingCall guard("scatter");
+    IntCounts s(send_bytes);
+    mpi_check(MPI_Scatterv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv,
+                           int_bytes(recv_bytes), MPI_BYTE, root, env().comm),
+              "MPI_Scatterv");
+  }
+
+  void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                 const std::vector<std::int64_t>& recv_bytes) override {
+    BlockingCall guard("alltoall");
+    IntCounts s(send_bytes), r(recv_bytes);
+    mpi_check(MPI_Alltoallv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv, r.counts.data(),
+                            r.displs.data(), MPI_BYTE, env().comm),
+              "MPI_Alltoallv");
+  }
+
+  void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                      c10::ScalarType dt, ReduceOp op) override {
+    BlockingCall guard("reduce_scatter");
+    std::vector<int> c;
+    for (std::int64_t n : counts) c.push_back(int_bytes(n));  // elements, within int as bytes
+    mpi_check(MPI_Reduce_scatter(send, recv, c.data(), mpi_type(dt), mpi_op(op, dt), env().comm),
+              "MPI_Reduce_scatter");
   }
 
   void barrier() override {

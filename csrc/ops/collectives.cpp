@@ -30,14 +30,6 @@ bool supported_dtype(c10::ScalarType t) {
   }
 }
 
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "no tensor";
-  std::ostringstream s;
-  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
-    << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
-  return s.str();
-}
-
 // Shape and device type: a CPU tensor on one rank and a CUDA tensor on another would go to
 // different backends (MPI and NCCL) and wait for each other forever.
 std::int64_t shape_hash(const at::Tensor& t) {
@@ -58,11 +50,40 @@ Signature signature_of(CallKind kind, const at::Tensor& t) {
   return s;
 }
 
+// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
+at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
+  if (t.scalar_type() == dt && t.is_contiguous()) return t;
+  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
+}
+
+// The reduced buffer `c` back into `t`.
+void write_back(const at::Tensor& c, const at::Tensor& t) {
+  if (c.is_same(t)) {
+    bump_version(t);
+  } else {
+    t.copy_(c);
+  }
+}
+
+}  // namespace
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "no tensor";
+  std::ostringstream s;
+  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
+    << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+  return s.str();
+}
+
+namespace {
+
 bool is_half(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
 bool is_narrow_int(c10::ScalarType t) {
   return t == c10::kChar || t == c10::kShort || t == c10::kInt || t == c10::kByte;
 }
+
+}  // namespace
 
 // The dtype a reduction travels in: fp32 for 16-bit float sums, products and averages (see
 // HalfReduction), int64 for averages of narrower integers (the sum must not wrap).
@@ -89,28 +110,9 @@ void divide_by(const at::Tensor& x, int world) {
   }
 }
 
-// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
-at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
-  if (t.scalar_type() == dt && t.is_contiguous()) return t;
-  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
-}
-
-// Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
-// in-place op would (a saved tensor modified by a collective then fails loudly in backward).
 void bump_version(const at::Tensor& t) {
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
 }
-
-// The reduced buffer `c` back into `t`.
-void write_back(const at::Tensor& c, const at::Tensor& t) {
-  if (c.is_same(t)) {
-    bump_version(t);
-  } else {
-    t.copy_(c);
-  }
-}
-
-}  // namespace
 
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
   if (!t.defined()) {
@@ -188,8 +190,6 @@ void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int ran
   write_back(c, t);
 }
 
-namespace {
-
 // Parse op/root without throwing: errors become this rank's part of the agreement.
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) {
   try {
@@ -202,6 +202,8 @@ ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) 
     return ReduceOp::Sum;
   }
 }
+
+namespace {
 
 // This rank's part of the agreement for tensor `t`: a local error (the caller's first, then
 // the tensor's own) or none. `msg` gets the error's text.

@@ -23,6 +23,15 @@ const char* kind_name(CallKind k) {
     case CallKind::GradientBuckets: return "gradient allreduce";
     case CallKind::CoalescedBroadcast: return "synchronize_ (tensors)";
     case CallKind::ObjectBroadcast: return "synchronize_ (objects)";
+    case CallKind::Allgather: return "allgather";
+    case CallKind::Gather: return "gather";
+    case CallKind::Scatter: return "scatter";
+    case CallKind::ReduceScatter: return "reduce_scatter";
+    case CallKind::Alltoall: return "alltoall";
+    case CallKind::GroupedAllreduce: return "grouped_allreduce_";
+    case CallKind::GroupedBroadcast: return "grouped_bcast_";
+    case CallKind::ObjectBcast: return "broadcast_object";
+    case CallKind::ObjectAllgather: return "allgather_object";
   }
   return "unknown collective";
 }

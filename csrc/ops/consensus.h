@@ -24,6 +24,17 @@ enum class CallKind : std::int64_t {
   GradientBuckets = 6,     // the DistributedOptimizer's fused reduction (plan hash in `detail`)
   CoalescedBroadcast = 7,  // synchronize_'s packed tensors
   ObjectBroadcast = 8,     // pickled skeletons
+  // ops/gather_collectives.h and ops/object_collectives.h; `numel` is the number of tensors
+  // and `detail` hashes their dtypes and shapes (and agreed splits).
+  Allgather = 9,
+  Gather = 10,
+  Scatter = 11,
+  ReduceScatter = 12,
+  Alltoall = 13,
+  GroupedAllreduce = 14,
+  GroupedBroadcast = 15,
+  ObjectBcast = 16,  // broadcast_object
+  ObjectAllgather = 17,
 };
 
 const char* kind_name(CallKind k);

@@ -17,6 +17,9 @@ void bind_gradients(pybind11::module_& m);    // bind_gradients.cpp: reducer and
 void bind_sync(pybind11::module_& m);         // bind_sync.cpp: synchronize_, broadcast planner
 void bind_shard(pybind11::module_& m);        // bind_shard.cpp: DistributedDataContainer
 
+// bind_gather_collectives.cpp: allgather .. alltoall, grouped forms, objects
+void bind_gather_collectives(pybind11::module_& m);
+
 // Gives a bound options struct the rest of a keyword class: a __repr__ that shows `fields`
 // (Python attribute names, in order) as "Name(a=1, b=True)", and __eq__ over the same fields.
 template <typename Class>

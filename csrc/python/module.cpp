@@ -38,6 +38,7 @@ PYBIND11_MODULE(_C, m) {
   });
   fluxmpi::bind_runtime(m);
   fluxmpi::bind_collectives(m);
+  fluxmpi::bind_gather_collectives(m);
   fluxmpi::bind_gradients(m);
   fluxmpi::bind_sync(m);
   fluxmpi::bind_shard(m);

@@ -1,0 +1,177 @@
+// Python face of the row collectives and grouped forms (ops/gather_collectives.h) and of the
+// object collectives' bytes (ops/object_collectives.h). Every tensor call returns a
+// PendingTensors: finished already when `async_op` is false, else running on the engine.
+#include <memory>
+#include <optional>
+
+#include "ops/gather_collectives.h"
+#include "ops/object_collectives.h"
+#include "python/bindings.h"
+#include "runtime/engine.h"
+#include "runtime/environment.h"
+#include "runtime/user_call.h"
+
+namespace py = pybind11;
+
+namespace fluxmpi {
+
+namespace {
+
+// The handle of one call: its Work and, once done, its result tensors and (alltoall,
+// allgather) the row counts received from each rank, per tensor.
+struct PendingTensors {
+  std::shared_ptr<Work> work;
+  std::shared_ptr<std::vector<at::Tensor>> tensors = std::make_shared<std::vector<at::Tensor>>();
+  std::shared_ptr<Splits> received = std::make_shared<Splits>();
+};
+
+using Body = std::function<void(std::vector<at::Tensor>&, Splits&)>;
+
+// Run `body` under the user call's name: inline (blocking), or queued on the engine.
+PendingTensors start(const std::string& call, bool async_op, Body body) {
+  env();
+  const char* name = intern_call_name(call);
+  UserCall named(name);
+  PendingTensors p;
+  auto out = p.tensors;
+  auto rec = p.received;
+  if (async_op) {
+    p.work = Engine::get().submit(call, [out, rec, body] { body(*out, *rec); });
+    return p;
+  }
+  Engine::get().run_inline([&] { body(*out, *rec); });
+  p.work = std::make_shared<Work>(call);
+  p.work->finish(nullptr);
+  return p;
+}
+
+}  // namespace
+
+void bind_gather_collectives(py::module_& m) {
+  py::class_<PendingTensors>(m, "PendingTensors")
+      .def(
+          "wait",
+          [](const PendingTensors& p) {
+            {
+              py::gil_scoped_release no_gil;
+              p.work->wait();
+            }
+            return *p.tensors;
+          },
+          "Block until done; the result tensors")
+      .def("test", [](const PendingTensors& p) { return p.work->test(); })
+      .def_property_readonly("received_splits", [](const PendingTensors& p) { return *p.received; })
+      .def_property_readonly("what", [](const PendingTensors& p) { return p.work->what(); });
+
+  using Tensors = std::vector<at::Tensor>;
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  m.def(
+      "allgather",
+      [](Tensors ts, const std::string& call, bool async_op, const std::string& err) {
+        return start(call, async_op, [ts, err](Tensors& out, Splits& rows) {
+          out = allgather_checked(ts, err, &rows);
+        });
+      },
+      py::arg("tensors"), py::arg("call"), py::arg("async_op"), py::arg("local_error") = "",
+      release);
+  m.def(
+      "gather",
+      [](Tensors ts, std::int64_t root, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, root, err](Tensors& out, Splits&) {
+          out = gather_checked(ts, root, err);
+        });
+      },
+      py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),
+      py::arg("local_error") = "", release);
+  m.def(
+      "scatter",
+      [](Tensors ts, Splits splits, std::int64_t root, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, splits, root, err](Tensors& out, Splits&) {
+          out = scatter_checked(ts, splits, root, err);
+        });
+      },
+      py::arg("tensors"), py::arg("splits"), py::arg("root_rank"), py::arg("call"),
+      py::arg("async_op"), py::arg("local_error") = "", release);
+  m.def(
+      "reduce_scatter",
+      [](Tensors ts, const std::string& op, Splits splits, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, op, splits, err](Tensors& out, Splits&) {
+          out = reduce_scatter_checked(ts, op, splits, err);
+        });
+      },
+      py::arg("tensors"), py::arg("op"), py::arg("splits"), py::arg("call"), py::arg("async_op"),
+      py::arg("local_error") = "", release);
+  m.def(
+      "alltoall",
+      [](Tensors ts, Splits splits, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, splits, err](Tensors& out, Splits& received) {
+          out = alltoall_checked(ts, splits, &received, err);
+        });
+      },
+      py::arg("tensors"), py::arg("splits"), py::arg("call"), py::arg("async_op"),
+      py::arg("local_error") = "", release);
+  m.def(
+      "grouped_allreduce_",
+      [](Tensors ts, const std::string& op, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, op, err](Tensors& out, Splits&) {
+          grouped_allreduce_checked(ts, op, err);
+          out = ts;
+        });
+      },
+      py::arg("tensors"), py::arg("op"), py::arg("call"), py::arg("async_op"),
+      py::arg("local_error") = "", release);
+  m.def(
+      "grouped_bcast_",
+      [](Tensors ts, std::int64_t root, const std::string& call, bool async_op,
+         const std::string& err) {
+        return start(call, async_op, [ts, root, err](Tensors& out, Splits&) {
+          grouped_broadcast_checked(ts, root, err);
+          out = ts;
+        });
+      },
+      py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),
+      py::arg("local_error") = "", release);
+
+  // The root passes its pickle and gets None back; the other ranks pass None and get the
+  // root's bytes.
+  m.def(
+      "broadcast_object_bytes",
+      [](std::optional<std::string> data, std::int64_t root,
+         const std::string& err) -> std::optional<py::bytes> {
+        std::string out;
+        bool is_root = false;
+        {
+          py::gil_scoped_release no_gil;
+          env();
+          UserCall named("broadcast_object()");
+          is_root = env().rank == root;
+          const std::string& mine = data ? *data : std::string();
+          Engine::get().run_inline([&] { out = broadcast_object_bytes(mine, root, err); });
+        }
+        if (is_root) return std::nullopt;
+        return py::bytes(out);
+      },
+      py::arg("data"), py::arg("root_rank"), py::arg("local_error") = "");
+  m.def(
+      "allgather_object_bytes",
+      [](const std::string& data, const std::string& err) {
+        std::vector<std::string> out;
+        {
+          py::gil_scoped_release no_gil;
+          env();
+          UserCall named("allgather_object()");
+          Engine::get().run_inline([&] { out = allgather_object_bytes(data, err); });
+        }
+        py::list result;
+        for (const auto& s : out) result.append(py::bytes(s));
+        return result;
+      },
+      py::arg("data"), py::arg("local_error") = "");
+}
+
+}  // namespace fluxmpi

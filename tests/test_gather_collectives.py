@@ -1,0 +1,25 @@
+"""allgather, gather, scatter, reduce_scatter, alltoall (single, grouped, async, differentiable),
+grouped allreduce_/bcast_ and the object collectives at world sizes 1, 2 and 3. The cases live
+in tests/workers/gather_collectives_worker.py."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import run_mpi, worker_params  # noqa: E402
+
+WORKER = "gather_collectives_worker.py"
+
+
+@pytest.mark.parametrize("case", worker_params(WORKER, [1, 2, 3], timeout=300))
+def test_gather_collectives_under_mpiexec(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_docstring_examples_hold_on_more_ranks(np):
+    modules = ["fluxmpi_py.gather_collectives", "fluxmpi_py.object_collectives"]
+    _, out = run_mpi("doctest_worker.py", np, *modules, "fluxmpi_py.differentiable", timeout=180)
+    assert f"doctests passed on {np} ranks" in out, out[-4000:]

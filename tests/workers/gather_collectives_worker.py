@@ -1,0 +1,377 @@
+"""allgather, gather, scatter, reduce_scatter, alltoall, their grouped, async and differentiable
+forms, grouped allreduce_/bcast_, broadcast_object and allgather_object, against closed forms
+at any world size; mismatches across ranks raise on every rank.
+
+Run by tests/test_gather_collectives.py under mpiexec at 1, 2 and 3 ranks.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import raises, run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32,
+          torch.int64, torch.uint8, torch.bool]  # fmt: skip
+
+
+def rank():
+    return fm.local_rank()
+
+
+def world():
+    return fm.total_workers()
+
+
+def rows_of(r, dtype=torch.float32, cols=3):
+    """Rank r's tensor: r rows (rank 0 has none), row i of rank r holds 10 * r + i."""
+    vals = torch.tensor([10 * r + i for i in range(r)], dtype=torch.float64)
+    return vals.unsqueeze(1).expand(r, cols).to(dtype)
+
+
+def check_equal(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got, want)
+    assert torch.equal(got, want), f"{what}: got {got.tolist()}, want {want.tolist()}"
+
+
+def table(n, cols=4):
+    """The same table on every rank: n * 2 rows, row i is i."""
+    return torch.arange(2 * n, dtype=torch.float32).unsqueeze(1).repeat(1, cols)
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def case_allgather_equal_shapes_every_dtype():
+    n, r = world(), rank()
+    for dtype in DTYPES:
+        t = torch.full((2, 3), r % 2 if dtype == torch.bool else r, dtype=dtype)
+        want = torch.cat([torch.full((2, 3), s % 2 if dtype == torch.bool else s, dtype=dtype)
+                          for s in range(n)])  # fmt: skip
+        check_equal(fm.allgather(t), want, f"allgather {dtype}")
+
+
+def case_allgather_first_dim_differs_by_rank():
+    n, r = world(), rank()
+    for dtype in (torch.float32, torch.int64, torch.float16):
+        got = fm.allgather(rows_of(r, dtype))
+        check_equal(got, torch.cat([rows_of(s, dtype) for s in range(n)]), f"allgather {dtype}")
+    # non-contiguous input, 1-d, empty everywhere
+    t = torch.arange(6.0).reshape(2, 3).t() + r  # shape (3, 2), transposed
+    check_equal(fm.allgather(t), torch.cat([torch.arange(6.0).reshape(2, 3).t() + s
+                                            for s in range(n)]), "transposed")  # fmt: skip
+    check_equal(fm.allgather(torch.tensor([float(r)])), torch.arange(float(n)), "1-d")
+    check_equal(fm.allgather(torch.zeros(0, 5)), torch.zeros(0, 5), "empty")
+
+
+def case_gather_every_root():
+    n, r = world(), rank()
+    for root in range(n):
+        got = fm.gather(rows_of(r), root_rank=root)
+        if r == root:
+            check_equal(got, torch.cat([rows_of(s) for s in range(n)]), f"gather root {root}")
+        else:
+            assert got is None, got
+
+
+def case_scatter_equal_and_given_splits():
+    n, r = world(), rank()
+    for root in range(n):
+        src = table(n) + (100 * r if r != root else 0)  # only the root's values count
+        check_equal(fm.scatter(src, root_rank=root), table(n)[2 * r : 2 * r + 2], "equal")
+        splits = [2 * n - (n - 1)] + [1] * (n - 1)  # uneven: the first rank takes the rest
+        start = sum(splits[:r])
+        got = fm.scatter(src, root_rank=root, splits=splits)
+        check_equal(got, table(n)[start : start + splits[r]], f"splits {splits}")
+
+
+def case_reduce_scatter_sum_average_max():
+    n, r = world(), rank()
+    x = table(n) * (r + 1)  # rank r's table times r + 1
+    total = n * (n + 1) // 2
+    check_equal(fm.reduce_scatter(x), (table(n) * total)[2 * r : 2 * r + 2], "sum")
+    check_equal(
+        fm.reduce_scatter(x, op="average"),
+        (table(n) * total / n)[2 * r : 2 * r + 2],
+        "average",
+    )
+    check_equal(fm.reduce_scatter(x, op="max"), (table(n) * n)[2 * r : 2 * r + 2], "max")
+    splits = [0] * (n - 1) + [2 * n]  # the last rank gets all of it
+    got = fm.reduce_scatter(x, op="sum", splits=splits)
+    want = table(n) * total if r == n - 1 else torch.zeros(0, 4)
+    check_equal(got, want, "given splits")
+    for dtype in (torch.int8, torch.float16, torch.int64):
+        got = fm.reduce_scatter(torch.ones(n, 2, dtype=dtype), op="average")
+        check_equal(got, torch.ones(1, 2, dtype=dtype), f"average {dtype}")
+    # float16 sums accumulate in fp32 and round once, as allreduce_ does
+    big = torch.full((n,), 2048.0 if r == 0 else 1.0, dtype=torch.float16)
+    check_equal(
+        fm.reduce_scatter(big), torch.full((1,), 2048.0 + n - 1, dtype=torch.float16), "fp16"
+    )
+
+
+def case_alltoall_equal_and_given_splits():
+    n, r = world(), rank()
+    # equal: row j of rank r (value 100 r + j) goes to rank j
+    x = torch.tensor([[100.0 * r + j] for j in range(n)])
+    check_equal(fm.alltoall(x), torch.tensor([[100.0 * s + r] for s in range(n)]), "equal")
+    # given, different on every rank: rank r sends (r + j) % 3 rows of 100 r + j to rank j
+    splits = [(r + j) % 3 for j in range(n)]
+    x = torch.cat([torch.full((splits[j], 2), 100.0 * r + j) for j in range(n)])
+    want = torch.cat([torch.full(((s + r) % 3, 2), 100.0 * s + r) for s in range(n)])
+    check_equal(fm.alltoall(x, splits=splits), want, "given splits")
+    i = torch.arange(n * 3, dtype=torch.int64) + 1000 * r
+    got = fm.alltoall(i)
+    want = torch.cat([torch.arange(3 * r, 3 * r + 3) + 1000 * s for s in range(n)])
+    check_equal(got, want, "int64")
+
+
+# ---------------------------------------------------------------- grouped and async
+
+
+def case_grouped_forms_equal_single_calls():
+    n, r = world(), rank()
+    a, b, c = (
+        rows_of(r),
+        torch.full((n, 2), r, dtype=torch.int32),
+        torch.ones(2 * n, dtype=torch.float16),
+    )
+    for got, want in zip(fm.grouped_allgather([a, b, c]), [fm.allgather(t) for t in (a, b, c)]):
+        check_equal(got, want, "grouped_allgather")
+    got = fm.grouped_gather([a, b, c], root_rank=n - 1)
+    if r == n - 1:
+        for g, t in zip(got, (a, b, c)):
+            check_equal(g, fm.allgather(t), "grouped_gather")
+    else:
+        assert got is None
+        [fm.allgather(t) for t in (a, b, c)]  # the same calls as the root
+    src = [table(n), torch.arange(n * 3, dtype=torch.int64)]
+    for got, want in zip(fm.grouped_scatter(src, root_rank=0, splits=[None, [3] * n]),
+                         [fm.scatter(src[0]), fm.scatter(src[1])]):  # fmt: skip
+        check_equal(got, want, "grouped_scatter")
+    xs = [table(n) * (r + 1), torch.ones(n, dtype=torch.int32) * r, torch.ones(n * 2, 3)]
+    for got, want in zip(fm.grouped_reduce_scatter(xs, op="sum"),
+                         [fm.reduce_scatter(x, op="sum") for x in xs]):  # fmt: skip
+        check_equal(got, want, "grouped_reduce_scatter")
+    splits = [(r + j) % 2 for j in range(n)]
+    ys = [torch.full((sum(splits), 2), float(r)), torch.arange(n * 2) + 10 * r]
+    for got, want in zip(fm.grouped_alltoall(ys, splits=[splits, None]),
+                         [fm.alltoall(ys[0], splits), fm.alltoall(ys[1])]):  # fmt: skip
+        check_equal(got, want, "grouped_alltoall")
+    assert fm.grouped_allgather([]) == []
+
+
+def case_grouped_allreduce_and_bcast_in_place():
+    n, r = world(), rank()
+    total = n * (n + 1) // 2
+    ts = [torch.full((k,), float(r + 1)) for k in (1, 7, 0, 1023)]
+    ts += [
+        torch.full((3, 2), r + 1, dtype=torch.int64),
+        torch.full((2,), r + 1.0, dtype=torch.float16),
+    ]
+    ts.append(torch.full((4, 3), float(r + 1)).t())  # non-contiguous
+    out = fm.grouped_allreduce_(ts)
+    assert all(o is t for o, t in zip(out, ts))
+    for t in ts:
+        check_equal(t, torch.full_like(t, total), f"grouped sum {t.dtype} {tuple(t.shape)}")
+    avg = [torch.full((5,), float(r + 1)), torch.full((2,), r + 1, dtype=torch.int32)]
+    fm.grouped_allreduce_(avg, op="average")
+    check_equal(avg[0], torch.full((5,), (n + 1) / 2), "average")
+    check_equal(avg[1], torch.full((2,), total // n, dtype=torch.int32), "int average")
+    bs = [
+        torch.full((3,), float(r)),
+        torch.full((2, 2), r, dtype=torch.int8),
+        torch.full((3, 2), float(r)).t(),
+    ]
+    fm.grouped_bcast_(bs, root_rank=n - 1)
+    for t in bs:
+        check_equal(t, torch.full_like(t, n - 1), "grouped_bcast_")
+
+
+def case_async_forms_wait_and_test():
+    n, r = world(), rank()
+    reqs = [
+        fm.Iallgather(torch.full((1,), float(r))),
+        fm.Igather(torch.full((1,), float(r)), root_rank=0),
+        fm.Iscatter(torch.arange(float(n))),
+        fm.Ireduce_scatter(torch.ones(n)),
+        fm.Ialltoall(torch.full((n,), float(r))),
+        fm.grouped_allreduce_([torch.ones(2)], async_op=True),
+    ]
+    assert all(isinstance(q, fm.Request) for q in reqs)
+    results = [q.wait() for q in reqs]
+    assert all(q.test() for q in reqs)
+    check_equal(results[0], torch.arange(float(n)), "Iallgather")
+    if r == 0:
+        check_equal(results[1], torch.arange(float(n)), "Igather")
+    else:
+        assert results[1] is None
+    check_equal(results[2], torch.tensor([float(r)]), "Iscatter")
+    check_equal(results[3], torch.tensor([float(n)]), "Ireduce_scatter")
+    check_equal(results[4], torch.arange(float(n)), "Ialltoall")
+    check_equal(results[5][0], torch.full((2,), float(n)), "grouped async")
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def case_gradients_closed_forms():
+    n, r = world(), rank()
+    total = n * (n + 1) / 2
+    # allreduce: loss_r = (r + 1) * sum(y); every rank's x gets the sum of all weights
+    x = torch.ones(3, requires_grad=True)
+    ((r + 1) * fm.allreduce(x)).sum().backward()
+    check_equal(x.grad, torch.full((3,), total), "allreduce sum grad")
+    x = torch.ones(3, requires_grad=True)
+    ((r + 1) * fm.allreduce(x, op="average")).sum().backward()
+    check_equal(x.grad, torch.full((3,), total / n), "allreduce average grad")
+    # broadcast: the root gets the sum of all weights, the others zero
+    x = torch.ones(2, requires_grad=True)
+    ((r + 1) * fm.broadcast(x, root_rank=n - 1)).sum().backward()
+    check_equal(x.grad, torch.full((2,), total if r == n - 1 else 0.0), "broadcast grad")
+    # allgather with uneven rows: loss_s = sum(y * w), w the row index, on every rank alike
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    y = fm.allgather(x)
+    w = torch.arange(float(y.shape[0])).unsqueeze(1)
+    (y * w).sum().backward()
+    first = r * (r + 1) // 2
+    want = n * torch.arange(float(first), float(first + r + 1)).unsqueeze(1).expand(r + 1, 2)
+    check_equal(x.grad, want, "allgather grad")
+    # reduce_scatter: rank s weighs its part by s + 1, so rows of part s get s + 1
+    x = torch.ones(2 * n, 1, requires_grad=True)
+    ((r + 1) * fm.reduce_scatter(x)).sum().backward()
+    check_equal(x.grad, torch.arange(1.0, n + 1).repeat_interleave(2).unsqueeze(1), "rs grad")
+    x = torch.ones(2 * n, 1, requires_grad=True)
+    ((r + 1) * fm.reduce_scatter(x, op="average")).sum().backward()
+    check_equal(x.grad, torch.arange(1.0, n + 1).repeat_interleave(2).unsqueeze(1) / n, "rs avg")
+    # alltoall with uneven splits: the rows sent to rank j get j + 1
+    splits = [(r + j) % 3 for j in range(n)]
+    x = torch.ones(sum(splits), requires_grad=True)
+    ((r + 1) * fm.alltoall(x, splits=splits)).sum().backward()
+    want = torch.cat([torch.full((splits[j],), j + 1.0) for j in range(n)])
+    check_equal(x.grad, want, "alltoall grad")
+    # an op without a gradient raises on every rank
+    raises(
+        TypeError, lambda: fm.allreduce(torch.ones(2, requires_grad=True), op="max"), "no gradient"
+    )
+    raises(
+        TypeError,
+        lambda: fm.reduce_scatter(torch.ones(n, requires_grad=True), op="min"),
+        "no gradient",
+    )
+
+
+# ---------------------------------------------------------------- objects
+
+
+def case_object_collectives():
+    n, r = world(), rank()
+    for root in range(n):
+        obj = {"rank": r, "list": list(range(r)), "tensor": torch.full((2,), float(r))}
+        got = fm.broadcast_object(obj, root_rank=root)
+        assert got["rank"] == root and got["list"] == list(range(root)), got
+        assert torch.equal(got["tensor"], torch.full((2,), float(root)))
+    assert fm.broadcast_object(None if r else "x" * 100000) == "x" * 100000
+    got = fm.allgather_object({"r": r, "pad": "y" * (r * 1000)})
+    assert got == [{"r": s, "pad": "y" * (s * 1000)} for s in range(n)], got
+    bad = n - 1
+    obj = (lambda: 0) if r == bad else 1  # a lambda does not pickle
+    raises(ValueError, lambda: fm.allgather_object(obj), f"rank {bad}", "does not pickle")
+    raises(
+        ValueError,
+        lambda: fm.broadcast_object(obj, root_rank=bad),
+        f"rank {bad}",
+        "does not pickle",
+    )
+    raises(ValueError, lambda: fm.broadcast_object(1, root_rank=n), "root_rank", "out of range")
+    assert fm.allgather_object(r) == list(range(n))  # still in step
+
+
+# ---------------------------------------------------------------- errors
+
+
+def case_bad_input_raises_on_every_rank():
+    n, r = world(), rank()
+    bad = n - 1
+    t = [1.0] if r == bad else torch.ones(2)
+    raises(
+        TypeError, lambda: fm.allgather(t), "allgather()", f"rank {bad}", "must be a torch.Tensor"
+    )
+    raises(TypeError, lambda: fm.grouped_allgather([torch.ones(1), "x"]), "tensors[1]")
+    if n > 1:
+        raises(
+            ValueError, lambda: fm.reduce_scatter(torch.ones(n + 1)), "rows (dim 0)", "equal parts"
+        )
+    raises(ValueError, lambda: fm.scatter(torch.ones(2 * n), splits=[1] * n), "sum to", f"{2 * n}")
+    raises(ValueError, lambda: fm.alltoall(torch.ones(n), splits=[-1] + [1] * n), ">= 0")
+    splits = [1] * (n + 1) if r == bad else [1] * n
+    raises(
+        ValueError,
+        lambda: fm.alltoall(torch.ones(len(splits)), splits=splits),
+        f"rank {bad}",
+        "splits",
+    )
+    raises(ValueError, lambda: fm.allgather(torch.tensor(1.0)), "0-dim")
+    raises(
+        ValueError, lambda: fm.gather(torch.ones(1), root_rank=n), f"root_rank {n} is out of range"
+    )
+    raises(TypeError, lambda: fm.gather(torch.ones(1), root_rank="0"), "root_rank must be an int")
+    raises(ValueError, lambda: fm.reduce_scatter(torch.ones(n), op="median"), "'median'")
+    raises(TypeError, lambda: fm.allgather(torch.ones(2, dtype=torch.complex64)), "complex64")
+    check_equal(fm.allgather(torch.ones(1)), torch.ones(n), "in step after errors")
+
+
+def case_mismatch_across_ranks():
+    n, r = world(), rank()
+    if n == 1:
+        return
+    raises(
+        RuntimeError,
+        lambda: fm.allgather(torch.ones(2, 3 if r == 0 else 4)),
+        "allgather()",
+        "disagree on shape",
+        "rank 0 has tensor of shape [2, 3]",
+        "rank 1 has tensor of shape [2, 4]",
+    )
+    dt = torch.float32 if r == 0 else torch.float64
+    raises(
+        RuntimeError,
+        lambda: fm.alltoall(torch.ones(n, dtype=dt)),
+        "alltoall()",
+        "disagree on dtype",
+        "rank 0 has torch.float32",
+        "rank 1 has torch.float64",
+    )
+    raises(
+        RuntimeError,
+        lambda: fm.reduce_scatter(torch.ones(n * (r + 1))),
+        "reduce_scatter()",
+        "disagree on shape",
+        f"rank 0 has tensor of shape [{n}]",
+    )
+    splits = [n] + [0] * (n - 1) if r == 0 else [0] * (n - 1) + [n]
+    raises(
+        RuntimeError,
+        lambda: fm.scatter(torch.ones(n), splits=splits),
+        "scatter()",
+        "disagree on shape",
+        f"splits [{n}, ",
+    )
+    raises(
+        RuntimeError, lambda: fm.grouped_allgather([torch.ones(1)] * (r + 1)), "disagree on numel"
+    )
+    call = (lambda: fm.allgather(torch.ones(1))) if r == 0 else (lambda: fm.alltoall(torch.ones(n)))
+    raises(RuntimeError, call, "ranks are in different calls", "rank 0 is in allgather()",
+           "rank 1 is in alltoall()")  # fmt: skip
+    raises(
+        RuntimeError, fm.Iallgather(torch.ones(1, r + 1)).wait, "Iallgather()", "disagree on shape"
+    )
+    check_equal(fm.allgather(torch.ones(1)), torch.ones(n), "in step after mismatches")
+
+
+if __name__ == "__main__":
+    run_cases(globals())

@@ -31,8 +31,21 @@ std::int64_t row_bytes(const at::Tensor& t) {
   return row_elems(t) * static_cast<std::int64_t>(c10::elementSize(t.scalar_type()));
 }
 
-// t's values as a flat, contiguous byte tensor (t itself when it is contiguous).
-at::Tensor bytes_of(const at::Tensor& t) { return t.contiguous().reshape({-1}).view(at::kByte); }
+// A tensor's bytes, flat and contiguous. On the CPU also a raw pointer, so that packing a
+// grouped call of thousands of tensors makes no dispatcher call per tensor.
+struct Bytes {
+  at::Tensor t;  // contiguous, owns the bytes
+  char* ptr = nullptr;
+  std::int64_t n = 0;
+  Bytes() = default;
+  explicit Bytes(const at::Tensor& x)
+      : t(x.is_contiguous() ? x : x.contiguous()),
+        n(x.numel() * static_cast<std::int64_t>(x.element_size())) {
+    if (t.is_cpu()) ptr = static_cast<char*>(t.data_ptr());
+  }
+  void* data() const { return t.data_ptr(); }
+  at::Tensor flat() const { return t.view({-1}).view(at::kByte); }
+};
 
 // A new tensor like t with `rows` rows.
 at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
@@ -41,19 +54,18 @@ at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
   return at::empty(sizes, t.options());
 }
 
-at::Tensor byte_buffer(const at::Tensor& like, std::int64_t n) {
-  return at::empty({n}, like.options().dtype(at::kByte));
+Bytes byte_buffer(const at::Tensor& like, std::int64_t n) {
+  return Bytes(at::empty({n}, like.options().dtype(at::kByte)));
 }
 
-// n bytes from src[soff] to dst[doff]; both flat byte tensors.
-void copy_bytes(const at::Tensor& dst, std::int64_t doff, const at::Tensor& src, std::int64_t soff,
+// n bytes from src[soff] to dst[doff].
+void copy_bytes(const Bytes& dst, std::int64_t doff, const Bytes& src, std::int64_t soff,
                 std::int64_t n) {
   if (n == 0) return;
-  if (dst.is_cpu() && src.is_cpu()) {
-    std::memcpy(static_cast<char*>(dst.data_ptr()) + doff,
-                static_cast<const char*>(src.data_ptr()) + soff, static_cast<std::size_t>(n));
+  if (dst.ptr != nullptr && src.ptr != nullptr) {
+    std::memcpy(dst.ptr + doff, src.ptr + soff, static_cast<std::size_t>(n));
   } else {
-    dst.narrow(0, doff, n).copy_(src.narrow(0, soff, n));
+    dst.flat().narrow(0, doff, n).copy_(src.flat().narrow(0, soff, n));
   }
 }
 
@@ -261,33 +273,32 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
       out.push_back(with_rows(ts[i], total));
     }
   }
-  at::Tensor send;
+  Bytes send;
   if (k == 1) {
-    send = bytes_of(ts[0]);
+    send = Bytes(ts[0]);
   } else {
     send = byte_buffer(ts[0], part[e.rank]);
     std::int64_t pos = 0;
     for (const auto& t : ts) {
-      auto b = bytes_of(t);
-      copy_bytes(send, pos, b, 0, b.numel());
-      pos += b.numel();
+      Bytes b(t);
+      copy_bytes(send, pos, b, 0, b.n);
+      pos += b.n;
     }
   }
-  at::Tensor recv;
-  if (receives)
-    recv = k == 1 ? out[0].view({-1}).view(at::kByte) : byte_buffer(ts[0], sum_of(part));
+  Bytes recv;
+  if (receives) recv = k == 1 ? Bytes(out[0]) : byte_buffer(ts[0], sum_of(part));
   Backend& b = backend_for(ts[0]);
-  void* recv_ptr = receives ? recv.data_ptr() : nullptr;
+  void* recv_ptr = receives ? recv.data() : nullptr;
   if (all) {
-    b.allgatherv(send.data_ptr(), part[e.rank], recv_ptr, part);
+    b.allgatherv(send.data(), part[e.rank], recv_ptr, part);
   } else {
-    b.gatherv(send.data_ptr(), part[e.rank], recv_ptr, part, static_cast<int>(root));
+    b.gatherv(send.data(), part[e.rank], recv_ptr, part, static_cast<int>(root));
   }
   if (!receives) return {};
   if (k > 1) {
     std::vector<std::int64_t> filled(k, 0);  // bytes written into each output
-    std::vector<at::Tensor> dst;
-    for (const auto& o : out) dst.push_back(o.view({-1}).view(at::kByte));
+    std::vector<Bytes> dst;
+    for (const auto& o : out) dst.emplace_back(o);
     std::int64_t pos = 0;
     for (int r = 0; r < n; ++r) {
       for (std::size_t i = 0; i < k; ++i) {
@@ -350,16 +361,16 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
   std::vector<at::Tensor> out;
   for (std::size_t i = 0; i < k; ++i) out.push_back(with_rows(ts[i], sp[i][e.rank]));
   const bool is_root = e.rank == root;
-  at::Tensor send;
+  Bytes send;
   if (is_root) {
     if (k == 1) {
-      send = bytes_of(ts[0]);
+      send = Bytes(ts[0]);
     } else {
       send = byte_buffer(ts[0], sum_of(part));
-      std::vector<at::Tensor> src;
+      std::vector<Bytes> src;
       std::vector<std::vector<std::int64_t>> off;
       for (std::size_t i = 0; i < k; ++i) {
-        src.push_back(bytes_of(ts[i]));
+        src.emplace_back(ts[i]);
         off.push_back(row_offsets(sp[i], row_bytes(ts[i])));
       }
       std::int64_t pos = 0;
@@ -372,15 +383,15 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
       }
     }
   }
-  at::Tensor recv = k == 1 ? out[0].view({-1}).view(at::kByte) : byte_buffer(ts[0], part[e.rank]);
-  backend_for(ts[0]).scatterv(is_root ? send.data_ptr() : nullptr, part, recv.data_ptr(),
-                              part[e.rank], static_cast<int>(root));
+  Bytes recv = k == 1 ? Bytes(out[0]) : byte_buffer(ts[0], part[e.rank]);
+  backend_for(ts[0]).scatterv(is_root ? send.data() : nullptr, part, recv.data(), part[e.rank],
+                              static_cast<int>(root));
   if (k > 1) {
     std::int64_t pos = 0;
     for (std::size_t i = 0; i < k; ++i) {
-      auto dst = out[i].view({-1}).view(at::kByte);
-      copy_bytes(dst, 0, recv, pos, dst.numel());
-      pos += dst.numel();
+      Bytes dst(out[i]);
+      copy_bytes(dst, 0, recv, pos, dst.n);
+      pos += dst.n;
     }
   }
   return out;
@@ -515,17 +526,17 @@ std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, cons
     }
     out.push_back(with_rows(ts[i], rows));
   }
-  at::Tensor send, recv;
+  Bytes send, recv;
   if (k == 1) {
-    send = bytes_of(ts[0]);
-    recv = out[0].view({-1}).view(at::kByte);
+    send = Bytes(ts[0]);
+    recv = Bytes(out[0]);
   } else {
     send = byte_buffer(ts[0], sum_of(send_bytes));
     std::int64_t pos = 0;
-    std::vector<at::Tensor> src;
+    std::vector<Bytes> src;
     std::vector<std::vector<std::int64_t>> off;
     for (std::size_t i = 0; i < k; ++i) {
-      src.push_back(bytes_of(ts[i]));
+      src.emplace_back(ts[i]);
       off.push_back(row_offsets(sp[i], row_bytes(ts[i])));
     }
     for (int j = 0; j < n; ++j) {
@@ -537,14 +548,14 @@ std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, cons
     }
     recv = byte_buffer(ts[0], sum_of(recv_bytes));
   }
-  backend_for(ts[0]).alltoallv(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes);
+  backend_for(ts[0]).alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
   if (k > 1) {
     std::vector<std::int64_t> filled(k, 0);
     std::int64_t pos = 0;
     for (int j = 0; j < n; ++j) {
       for (std::size_t i = 0; i < k; ++i) {
         const std::int64_t nb = at_(j, i, me) * row_bytes(ts[i]);
-        copy_bytes(out[i].view({-1}).view(at::kByte), filled[i], recv, pos, nb);
+        copy_bytes(Bytes(out[i]), filled[i], recv, pos, nb);
         filled[i] += nb;
         pos += nb;
       }
@@ -652,30 +663,29 @@ void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t r
   // Every dtype as bytes, in one buffer.
   std::int64_t total = 0;
   for (const auto& t : ts) total += t.numel() * static_cast<std::int64_t>(t.element_size());
-  at::Tensor buf = byte_buffer(ts[0], total);
+  Bytes buf = byte_buffer(ts[0], total);
   const bool is_root = e.rank == root;
   std::int64_t pos = 0;
   if (is_root) {
     for (const auto& t : ts) {
-      auto src = bytes_of(t);
-      copy_bytes(buf, pos, src, 0, src.numel());
-      pos += src.numel();
+      Bytes src(t);
+      copy_bytes(buf, pos, src, 0, src.n);
+      pos += src.n;
     }
   }
   if (total == 0) return;
-  b.broadcast(buf.data_ptr(), total, at::kByte, static_cast<int>(root));
+  b.broadcast(buf.data(), total, at::kByte, static_cast<int>(root));
   if (is_root) return;
   pos = 0;
   for (const auto& t : ts) {
     const std::int64_t nb = t.numel() * static_cast<std::int64_t>(t.element_size());
     if (nb > 0) {
       if (cpu_contiguous(t)) {
-        std::memcpy(t.data_ptr(), static_cast<const char*>(buf.data_ptr()) + pos,
-                    static_cast<std::size_t>(nb));
+        std::memcpy(t.data_ptr(), buf.ptr + pos, static_cast<std::size_t>(nb));
         bump_version(t);
       } else {
         // a copy: the bytes at `pos` need not be aligned for t's dtype
-        t.copy_(buf.narrow(0, pos, nb).clone().view(t.scalar_type()).view(t.sizes()));
+        t.copy_(buf.flat().narrow(0, pos, nb).clone().view(t.scalar_type()).view(t.sizes()));
       }
     }
     pos += nb;

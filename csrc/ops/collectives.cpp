@@ -30,6 +30,18 @@ bool supported_dtype(c10::ScalarType t) {
   }
 }
 
+}  // namespace
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "no tensor";
+  std::ostringstream s;
+  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
+    << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+  return s.str();
+}
+
+namespace {
+
 // Shape and device type: a CPU tensor on one rank and a CUDA tensor on another would go to
 // different backends (MPI and NCCL) and wait for each other forever.
 std::int64_t shape_hash(const at::Tensor& t) {
@@ -49,33 +61,6 @@ Signature signature_of(CallKind kind, const at::Tensor& t) {
   }
   return s;
 }
-
-// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
-at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
-  if (t.scalar_type() == dt && t.is_contiguous()) return t;
-  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
-}
-
-// The reduced buffer `c` back into `t`.
-void write_back(const at::Tensor& c, const at::Tensor& t) {
-  if (c.is_same(t)) {
-    bump_version(t);
-  } else {
-    t.copy_(c);
-  }
-}
-
-}  // namespace
-
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "no tensor";
-  std::ostringstream s;
-  s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
-    << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
-  return s.str();
-}
-
-namespace {
 
 bool is_half(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
 
@@ -110,9 +95,34 @@ void divide_by(const at::Tensor& x, int world) {
   }
 }
 
+namespace {
+
+// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
+at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
+  if (t.scalar_type() == dt && t.is_contiguous()) return t;
+  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
+}
+
+}  // namespace
+
+// Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
+// in-place op would (a saved tensor modified by a collective then fails loudly in backward).
 void bump_version(const at::Tensor& t) {
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
 }
+
+namespace {
+
+// The reduced buffer `c` back into `t`.
+void write_back(const at::Tensor& c, const at::Tensor& t) {
+  if (c.is_same(t)) {
+    bump_version(t);
+  } else {
+    t.copy_(c);
+  }
+}
+
+}  // namespace
 
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
   if (!t.defined()) {

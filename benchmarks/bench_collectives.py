@@ -1,15 +1,19 @@
-"""allreduce_ against mpi4py's in-place Allreduce on the same buffer, in the same run.
+"""Our collectives against mpi4py's on the same buffers, in the same run.
 
     mpiexec -n 2 python benchmarks/bench_collectives.py           # 4 KiB .. 64 MiB, powers of 4
     mpiexec -n 2 python benchmarks/bench_collectives.py --quick   # 4 KiB .. 1 MiB, fewer reps
+    mpiexec -n 2 python benchmarks/bench_collectives.py --op allgather   # or reduce_scatter,
+        alltoall (4 KiB .. 16 MiB per rank), grouped (1000 tensors of 1024 floats)
+
+--op allreduce (the default): allreduce_ against the in-place Allreduce.
 
 float32, op sum, one buffer per size used by both. Repetitions alternate between the two
 (ours, theirs, ours, ...) so that a change in machine load hits both alike; each repetition
 times a loop of calls between barriers and takes the slowest rank's time. Reported: the
 median over repetitions of the time per call (microseconds), ours / mpi4py, and the fastest
 repetition of each (a hint of the noise on a shared machine). Rank 0 prints
-one JSON line and writes it to benchmarks/results/bench_collectives.json (--quick:
-bench_collectives.quick.json).
+one JSON line and writes it to benchmarks/results/bench_collectives.json (other ops:
+bench_collectives.<op>.json; --quick: .quick.json).
 """
 
 import argparse
@@ -37,26 +41,124 @@ def timed(fn, iters, comm):
     return comm.allreduce(dt, op=MPI.MAX) / iters
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 KiB .. 1 MiB, 5 repetitions")
-    ap.add_argument(
-        "--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)"
-    )
-    args = ap.parse_args()
+# Row collectives: ours returns a new tensor, so mpi4py gets a new output array per call too
+# (theirs); "theirs_prealloc" reuses one output array, the most mpi4py can do.
+def row_ops(comm, size):
+    """name -> (make(n floats) -> (ours, theirs, theirs_prealloc, check))."""
+    import numpy as np
 
-    torch.set_num_threads(1)
-    fm.Init()
-    comm = MPI.COMM_WORLD
+    def allgather(n):
+        buf = torch.full((n,), float(comm.Get_rank()))
+        arr, out = buf.numpy(), np.empty(n * size, dtype=np.float32)
+        return (
+            functools.partial(fm.allgather, buf),
+            lambda: comm.Allgather(arr, np.empty(n * size, dtype=np.float32)),
+            functools.partial(comm.Allgather, arr, out),
+            lambda: float(fm.allgather(buf)[-1]) == size - 1,
+        )
+
+    def reduce_scatter(n):
+        buf = torch.ones(n)
+        arr, out = buf.numpy(), np.empty(n // size, dtype=np.float32)
+        return (
+            functools.partial(fm.reduce_scatter, buf),
+            lambda: comm.Reduce_scatter_block(arr, np.empty(n // size, dtype=np.float32)),
+            functools.partial(comm.Reduce_scatter_block, arr, out),
+            lambda: float(fm.reduce_scatter(buf)[0]) == size,
+        )
+
+    def alltoall(n):
+        buf = torch.full((n,), float(comm.Get_rank()))
+        arr, out = buf.numpy(), np.empty(n, dtype=np.float32)
+        return (
+            functools.partial(fm.alltoall, buf),
+            lambda: comm.Alltoall(arr, np.empty(n, dtype=np.float32)),
+            functools.partial(comm.Alltoall, arr, out),
+            lambda: float(fm.alltoall(buf)[-1]) == size - 1,
+        )
+
+    return {"allgather": allgather, "reduce_scatter": reduce_scatter, "alltoall": alltoall}
+
+
+def calibrate(fns, comm):
+    """Loop length for about 20 ms per repetition (at least 2 calls); also warms every path."""
+    iters = 1
+    while True:
+        elapsed = timed(fns[-1], iters, comm) * iters
+        for fn in fns[:-1]:
+            timed(fn, iters, comm)
+        if elapsed >= 0.005 or iters >= 4096:
+            break
+        iters *= 2
+    return comm.bcast(max(2, min(4096, int(iters * 0.02 / max(elapsed, 1e-9)))), root=0)
+
+
+def alternate(fns, iters, reps, comm):
+    """Median and fastest time per call of each function, repetitions interleaved."""
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for t, fn in zip(times, fns):
+            t.append(timed(fn, iters, comm))
+    return [statistics.median(t) for t in times], [min(t) for t in times]
+
+
+def bench_rows(op, sizes, reps, comm):
+    size = comm.Get_size()
+    rows = []
+    for nbytes in sizes:
+        n = (nbytes // 4) // size * size  # divisible into equal parts
+        ours, theirs, prealloc, check = row_ops(comm, size)[op](n)
+        assert check(), f"{op} gave a wrong result"
+        iters = calibrate([ours, prealloc, theirs], comm)
+        (mo, mt, mp), (lo, lt, _) = alternate([ours, theirs, prealloc], iters, reps, comm)
+        rows.append(
+            {
+                "bytes": n * 4,
+                "iters": iters,
+                "ours_us": round(mo * 1e6, 2),
+                "mpi4py_us": round(mt * 1e6, 2),
+                "mpi4py_prealloc_us": round(mp * 1e6, 2),
+                "ratio": round(mo / mt, 3),
+                "ratio_prealloc": round(mo / mp, 3),
+                "ours_min_us": round(lo * 1e6, 2),
+                "mpi4py_min_us": round(lt * 1e6, 2),
+            }
+        )
+    return rows
+
+
+def bench_grouped(reps, comm):
+    """grouped_allreduce_ of 1000 tensors of 1024 floats against one allreduce_ of the same
+    bytes (ours and mpi4py's)."""
+    from mpi4py import MPI as _MPI
+
+    tensors = [torch.zeros(1024) for _ in range(1000)]
+    flat = torch.zeros(1024 * 1000)
+    arr = flat.numpy()
+    check = [torch.ones(1024) for _ in range(1000)]
+    fm.grouped_allreduce_(check)
+    assert all(float(t[0]) == comm.Get_size() for t in check), "grouped_allreduce_ is wrong"
+    grouped = functools.partial(fm.grouped_allreduce_, tensors)
+    ours_flat = functools.partial(fm.allreduce_, flat)
+    theirs_flat = functools.partial(comm.Allreduce, _MPI.IN_PLACE, arr, op=_MPI.SUM)
+    iters = calibrate([grouped, ours_flat, theirs_flat], comm)
+    (g, f, t), (gl, fl, tl) = alternate([grouped, ours_flat, theirs_flat], iters, reps, comm)
+    return {
+        "tensors": 1000,
+        "floats_each": 1024,
+        "iters": iters,
+        "grouped_us": round(g * 1e6, 1),
+        "flat_allreduce_us": round(f * 1e6, 1),
+        "mpi4py_flat_us": round(t * 1e6, 1),
+        "ratio_to_flat": round(g / f, 3),
+        "ratio_to_mpi4py_flat": round(g / t, 3),
+        "grouped_min_us": round(gl * 1e6, 1),
+        "flat_min_us": round(fl * 1e6, 1),
+    }
+
+
+def bench_allreduce(sizes, reps, comm):
     rank, size = comm.Get_rank(), comm.Get_size()
-    max_bytes = (1 << 20) if args.quick else (64 << 20)
-    reps = args.reps or (5 if args.quick else 11)
-    sizes = []
-    b = 4 << 10
-    while b <= max_bytes:
-        sizes.append(b)
-        b *= 4
-
     rows = []
     for nbytes in sizes:
         n = nbytes // 4
@@ -75,22 +177,8 @@ def main():
 
         ours = functools.partial(fm.allreduce_, buf)
         theirs = functools.partial(comm.Allreduce, MPI.IN_PLACE, arr, op=MPI.SUM)
-
-        # About 20 ms of work per repetition, at least 2 calls: double the loop until it takes
-        # 5 ms (this also warms both paths up), then scale.
-        iters = 1
-        while True:
-            elapsed = timed(theirs, iters, comm) * iters
-            timed(ours, iters, comm)
-            if elapsed >= 0.005 or iters >= 4096:
-                break
-            iters *= 2
-        iters = comm.bcast(max(2, min(4096, int(iters * 0.02 / max(elapsed, 1e-9)))), root=0)
-        t_ours, t_theirs = [], []
-        for _ in range(reps):
-            t_ours.append(timed(ours, iters, comm))
-            t_theirs.append(timed(theirs, iters, comm))
-        mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
+        iters = calibrate([ours, theirs], comm)
+        (mo, mt), (lo, lt) = alternate([ours, theirs], iters, reps, comm)
         rows.append(
             {
                 "bytes": nbytes,
@@ -98,30 +186,79 @@ def main():
                 "ours_us": round(mo * 1e6, 2),
                 "mpi4py_us": round(mt * 1e6, 2),
                 "ratio": round(mo / mt, 3),
-                "ours_min_us": round(min(t_ours) * 1e6, 2),
-                "mpi4py_min_us": round(min(t_theirs) * 1e6, 2),
+                "ours_min_us": round(lo * 1e6, 2),
+                "mpi4py_min_us": round(lt * 1e6, 2),
             }
+        )
+    return rows
+
+
+WHAT = {
+    "allreduce": "allreduce_ vs mpi4py Allreduce(MPI.IN_PLACE), float32 sum, median time per call",
+    "allgather": "allgather vs mpi4py Allgather (new output per call; prealloc: one output), "
+    "float32, bytes = each rank's input",
+    "reduce_scatter": "reduce_scatter vs mpi4py Reduce_scatter_block (new output per call; "
+    "prealloc: one output), float32 sum, bytes = each rank's input",
+    "alltoall": "alltoall vs mpi4py Alltoall (new output per call; prealloc: one output), "
+    "float32, bytes = each rank's input",
+    "grouped": "grouped_allreduce_ of 1000 x 1024 float32 vs one allreduce_ (and mpi4py "
+    "Allreduce) of the same 4 MB",
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4 KiB .. 1 MiB, 5 repetitions")
+    ap.add_argument(
+        "--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)"
+    )
+    ap.add_argument("--op", choices=sorted(WHAT), default="allreduce", help="what to measure")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    fm.Init()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    max_bytes = (1 << 20) if args.quick else (64 << 20)
+    if args.op in ("allgather", "alltoall", "reduce_scatter") and not args.quick:
+        max_bytes = 16 << 20
+    reps = args.reps or (5 if args.quick else 11)
+    sizes = []
+    b = 4 << 10
+    while b <= max_bytes:
+        sizes.append(b)
+        b *= 4
+
+    result = {
+        "benchmark": "bench_collectives",
+        "op": args.op,
+        "what": WHAT[args.op],
+        "world_size": size,
+        "quick": bool(args.quick),
+        "reps": reps,
+        "mpi_library": fm.build_info()["mpi_library"],
+        "torch": torch.__version__,
+    }
+    if args.op == "grouped":
+        result.update(bench_grouped(reps, comm))
+    else:
+        rows = (
+            bench_allreduce(sizes, reps, comm)
+            if args.op == "allreduce"
+            else bench_rows(args.op, sizes, reps, comm)
+        )
+        big = [r["ratio"] for r in rows if r["bytes"] >= (1 << 20)]
+        result.update(
+            sizes=rows, ratio_4KiB=rows[0]["ratio"], max_ratio_ge_1MiB=max(big) if big else None
         )
 
     if rank == 0:
-        big = [r["ratio"] for r in rows if r["bytes"] >= (1 << 20)]
-        result = {
-            "benchmark": "bench_collectives",
-            "what": "allreduce_ vs mpi4py Allreduce(MPI.IN_PLACE), float32 sum, median time per call",
-            "world_size": size,
-            "quick": bool(args.quick),
-            "reps": reps,
-            "mpi_library": fm.build_info()["mpi_library"],
-            "torch": torch.__version__,
-            "sizes": rows,
-            "ratio_4KiB": rows[0]["ratio"],
-            "max_ratio_ge_1MiB": max(big) if big else None,
-        }
         line = json.dumps(result)
         print(line, flush=True)
         out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
         os.makedirs(out_dir, exist_ok=True)
-        name = "bench_collectives.quick.json" if args.quick else "bench_collectives.json"
+        stem = "bench_collectives" if args.op == "allreduce" else f"bench_collectives.{args.op}"
+        name = f"{stem}.quick.json" if args.quick else f"{stem}.json"
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(line + "\n")
 

@@ -58,7 +58,9 @@ def test_timeout_ends_the_job_with_the_report_on_every_rank():
 def test_rank_killed_by_a_signal_ends_the_job(mode, signame):
     rc, out = launch(mode)
     assert rc != 0, out[-3000:]
-    assert re.search(rf"process rank 1 with PID \d+ on node \S+ exited on signal \d+ \({signame}\)", out), out[-3000:]
+    assert re.search(
+        rf"process rank 1 with PID \d+ on node \S+ exited on signal \d+ \({signame}\)", out
+    ), out[-3000:]
 
 
 def test_sigint_to_mpiexec_ends_the_job():
@@ -81,7 +83,9 @@ def test_sigint_to_mpiexec_ends_the_job():
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=END_WITHIN)
-        print(f"mpiexec ended {time.monotonic() - t0:.1f}s after SIGINT, exit code {proc.returncode}")
+        print(
+            f"mpiexec ended {time.monotonic() - t0:.1f}s after SIGINT, exit code {proc.returncode}"
+        )
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()

@@ -93,7 +93,7 @@ class GradientReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
   std::vector<BucketState> state_;
-  std::vector<std::string> labels_;  // per bucket, the engine work's label
+  std::vector<std::string> labels_;    // per bucket, the engine work's label
   std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
   std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
   std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros

@@ -33,7 +33,7 @@ std::condition_variable g_wd_cv;
 std::int64_t g_calls_started = 0;
 int g_calls_active = 0;
 const char* g_wd_what = "";
-const char* g_wd_call = "";              // the user call it is part of (runtime/user_call.h), or ""
+const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h), or ""
 // For stall reports: the engine work's label (copied: the Work may go before the watchdog
 // reads it) and when the current call began or the last one ended.
 char g_wd_label[160] = "";

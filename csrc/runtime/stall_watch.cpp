@@ -57,8 +57,8 @@ struct Round {
   std::vector<std::optional<Answer>> answers;
 };
 Round g_round;
-std::int64_t g_tracked_call = -1;  // the call the reports are about
-double g_next_report_s = 0;        // wait at which the next report is due
+std::int64_t g_tracked_call = -1;                        // the call the reports are about
+double g_next_report_s = 0;                              // wait at which the next report is due
 std::list<std::pair<std::string, MPI_Request>> g_sends;  // nodes keep buffers in place
 
 std::string fmt_s(double s) {
@@ -110,8 +110,7 @@ std::pair<std::string, std::string> python_stack() {
   const std::uint64_t ticket = ++g_st_asked;
   g_st_cv.notify_all();
   auto wait = std::chrono::duration<double>(kStackWait_s);
-  if (!g_st_cv.wait_for(lk, wait, [&] { return g_st_answered >= ticket || g_st_stop; }))
-    return {};
+  if (!g_st_cv.wait_for(lk, wait, [&] { return g_st_answered >= ticket || g_st_stop; })) return {};
   if (g_st_answered < ticket) return {};
   return {g_st_stack, g_st_site};
 }
@@ -199,8 +198,8 @@ std::string describe_rank(int r, const Answer& a) {
 
 // The report of a closed round, about call `call` (0-based), as this rank sees it.
 // `lowest_waiting` tells whether this rank is the lowest one that waits in the call.
-std::string build_report(const Round& round, std::int64_t call, int rank, int size,
-                         bool timed_out, bool* lowest_waiting) {
+std::string build_report(const Round& round, std::int64_t call, int rank, int size, bool timed_out,
+                         bool* lowest_waiting) {
   std::vector<int> waiting, absent, finished, silent;
   for (int r = 0; r < size; ++r) {
     const Answer* a = r == rank ? &round.mine : (round.answers[r] ? &*round.answers[r] : nullptr);
@@ -235,10 +234,15 @@ std::string build_report(const Round& round, std::int64_t call, int rank, int si
     out += "  the timeout is " + fmt_s(timeout) +
            " (fluxmpi_py.Init(timeout=...) or FLUXMPI_TIMEOUT): aborting the job";
   } else {
-    out += "  next report at " + fmt_s(g_next_report_s * 2) + " of waiting; ";
+    const double next = g_next_report_s * 2;
+    if (timeout <= 0 || next < timeout)
+      out += "  next report at " + fmt_s(next) + " of waiting; ";
+    else
+      out += "  ";
     out += timeout > 0 ? "the job is aborted at " + fmt_s(timeout) : std::string("no timeout");
-    out += " (fluxmpi_py.Init(stall_warning=..., timeout=...), FLUXMPI_STALL_WARNING, "
-           "FLUXMPI_TIMEOUT)";
+    out +=
+        " (fluxmpi_py.Init(stall_warning=..., timeout=...), FLUXMPI_STALL_WARNING, "
+        "FLUXMPI_TIMEOUT)";
   }
   return out;
 }
@@ -262,9 +266,8 @@ void open_round(const CallStatus& me, MPI_Comm control, int rank, int size, bool
     isend(control, r, kStatusRequestTag, std::move(id));
   }
   g_round.mine = local_answer(me);
-  g_round.deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(kReplyWait_s));
+  g_round.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(kReplyWait_s));
 }
 
 void answer_requests(const CallStatus& me, MPI_Comm control) {

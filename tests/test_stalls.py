@@ -102,3 +102,20 @@ def test_dataloader_worker_raising_on_one_rank_ends_the_job():
     assert rc != 0, out[-3000:]
     assert "OSError: deliberate failure in a DataLoader worker reading item" in out, out[-3000:]
     assert "[rank 1 / 2] uncaught OSError, aborting the job" in out, out[-3000:]
+
+
+def test_settings_come_from_init_then_the_environment(monkeypatch):
+    from fluxmpi_py import _stall
+
+    monkeypatch.setenv("FLUXMPI_STALL_WARNING", "7.5")
+    monkeypatch.setenv("FLUXMPI_TIMEOUT", "none")
+    assert _stall.settings() == (7.5, 0.0)
+    assert _stall.settings(stall_warning=None, timeout=30) == (0.0, 30.0)
+    monkeypatch.delenv("FLUXMPI_STALL_WARNING")
+    monkeypatch.delenv("FLUXMPI_TIMEOUT")
+    assert _stall.settings() == (60.0, 1800.0)
+    monkeypatch.setenv("FLUXMPI_TIMEOUT", "ten minutes")
+    with pytest.raises(ValueError, match=r"FLUXMPI_TIMEOUT: timeout must be a number of seconds"):
+        _stall.settings()
+    with pytest.raises(ValueError, match=r"Init\(stall_warning=...\): stall_warning must be >= 0"):
+        _stall.settings(stall_warning=-1)

@@ -1,20 +1,30 @@
 """Training-step time on 2 ranks: ours against the raw-MPI limit, DDP on gloo, one MPI call per
 tensor and no communication, all measured in the same launch, interleaved.
 
-    mpiexec -n 2 python benchmarks/bench_train_step.py [--quick]
+    mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first]
+    python benchmarks/bench_train_step.py --import-orders [--quick]   # no mpiexec: a driver
 
 Prints one JSON line (rank 0): per workload, each variant's median step time in ms (the slowest
 rank's median, the median over rounds that run the variants in a shuffled order) and the
-ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours.
+ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours, plus how MPI waits
+(build_info()["mpi_wait"]). ``--mpi4py-first`` imports mpi4py, which starts MPI, before
+fluxmpi_py (the order ``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2
+ranks, alternating, on ResNet-50 shapes, and prints them side by side in one JSON line.
 """
 
 import argparse
+import json
 import os
 import random
+import subprocess
 import sys
 
 import torch
 import torch.nn as nn
+
+if "--mpi4py-first" in sys.argv:
+    from mpi4py import MPI  # noqa: F401  (starts MPI before fluxmpi_py is imported)
+USER_ENV = dict(os.environ)  # before `import fluxmpi_py` adds its Open MPI setting
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, median_time, resnet50_param_shapes, set_threads  # noqa: E402
@@ -155,12 +165,48 @@ def train_steps(make_model, x, y, comm, size):
     return variants, m1, o1
 
 
+def import_orders(args):
+    """Launch both import orders on 2 ranks, alternating `--pairs` times; emit them side by
+    side (per order: the median over launches of each variant's step ms). A third order,
+    mpi4py first with OMPI_MCA_mpi_yield_when_idle=0, shows what busy-polling costs."""
+    orders = {"fluxmpi_py_first": [], "mpi4py_first": [], "mpi4py_first_polling": []}
+    for _ in range(args.pairs):
+        for order, runs in orders.items():
+            env = dict(USER_ENV)
+            if order.endswith("polling"):
+                env["OMPI_MCA_mpi_yield_when_idle"] = "0"
+            cmd = ["mpiexec", "-n", "2", "--oversubscribe", sys.executable, __file__]
+            cmd += ["--workloads", "resnet50_shapes", "--port", str(args.port)]
+            cmd += ["--quick"] if args.quick else []
+            cmd += ["--mpi4py-first"] if order.startswith("mpi4py_first") else []
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+    result = {"bench": "train_step_import_order", "launches_per_order": args.pairs}
+    for order, runs in orders.items():
+        recs = [r["workloads"]["resnet50_shapes"] for r in runs]
+        ms = {k: sorted(r["step_ms"][k] for r in recs)[len(recs) // 2] for k in recs[0]["step_ms"]}
+        result[order] = {
+            "mpi_wait": runs[0]["mpi_wait"],
+            "step_ms": ms,
+            "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
+            "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
+            "ours_over_raw_mpi_per_launch": [r["ours_over_raw_mpi"] for r in recs],
+        }
+    emit("bench_train_step_import_order", result, 0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--mpi4py-first", action="store_true", help="start MPI before fluxmpi_py")
+    ap.add_argument("--workloads", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--import-orders", action="store_true", help="both orders, side by side")
+    ap.add_argument("--pairs", type=int, default=3, help="--import-orders: launches per order")
     args = ap.parse_args()
+    if args.import_orders:
+        return import_orders(args)
     set_threads()
     fm.Init()
     import torch.distributed as dist
@@ -179,10 +225,15 @@ def main():
         "threads_per_rank": torch.get_num_threads(),
         "torch": torch.__version__,
         "mpi": fm.build_info()["mpi_library"].split(",")[0],
+        "import_order": "mpi4py_first" if args.mpi4py_first else "fluxmpi_py_first",
+        "mpi_wait": fm.build_info()["mpi_wait"],
         "workloads": {},
     }
 
+    wanted = set(filter(None, args.workloads.split(",")))
     for name, (make_model, make_x, make_y) in workloads(args.quick).items():
+        if wanted and name not in wanted:
+            continue
         torch.manual_seed(0)
         x, y = make_x(), (make_y() if make_y else None)
         variants, m1, o1 = train_steps(make_model, x, y, comm, size)
@@ -211,7 +262,8 @@ def main():
         result["workloads"][name] = rec
         del variants
     dist.destroy_process_group()
-    emit("bench_train_step", result, rank)
+    # a selection (the import-order driver's launches) leaves the full results file alone
+    emit("bench_train_step" + ("_selected" if wanted else ""), result, rank)
 
 
 if __name__ == "__main__":

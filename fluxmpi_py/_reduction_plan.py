@@ -81,6 +81,7 @@ class ReductionPlan:
         # Backward produces gradients roughly in reverse registration order: plan buckets so.
         self.order = [p for p, f in zip(params, flags) if f][::-1]
         self.reducer = C.GradientReducer(self.order, self._reducer_options(self._hash))
+        self.reducer.name_parameters([n for n, f in zip(names, flags) if f][::-1])
         self.reducer.watch_requires_grad(params)
         return [p for p in self.order if id(p) not in before]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _dataloader_check, _excepthooks
+from . import _dataloader_check, _excepthooks, _stall
 from ._loader import C
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -49,25 +49,39 @@ def _at_exit():
         C.shutdown()
 
 
-def Init(gpu_devices: Sequence[int] | None = None, verbose: bool = False, comm=None) -> None:
+def Init(
+    gpu_devices: Sequence[int] | None = None,
+    verbose: bool = False,
+    comm=None,
+    stall_warning=_stall._UNSET,
+    timeout=_stall._UNSET,
+) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
     Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.
     ``comm`` takes an mpi4py communicator to run on a subset of ranks. When CUDA is available
     each rank takes GPU ``gpu_devices[node_local_rank()]``, or ``node_local_rank() % count``.
+    A collective that has waited ``stall_warning`` seconds (default 60, or
+    ``FLUXMPI_STALL_WARNING``) prints a report naming the ranks that have not entered it and
+    what they are doing; after ``timeout`` seconds (default 1800, or ``FLUXMPI_TIMEOUT``) the
+    job is aborted with that report. ``None`` (or 0) disables either.
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
     >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
     (True, True)
     """
+    warning_s, timeout_s = _stall.settings(stall_warning, timeout)
     with _lock:
         first = not C.initialized()
         C.init(_comm_handle(comm))
+        if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
+            C.set_stall_settings(warning_s, timeout_s)
         if not first:
             return
         atexit.register(_at_exit)
         if C.size() > 1:
+            _stall.start_stack_thread()
             _excepthooks.install()
             _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
         if torch.cuda.is_available():
@@ -149,4 +163,5 @@ def build_info() -> dict:
         "nccl": C.nccl_version() or None,
         "cuda_mpi_enabled": cudampi_enabled(),
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
+        "mpi_wait": C.wait_policy() or None,
     }

@@ -75,6 +75,25 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   present_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
   zeros_.resize(params_.size());
+  name_parameters({});
+}
+
+void GradientReducer::name_parameters(const std::vector<std::string>& names) {
+  constexpr std::size_t kNamed = 3;  // first parameter names a label shows
+  labels_.clear();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    std::string label =
+        "gradient bucket " + std::to_string(b + 1) + " of " + std::to_string(buckets_.size());
+    const auto& members = buckets_[b].members;
+    for (std::size_t k = 0; k < members.size() && k < kNamed; ++k) {
+      auto i = static_cast<std::size_t>(members[k]);
+      if (i >= names.size()) break;
+      label += (k ? ", " : ": ") + names[i];
+      if (k + 1 == kNamed && members.size() > kNamed)
+        label += " (+" + std::to_string(members.size() - kNamed) + " more)";
+    }
+    labels_.push_back(std::move(label));
+  }
 }
 
 void GradientReducer::watch_requires_grad(std::vector<at::Tensor> tensors) {
@@ -196,28 +215,27 @@ void GradientReducer::launch(std::int64_t b) {
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work =
-      Engine::get().submit("gradient bucket", [t, op, comp, world, failed, to_scale, direct] {
-        if (failed->load()) return;  // the step's agreement failed: move no data
-        try {
-          for (const auto& s : to_scale) s.mul_(1.0 / world);
-          Backend& be = backend_for(t);
-          // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
-          // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-          const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-          if (comp && *comp != t.scalar_type()) {
-            // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-            at::Tensor h = t.to(*comp);
-            allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-            t.copy_(h);
-          } else {
-            allreduce_data(be, t, wire_op, world);
-          }
-        } catch (...) {
-          failed->store(true);
-          throw;
-        }
-      });
+  state_[b].work = Engine::get().submit(labels_[b], [t, op, comp, world, failed, to_scale, direct] {
+    if (failed->load()) return;  // the step's agreement failed: move no data
+    try {
+      for (const auto& s : to_scale) s.mul_(1.0 / world);
+      Backend& be = backend_for(t);
+      // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
+      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+      if (comp && *comp != t.scalar_type()) {
+        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+        at::Tensor h = t.to(*comp);
+        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
+        t.copy_(h);
+      } else {
+        allreduce_data(be, t, wire_op, world);
+      }
+    } catch (...) {
+      failed->store(true);
+      throw;
+    }
+  });
 }
 
 void GradientReducer::launch_ready() {

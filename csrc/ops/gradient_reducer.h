@@ -63,6 +63,10 @@ class GradientReducer {
   void watch_requires_grad(std::vector<at::Tensor> tensors);
   bool requires_grad_changed() const;
 
+  // Name the parameters (same order as the constructor's) for stall reports: each bucket's
+  // collective is then labelled "gradient bucket 2 of 5: fc.weight, fc.bias".
+  void name_parameters(const std::vector<std::string>& names);
+
   std::int64_t num_buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
   const std::vector<Bucket>& plan() const { return buckets_; }
   // Buckets launched before finalize() in the last step: the overlap with backward.
@@ -89,6 +93,7 @@ class GradientReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
   std::vector<BucketState> state_;
+  std::vector<std::string> labels_;    // per bucket, the engine work's label
   std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
   std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
   std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros

@@ -104,6 +104,7 @@ void bind_gradients(py::module_& m) {
            }),
            py::arg("params"), py::arg("options"))
       .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"))
+      .def("name_parameters", &GradientReducer::name_parameters, py::arg("names"))
       .def("finalize", &GradientReducer::finalize, py::arg("flag") = false,
            py::call_guard<py::gil_scoped_release>())
       .def("watch_requires_grad", &GradientReducer::watch_requires_grad, py::arg("tensors"))

@@ -6,7 +6,9 @@
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/stall_watch.h"
 #include "runtime/user_call.h"
+#include "runtime/wait_policy.h"
 
 namespace py = pybind11;
 
@@ -21,6 +23,10 @@ void bind_runtime(py::module_& m) {
       py::arg("code") = 1);
   m.def("meet_before_abort", &meet_before_abort, py::arg("timeout_s"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("set_stall_settings", &set_stall_settings, py::arg("warning_s"), py::arg("timeout_s"));
+  m.def("stall_settings", [] { return py::make_tuple(stall_warning_s(), stall_timeout_s()); });
+  m.def("wait_stack_request", &wait_stack_request, py::call_guard<py::gil_scoped_release>());
+  m.def("post_stack", &post_stack, py::arg("stack"), py::arg("site"));
   m.def("enter_user_call", &enter_user_call, py::arg("name"));
   m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });
@@ -29,6 +35,7 @@ void bind_runtime(py::module_& m) {
   m.def("node_size", [] { return env().node_size; });
   m.def("thread_level", [] { return env().thread_level; });
   m.def("mpi_library_version", &mpi_library_version);
+  m.def("wait_policy", [] { return wait_policy(); });
   m.def("mpi_standard_version", &mpi_standard_version);
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);

@@ -6,6 +6,7 @@ namespace {
 // True on the engine thread, so that run_inline() from inside submitted work does not wait
 // for the very work it is part of.
 thread_local bool t_on_engine_thread = false;
+thread_local const char* t_work_label = "";
 
 std::exception_ptr run_catching(const std::function<void()>& fn) {
   try {
@@ -16,6 +17,8 @@ std::exception_ptr run_catching(const std::function<void()>& fn) {
   return nullptr;
 }
 }  // namespace
+
+const char* running_work_label() { return t_work_label; }
 
 void Work::wait() {
   std::unique_lock<std::mutex> lk(mu_);
@@ -106,7 +109,9 @@ void Engine::loop() {
     std::exception_ptr err;
     {
       UserCall named(item.first->user_call_name());
+      t_work_label = item.first->what().c_str();
       err = run_catching(item.second);
+      t_work_label = "";
     }
     item.second = nullptr;  // drop captured tensors on this thread, before waking waiters
     item.first->finish(err);

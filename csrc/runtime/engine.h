@@ -39,6 +39,10 @@ class Work {
   std::exception_ptr error_;
 };
 
+// The label of the engine work running on this thread ("gradient bucket 3 of 9: fc.weight"),
+// or "" outside engine work: the stall report names the collective by it.
+const char* running_work_label();
+
 class Engine {
  public:
   static Engine& get();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -13,7 +14,9 @@
 #include <unistd.h>
 
 #include "runtime/engine.h"
+#include "runtime/stall_watch.h"
 #include "runtime/user_call.h"
+#include "runtime/wait_policy.h"
 
 namespace fluxmpi {
 namespace {
@@ -30,7 +33,11 @@ std::condition_variable g_wd_cv;
 std::int64_t g_calls_started = 0;
 int g_calls_active = 0;
 const char* g_wd_what = "";
-const char* g_wd_call = "";              // the user call it is part of (runtime/user_call.h), or ""
+const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h), or ""
+// For stall reports: the engine work's label (copied: the Work may go before the watchdog
+// reads it) and when the current call began or the last one ended.
+char g_wd_label[160] = "";
+std::chrono::steady_clock::time_point g_wd_since = std::chrono::steady_clock::now();
 std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
 bool g_wd_stop = false;
 std::thread g_wd_thread;
@@ -65,14 +72,38 @@ void receive_exit_notices() {
   }
 }
 
+// This rank's status for stall reports (called with g_wd_mu held).
+CallStatus call_status() {
+  CallStatus s;
+  s.started = g_calls_started;
+  s.active = g_calls_active > 0;
+  s.for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_wd_since).count();
+  s.kind = g_wd_what;
+  s.call = g_wd_call;
+  s.detail = g_wd_label;
+  return s;
+}
+
 void watchdog_loop() {
   std::unique_lock<std::mutex> lk(g_wd_mu);
+  double tick_s = 1.0;
   while (!g_wd_stop) {
-    // One wake-up a second (measured cost: none visible in the step benchmarks). Waking the
-    // watchdog from every BlockingCall instead would put a futex call on each collective.
-    g_wd_cv.wait_for(lk, std::chrono::seconds(1));
+    // One wake-up a second, more often only while a stall report is being gathered (measured
+    // cost: none visible in the step benchmarks). Waking the watchdog from every
+    // BlockingCall instead would put a futex call on each collective.
+    g_wd_cv.wait_for(lk, std::chrono::duration<double>(tick_s));
     if (g_wd_stop) break;
     receive_exit_notices();
+    {
+      // The stall protocol talks to other ranks and waits for the Python stack: unlocked.
+      CallStatus me = call_status();
+      lk.unlock();
+      StallAction act = stall_tick(me, g_env.control, g_env.rank, g_env.size);
+      if (act.abort) abort_job(act.abort_why);
+      tick_s = act.next_tick_s;
+      lk.lock();
+      if (g_wd_stop) break;
+    }
     if (g_calls_active == 0) continue;
     // The call in flight is number g_calls_started - 1 (counting from 0) on every rank. A
     // rank that completed no more calls than that never entered it and never will.
@@ -92,6 +123,7 @@ void watchdog_loop() {
 
 void start_watchdog() {
   g_exit_count.assign(g_env.size, -1);
+  reset_stall_watch(g_env.size);
   g_calls_started = 0;
   g_calls_active = 0;
   if (g_env.size <= 1 || g_env.thread_level < MPI_THREAD_MULTIPLE) return;
@@ -105,6 +137,7 @@ void stop_watchdog() {
     g_wd_stop = true;
   }
   g_wd_cv.notify_all();
+  stop_stack_requests();
   if (g_wd_thread.joinable()) g_wd_thread.join();
 }
 
@@ -145,6 +178,8 @@ BlockingCall::BlockingCall(const char* what) {
   ++g_calls_started;
   g_wd_what = what;
   g_wd_call = user_call();
+  std::strncpy(g_wd_label, running_work_label(), sizeof g_wd_label - 1);
+  g_wd_since = std::chrono::steady_clock::now();
   ++g_calls_active;
 }
 
@@ -152,6 +187,7 @@ BlockingCall::~BlockingCall() {
   if (g_env.size <= 1) return;
   std::lock_guard<std::mutex> lk(g_wd_mu);
   --g_calls_active;
+  g_wd_since = std::chrono::steady_clock::now();
 }
 
 bool initialized() { return g_initialized; }
@@ -184,6 +220,7 @@ void init(std::intptr_t comm_handle) {
     g_env.we_initialized_mpi = true;
   }
   MPI_Query_thread(&g_env.thread_level);
+  apply_wait_policy();  // whoever started MPI: no busy-polling that steals backward's core
   // Below SERIALIZED only the thread that initialized MPI may call it: no engine thread then.
   Engine::get().set_synchronous(g_env.thread_level < MPI_THREAD_SERIALIZED);
   TORCH_CHECK(requested != MPI_COMM_NULL,
@@ -214,6 +251,7 @@ void shutdown() {
   if (fin) return;  // somebody finalized MPI under us; there is nothing left to free
   if (g_env.size > 1) exchange_exit_notices();
   // Every rank is here (after the exit handshake): collective teardown is safe.
+  drop_stall_messages();
   const auto& hooks = shutdown_hooks();
   for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
   MPI_Comm_free(&g_env.comm);

@@ -36,6 +36,7 @@ def case_build_info():
         "nccl",
         "cuda_mpi_enabled",
         "thread_multiple",
+        "mpi_wait",
     }
     assert info["torch"] == torch.__version__
     assert torch.__version__.startswith(info["compiled_torch"])
@@ -45,6 +46,7 @@ def case_build_info():
     assert info["cuda"] == torch.version.cuda
     assert info["compiled_with_cuda"] or info["nccl"] is None
     assert isinstance(info["thread_multiple"], bool)
+    assert info["mpi_wait"].startswith("yield ("), info["mpi_wait"]  # Open MPI, imported first
 
 
 def case_print():

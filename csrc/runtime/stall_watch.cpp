@@ -1,0 +1,418 @@
+#include "runtime/stall_watch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <unistd.h>
+
+namespace fluxmpi {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kStatusRequestTag = 7002;  // payload: the round's id (int64)
+constexpr int kStatusReplyTag = 7003;    // payload: a serialized Answer
+constexpr int kAbortTag = 7004;          // payload: the report to print before the job ends
+constexpr double kReplyWait_s = 3.0;     // a round waits this long for answers
+constexpr double kStackWait_s = 1.5;     // and a rank this long for its Python stack
+constexpr char kSep = '\x1e';
+
+std::atomic<double> g_warning_s{60.0};
+std::atomic<double> g_timeout_s{1800.0};
+
+// The Python stack bridge.
+std::mutex g_st_mu;
+std::condition_variable g_st_cv;
+std::uint64_t g_st_asked = 0, g_st_answered = 0, g_st_taken = 0;
+bool g_st_listening = false;  // a Python thread is waiting for requests
+bool g_st_stop = false;
+std::string g_st_stack, g_st_site;
+
+// One rank's answer to a status request.
+struct Answer {
+  std::int64_t round = -1;
+  CallStatus status;
+  std::string stack;  // its main thread's Python stack, or "" when it could not be taken
+  std::string site;   // the innermost frame outside fluxmpi_py: "train.py:42 in main"
+};
+
+// Round state, touched by the watchdog thread only.
+struct Round {
+  bool open = false;
+  bool final = false;  // the timeout's round: abort once it closes
+  std::int64_t id = 0;
+  Clock::time_point deadline;
+  Answer mine;
+  std::vector<std::optional<Answer>> answers;
+};
+Round g_round;
+std::int64_t g_tracked_call = -1;                        // the call the reports are about
+double g_next_report_s = 0;                              // wait at which the next report is due
+std::list<std::pair<std::string, MPI_Request>> g_sends;  // nodes keep buffers in place
+
+std::string fmt_s(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, s < 10 ? "%.1f s" : "%.0f s", s);
+  return buf;
+}
+
+std::string serialize(const Answer& a) {
+  const auto& s = a.status;
+  std::string out;
+  for (const std::string& f :
+       {std::to_string(a.round), std::to_string(s.started), std::string(s.active ? "1" : "0"),
+        std::to_string(s.for_s), s.kind, s.call, s.detail, a.stack, a.site}) {
+    out += f;
+    out += kSep;
+  }
+  return out;
+}
+
+std::optional<Answer> deserialize(const std::string& in) {
+  std::vector<std::string> f;
+  std::size_t pos = 0;
+  for (std::size_t next; (next = in.find(kSep, pos)) != std::string::npos; pos = next + 1)
+    f.push_back(in.substr(pos, next - pos));
+  if (f.size() != 9) return std::nullopt;
+  Answer a;
+  try {
+    a.round = std::stoll(f[0]);
+    a.status.started = std::stoll(f[1]);
+    a.status.active = f[2] == "1";
+    a.status.for_s = std::stod(f[3]);
+  } catch (...) {
+    return std::nullopt;
+  }
+  a.status.kind = f[4];
+  a.status.call = f[5];
+  a.status.detail = f[6];
+  a.stack = f[7];
+  a.site = f[8];
+  return a;
+}
+
+// Ask this rank's Python thread for its stack; "" when none answers within kStackWait_s (no
+// thread, or the interpreter holds the GIL in C code).
+std::pair<std::string, std::string> python_stack() {
+  std::unique_lock<std::mutex> lk(g_st_mu);
+  if (!g_st_listening || g_st_stop) return {};
+  const std::uint64_t ticket = ++g_st_asked;
+  g_st_cv.notify_all();
+  auto wait = std::chrono::duration<double>(kStackWait_s);
+  if (!g_st_cv.wait_for(lk, wait, [&] { return g_st_answered >= ticket || g_st_stop; })) return {};
+  if (g_st_answered < ticket) return {};
+  return {g_st_stack, g_st_site};
+}
+
+void isend(MPI_Comm comm, int to, int tag, std::string payload) {
+  g_sends.emplace_back(std::move(payload), MPI_REQUEST_NULL);
+  auto& [buf, req] = g_sends.back();
+  MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, to, tag, comm, &req);
+}
+
+void reap_sends() {
+  for (auto it = g_sends.begin(); it != g_sends.end();) {
+    int done = 0;
+    MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
+    it = done ? g_sends.erase(it) : std::next(it);
+  }
+}
+
+// Receive one pending message with `tag` from any rank, if there is one.
+std::optional<std::pair<int, std::string>> receive(MPI_Comm comm, int tag) {
+  int flag = 0;
+  MPI_Status st;
+  MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st);
+  if (!flag) return std::nullopt;
+  int n = 0;
+  MPI_Get_count(&st, MPI_CHAR, &n);
+  std::string buf(static_cast<std::size_t>(std::max(n, 0)), '\0');
+  MPI_Recv(buf.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+  return std::make_pair(st.MPI_SOURCE, std::move(buf));
+}
+
+Answer local_answer(const CallStatus& me) {
+  Answer a;
+  a.status = me;
+  std::tie(a.stack, a.site) = python_stack();
+  return a;
+}
+
+std::string call_label(const CallStatus& s) {
+  std::string out = s.kind.empty() ? "collective" : s.kind;
+  if (!s.detail.empty() && s.detail != s.kind) out += ", " + s.detail;
+  if (!s.call.empty()) out += ", of " + s.call;
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& rs) {
+  std::string out = rs.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + std::to_string(rs[i]);
+  return out;
+}
+
+std::string indented(const std::string& text, const std::string& pad) {
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    out += pad + text.substr(pos, nl - pos) + "\n";
+    pos = nl + 1;
+  }
+  return out;
+}
+
+// What rank `r` is doing, in one line plus its Python stack.
+std::string describe_rank(int r, const Answer& a) {
+  const auto& s = a.status;
+  std::string out = "  rank " + std::to_string(r) + ": ";
+  if (s.active) {
+    out += "inside collective call #" + std::to_string(s.started) + " (" + call_label(s) +
+           ") for " + fmt_s(s.for_s);
+  } else {
+    out += "in user code for " + fmt_s(s.for_s);
+    out += s.started > 0 ? ", since it completed collective call #" + std::to_string(s.started) +
+                               " (" + call_label(s) + ")"
+                         : ", and it has completed no collective call yet";
+  }
+  if (!a.stack.empty()) {
+    out += "; its Python stack (most recent call last):\n" + indented(a.stack, "      ");
+  } else {
+    out += "; its Python stack could not be taken (no answer from its Python thread within " +
+           fmt_s(kStackWait_s) + ": it may be holding the GIL in C code)\n";
+  }
+  return out;
+}
+
+// The report of a closed round, about call `call` (0-based), as this rank sees it.
+// `lowest_waiting` tells whether this rank is the lowest one that waits in the call.
+std::string build_report(const Round& round, std::int64_t call, int rank, int size, bool timed_out,
+                         bool* lowest_waiting) {
+  std::vector<int> waiting, absent, finished, silent;
+  for (int r = 0; r < size; ++r) {
+    const Answer* a = r == rank ? &round.mine : (round.answers[r] ? &*round.answers[r] : nullptr);
+    if (!a) {
+      silent.push_back(r);
+    } else if (a->status.active && a->status.started - 1 == call) {
+      waiting.push_back(r);
+    } else if (a->status.started - 1 >= call) {
+      finished.push_back(r);
+    } else {
+      absent.push_back(r);
+    }
+  }
+  *lowest_waiting = !waiting.empty() && waiting.front() == rank;
+  const auto& me = round.mine;
+  std::string out = "fluxmpi_py: ";
+  out += timed_out ? "timeout" : "stall";
+  out += ": collective call #" + std::to_string(call + 1) + " (" + call_label(me.status) + ")";
+  if (!me.site.empty()) out += ", issued at " + me.site + ",";
+  out += " has waited " + fmt_s(me.status.for_s) + " on rank " + std::to_string(rank) + "\n";
+  if (!absent.empty()) out += "  not entered it: " + ranks_text(absent) + "\n";
+  if (!silent.empty())
+    out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_text(silent) +
+           " (hung outside Python, killed, or its host or network link is down)\n";
+  out += "  waiting in it: " + ranks_text(waiting) + "\n";
+  if (!finished.empty()) out += "  done with it: " + ranks_text(finished) + "\n";
+  if (absent.empty() && silent.empty())
+    out += "  every rank has entered it: the transfer itself is slow or lost\n";
+  for (int r : absent) out += describe_rank(r, *round.answers[r]);
+  const double timeout = g_timeout_s.load();
+  if (timed_out) {
+    out += "  the timeout is " + fmt_s(timeout) +
+           " (fluxmpi_py.Init(timeout=...) or FLUXMPI_TIMEOUT): aborting the job";
+  } else {
+    const double next = g_next_report_s * 2;
+    if (timeout <= 0 || next < timeout)
+      out += "  next report at " + fmt_s(next) + " of waiting; ";
+    else
+      out += "  ";
+    out += timeout > 0 ? "the job is aborted at " + fmt_s(timeout) : std::string("no timeout");
+    out +=
+        " (fluxmpi_py.Init(stall_warning=..., timeout=...), FLUXMPI_STALL_WARNING, "
+        "FLUXMPI_TIMEOUT)";
+  }
+  return out;
+}
+
+void write_stderr(const std::string& text) {
+  for (std::size_t done = 0; done < text.size();) {
+    ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void open_round(const CallStatus& me, MPI_Comm control, int rank, int size, bool final) {
+  g_round.open = true;
+  g_round.final = final;
+  ++g_round.id;
+  g_round.answers.assign(size, std::nullopt);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    std::string id = std::to_string(g_round.id);
+    isend(control, r, kStatusRequestTag, std::move(id));
+  }
+  g_round.mine = local_answer(me);
+  g_round.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(kReplyWait_s));
+}
+
+void answer_requests(const CallStatus& me, MPI_Comm control) {
+  std::vector<std::pair<int, std::int64_t>> asks;
+  while (auto msg = receive(control, kStatusRequestTag)) {
+    try {
+      asks.emplace_back(msg->first, std::stoll(msg->second));
+    } catch (...) {
+    }
+  }
+  if (asks.empty()) return;
+  Answer a = local_answer(me);
+  for (const auto& [from, id] : asks) {
+    a.round = id;
+    isend(control, from, kStatusReplyTag, serialize(a));
+  }
+}
+
+void collect_answers(MPI_Comm control) {
+  while (auto msg = receive(control, kStatusReplyTag)) {
+    auto a = deserialize(msg->second);
+    if (a && g_round.open && a->round == g_round.id) g_round.answers[msg->first] = std::move(*a);
+  }
+}
+
+}  // namespace
+
+void set_stall_settings(double warning_s, double timeout_s) {
+  g_warning_s = warning_s;
+  g_timeout_s = timeout_s;
+}
+
+double stall_warning_s() { return g_warning_s.load(); }
+double stall_timeout_s() { return g_timeout_s.load(); }
+
+bool wait_stack_request() {
+  std::unique_lock<std::mutex> lk(g_st_mu);
+  g_st_listening = true;
+  g_st_cv.wait(lk, [] { return g_st_asked > g_st_taken || g_st_stop; });
+  if (g_st_stop) {
+    g_st_listening = false;
+    return false;
+  }
+  g_st_taken = g_st_asked;
+  return true;
+}
+
+void post_stack(std::string stack, std::string site) {
+  {
+    std::lock_guard<std::mutex> lk(g_st_mu);
+    g_st_stack = std::move(stack);
+    g_st_site = std::move(site);
+    g_st_answered = g_st_taken;
+  }
+  g_st_cv.notify_all();
+}
+
+void stop_stack_requests() {
+  {
+    std::lock_guard<std::mutex> lk(g_st_mu);
+    g_st_stop = true;
+  }
+  g_st_cv.notify_all();
+}
+
+void reset_stall_watch(int size) {
+  g_round = Round{};
+  g_round.answers.assign(size, std::nullopt);
+  g_tracked_call = -1;
+  g_next_report_s = 0;
+  std::lock_guard<std::mutex> lk(g_st_mu);
+  g_st_stop = false;
+}
+
+StallAction stall_tick(const CallStatus& me, MPI_Comm control, int rank, int size) {
+  StallAction act;
+  reap_sends();
+  if (auto msg = receive(control, kAbortTag)) {
+    // The reporter's text, as this rank's error: "fluxmpi_py: timeout (reported by rank 0): ..."
+    act.abort = true;
+    act.abort_why = msg->second;
+    const std::string head = "fluxmpi_py: timeout";
+    if (act.abort_why.compare(0, head.size(), head) == 0)
+      act.abort_why.insert(head.size(), " (reported by rank " + std::to_string(msg->first) + ")");
+    return act;
+  }
+  answer_requests(me, control);
+  const double warning = g_warning_s.load(), timeout = g_timeout_s.load();
+  if (!me.active) {
+    g_round.open = false;
+    g_tracked_call = -1;
+    return act;
+  }
+  const std::int64_t call = me.started - 1;
+  if (call != g_tracked_call) {
+    g_tracked_call = call;
+    g_round.open = false;
+    g_next_report_s = warning;
+  }
+  if (g_round.open) {
+    collect_answers(control);
+    bool all = true;
+    for (int r = 0; r < size; ++r) all = all && (r == rank || g_round.answers[r].has_value());
+    if (all || Clock::now() >= g_round.deadline) {
+      g_round.open = false;
+      bool lowest = false;
+      std::string report = build_report(g_round, call, rank, size, g_round.final, &lowest);
+      const std::string prefix =
+          "[rank " + std::to_string(rank) + " / " + std::to_string(size) + "] ";
+      if (g_round.final) {
+        // This rank's error first (the first abort ends every rank), then every rank that can
+        // still read its messages prints the report as its error.
+        write_stderr(prefix + report + "\n");
+        for (int r = 0; r < size; ++r)
+          if (r != rank) isend(control, r, kAbortTag, report);
+        auto until = Clock::now() + std::chrono::seconds(2);
+        while (!g_sends.empty() && Clock::now() < until) {
+          reap_sends();
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        // A moment for the others to print before the abort ends them.
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        act.abort = true;
+        return act;
+      }
+      if (lowest) write_stderr(prefix + report + "\n");
+      g_next_report_s *= 2;
+    }
+  } else if (timeout > 0 && me.for_s >= timeout) {
+    open_round(me, control, rank, size, /*final=*/true);
+  } else if (warning > 0 && me.for_s >= g_next_report_s) {
+    open_round(me, control, rank, size, /*final=*/false);
+  }
+  act.next_tick_s = g_round.open ? 0.1 : 1.0;
+  if (!g_round.open && warning > 0) {
+    const double due = std::min(timeout > 0 ? timeout : 1e18, g_next_report_s) - me.for_s;
+    act.next_tick_s = std::clamp(due, 0.05, 1.0);
+  }
+  return act;
+}
+
+void drop_stall_messages() {
+  for (auto& [buf, req] : g_sends)
+    if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+  g_sends.clear();
+}
+
+}  // namespace fluxmpi

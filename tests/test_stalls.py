@@ -1,0 +1,121 @@
+"""A rank that stalls is named in a stall report and, after the timeout, ends the job with
+that report; a rank killed by a signal, an interrupted mpiexec and a DataLoader worker that
+raises end the job promptly. Worker: tests/workers/stall_worker.py. Each launch runs under a
+hard timeout (mpi_util); what is asserted is the outcome and the message."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import _command, mpi_env, run_mpi, worker_path  # noqa: E402
+
+END_WITHIN = 60  # seconds: a job with a dead or stalled rank must be over by then
+
+
+def launch(mode, np=2, env=None, expect_ok=False):
+    t0 = time.monotonic()
+    rc, out = run_mpi("stall_worker.py", np, mode, timeout=END_WITHIN, env=env, expect_ok=expect_ok)
+    print(f"{mode} on {np} ranks: exit code {rc} after {time.monotonic() - t0:.1f}s")
+    print(out[-3000:])
+    return rc, out
+
+
+def test_stall_report_names_the_sleeping_rank_and_its_stack():
+    # The staller sleeps 7 s with stall_warning=2: the report must come while it sleeps.
+    rc, out = launch("sleep", np=3, expect_ok=True)
+    assert rc == 0, out[-3000:]
+    reports = re.findall(r"\[rank (\d) / 3\] fluxmpi_py: stall: ", out)
+    # printed by the lowest waiting rank only, again at a doubled wait (2 s, 4 s)
+    assert reports and set(reports) == {"0"}, out[-4000:]
+    # the bucket in flight and its first parameters, and the user's line that waits for it
+    assert "(allreduce, gradient bucket 1 of 1: outer.bias, outer.weight, inner.bias" in out
+    assert re.search(r"issued at \S*stall_worker\.py:\d+ in main", out), out[-4000:]
+    assert "not entered it: rank 2\n" in out and "waiting in it: ranks 0, 1\n" in out, out[-4000:]
+    assert re.search(r"rank 2: in user code for \d+\.\d s, since it completed collective", out)
+    assert "in backward\n" in out and "in stalled_in_user_code" in out, out[-4000:]
+    assert "time.sleep(seconds)" in out and "rank 2 done" in out, out[-4000:]
+
+
+def test_timeout_ends_the_job_with_the_report_on_every_rank():
+    env = {"FLUXMPI_STALL_WARNING": "2", "FLUXMPI_TIMEOUT": "5"}
+    rc, out = launch("timeout", env=env)
+    assert rc != 0, out[-3000:]
+    assert "[rank 0 / 2] fluxmpi_py: timeout: collective call #" in out, out[-4000:]
+    # the sleeping rank prints it too, as its error, before the job ends
+    assert "[rank 1 / 2] fluxmpi_py: timeout (reported by rank 0): collective call #" in out
+    assert "not entered it: rank 1" in out and "in stalled_in_user_code" in out, out[-4000:]
+    assert "the timeout is 5.0 s" in out and "aborting the job" in out, out[-4000:]
+    assert "rank 1 done" not in out
+
+
+@pytest.mark.parametrize("mode,signame", [("sigkill", "Killed"), ("sigterm", "Terminated")])
+def test_rank_killed_by_a_signal_ends_the_job(mode, signame):
+    rc, out = launch(mode)
+    assert rc != 0, out[-3000:]
+    assert re.search(
+        rf"process rank 1 with PID \d+ on node \S+ exited on signal \d+ \({signame}\)", out
+    ), out[-3000:]
+
+
+def test_sigint_to_mpiexec_ends_the_job():
+    proc = subprocess.Popen(
+        _command(worker_path("stall_worker.py"), 2, ["train"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=mpi_env(),
+        start_new_session=True,
+    )
+    seen = []
+    try:
+        t_start = time.monotonic()
+        for line in proc.stdout:
+            seen.append(line)
+            if "rank 1 training" in line or "rank 0 training" in line:
+                break
+            assert time.monotonic() - t_start < END_WITHIN, "".join(seen)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=END_WITHIN)
+        print(
+            f"mpiexec ended {time.monotonic() - t0:.1f}s after SIGINT, exit code {proc.returncode}"
+        )
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the job did not end within {END_WITHIN}s of SIGINT:\n{''.join(seen)[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, out[-3000:]
+    assert "done" not in out, out[-3000:]
+
+
+def test_dataloader_worker_raising_on_one_rank_ends_the_job():
+    rc, out = launch("loader")
+    assert rc != 0, out[-3000:]
+    assert "OSError: deliberate failure in a DataLoader worker reading item" in out, out[-3000:]
+    assert "[rank 1 / 2] uncaught OSError, aborting the job" in out, out[-3000:]
+
+
+def test_settings_come_from_init_then_the_environment(monkeypatch):
+    from fluxmpi_py import _stall
+
+    monkeypatch.setenv("FLUXMPI_STALL_WARNING", "7.5")
+    monkeypatch.setenv("FLUXMPI_TIMEOUT", "none")
+    assert _stall.settings() == (7.5, 0.0)
+    assert _stall.settings(stall_warning=None, timeout=30) == (0.0, 30.0)
+    monkeypatch.delenv("FLUXMPI_STALL_WARNING")
+    monkeypatch.delenv("FLUXMPI_TIMEOUT")
+    assert _stall.settings() == (60.0, 1800.0)
+    monkeypatch.setenv("FLUXMPI_TIMEOUT", "ten minutes")
+    with pytest.raises(ValueError, match=r"FLUXMPI_TIMEOUT: timeout must be a number of seconds"):
+        _stall.settings()
+    with pytest.raises(ValueError, match=r"Init\(stall_warning=...\): stall_warning must be >= 0"):
+        _stall.settings(stall_warning=-1)

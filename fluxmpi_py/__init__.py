@@ -35,6 +35,7 @@ _MODULES = (
     "launch",
     "checkpoint",
     "logs",
+    "consistency",
 )
 
 __all__ = []

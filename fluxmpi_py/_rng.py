@@ -50,7 +50,9 @@ def restore(state: dict[str, Any]) -> None:
     if "numpy" in state:
         np = _numpy()
         if np is None:
-            raise ValueError("the checkpoint holds numpy's random state, but numpy is not installed")
+            raise ValueError(
+                "the checkpoint holds numpy's random state, but numpy is not installed"
+            )
         kind, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
     if "cuda" in state:

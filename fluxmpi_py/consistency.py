@@ -215,7 +215,9 @@ def check_consistency(obj: Any) -> None:
     first differing entry's description instead.
 
     Cost: one allreduce of two int64s when the ranks agree, plus hashing every byte locally
-    (several GB/s); tensors off the CPU are copied to the host first.
+    (about 7 GB/s on one core); tensors off the CPU are copied to the host first. Measured
+    (benchmarks/bench_consistency.py) on ResNet-50's parameters with SGD momentum, 322
+    tensors and 204 MB: 31 ms per call on 1 rank, 60 ms on 2 ranks sharing 2 cores.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)

@@ -63,8 +63,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``check_every=N`` runs :func:`check_consistency` on the parameters (the whole ``module``
     when given) and the optimizer's state after every N-th ``step()``: ValueError on every
     rank, naming the first entry that differs, as soon as the ranks have diverged. Off by
-    default; each check costs about one pass over those bytes plus one tiny allreduce
-    (ResNet-50 with SGD momentum: see docs/measurements.md).
+    default; each check costs one pass over those bytes plus one tiny allreduce: 31 ms on 1
+    rank and 60 ms on 2 ranks for ResNet-50 with SGD momentum (204 MB; under 1% of a step at
+    ``check_every=100``).
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))

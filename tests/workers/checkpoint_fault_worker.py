@@ -98,6 +98,6 @@ def full_disk(directory):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     fm.Init()
-    {"kill_during_write": kill_during_write, "verify": verify, "full_disk": full_disk}[
-        sys.argv[1]
-    ](sys.argv[2])
+    {"kill_during_write": kill_during_write, "verify": verify, "full_disk": full_disk}[sys.argv[1]](
+        sys.argv[2]
+    )

@@ -25,7 +25,9 @@ def diverges():
 
 def trained():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)
+    )
     opt = fm.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), module=model)
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()
@@ -139,9 +141,9 @@ def case_check_every_off_by_default_and_validated():
             model.bias += 1.0
     model(torch.ones(1, 2)).sum().backward()
     opt.step()  # no check: the divergence goes unnoticed
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     for bad in (0, -1, 1.5, True):
-        raises(ValueError, lambda: fm.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), check_every=bad), "check_every")  # fmt: skip
+        raises(ValueError, lambda b=bad: fm.DistributedOptimizer(sgd, check_every=b), "check_every")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ def main(mode, directory):
             step, consumed = step + 1, consumed + len(x)
             if step == K and mode in ("full", "killed"):
                 state = container.state_dict(consumed=consumed)
-                fm.save_checkpoint(ckpt, rng=True, model=model, optimizer=opt, data=state, step=step)
+                fm.save_checkpoint(
+                    ckpt, rng=True, model=model, optimizer=opt, data=state, step=step
+                )
             if mode == "killed" and step == K + 2 and rank == fm.total_workers() - 1:
                 print(f"rank {rank}: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -36,7 +36,9 @@ def main(steps, directory):
     fm.Init()
     rank = fm.local_rank()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)
+    )
     opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                   module=model, check_every=100)  # fmt: skip
     x, y = torch.randn(8, 16), torch.randn(8, 1)

@@ -67,7 +67,8 @@ def _gather_rng_states() -> list:
 
 def _disk_error(path: str, e: OSError) -> OSError:
     kept = "the previous file is kept" if os.path.exists(path) else "no file was written"
-    return type(e)(e.errno, f"save_checkpoint: could not write {path!r}: {e.strerror or e}; {kept}")
+    message = f"save_checkpoint: could not write {path!r}: {e.strerror or e}; {kept}"
+    return type(e)(message) if e.errno is None else type(e)(e.errno, message)
 
 
 @user_call.of("save_checkpoint()")

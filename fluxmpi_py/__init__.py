@@ -38,6 +38,7 @@ _MODULES = (
     "launch",
     "checkpoint",
     "logs",
+    "consistency",
 )
 
 __all__ = []

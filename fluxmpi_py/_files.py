@@ -6,6 +6,25 @@ import os
 from typing import IO, Callable
 
 
+class _Recording:
+    """A binary file whose write errors are kept: writers such as torch.save turn a failed
+    write (a full disk) into their own error, without the OSError that says why."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, b) -> int | None:
+        try:
+            return self._f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def write_atomic(
     path: str, data: bytes | Callable[[IO[bytes]], None], *, durable: bool = False
 ) -> None:
@@ -13,7 +32,8 @@ def write_atomic(
     so that a reader sees the old file or the whole new one, never a part: it goes to a
     temporary name in the same directory, which is then renamed over ``path``. With
     ``durable``, the file and the rename are fsynced, so they survive a crash of the machine.
-    On an error the temporary file is removed and the error raised.
+    On an error the temporary file is removed and the error raised; where a writer function
+    failed after a write to the file did, the write's OSError is raised (from the writer's).
 
     >>> import os, tempfile
     >>> p = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -27,7 +47,13 @@ def write_atomic(
     try:
         with open(tmp, "wb") as f:
             if callable(data):
-                data(f)
+                recording = _Recording(f)
+                try:
+                    data(recording)
+                except Exception as e:
+                    if recording.error is None or e is recording.error:
+                        raise
+                    raise recording.error from e
             else:
                 f.write(data)
             if durable:

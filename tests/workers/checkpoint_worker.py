@@ -221,6 +221,62 @@ def case_resume_with_distributed_optimizer_and_data():
     assert same_on_all_ranks(flat(model))
 
 
+def draws():
+    """One draw from each generator that rng=True saves."""
+    import random
+
+    import numpy as np
+
+    return (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+
+
+def case_rng_states_restored_on_each_rank():
+    import random
+
+    import numpy as np
+
+    rank = fm.local_rank()
+    torch.manual_seed(40 + rank)
+    random.seed(50 + rank)
+    np.random.seed(60 + rank)
+    path = fm.save_checkpoint(path_of("rng.pt"), rng=True, step=1)
+    expected = draws()
+    for _ in range(3):
+        draws()
+    got = fm.load_checkpoint(path)  # rng=None: restored, the checkpoint has them
+    assert got == {"step": 1}, got  # the states are not among the entries
+    assert draws() == expected, f"rank {rank}: the generators were not restored"
+    first = torch.tensor([expected[0][0]], dtype=torch.float64)
+    assert fm.total_workers() == 1 or not same_on_all_ranks(first)  # each rank its own
+    fm.load_checkpoint(path, rng=False)
+    assert draws() != expected, f"rank {rank}: rng=False restored the generators"
+
+
+def case_rng_required_or_for_another_world_size():
+    import warnings
+
+    plain = fm.save_checkpoint(path_of("norng.pt"), step=1)
+    with raises(ValueError, "holds no random states", "rng=True", "on rank 0"):
+        fm.load_checkpoint(plain, rng=True)
+    other = path_of("other_world.pt")
+    if fm.local_rank() == 0:  # a checkpoint written by a job of one more rank
+        from fluxmpi_py import _rng
+
+        states = [_rng.capture()] * (fm.total_workers() + 1)
+        torch.save(
+            {"format": "fluxmpi_py.checkpoint", "objects": {"step": 1}, "rng": states}, other
+        )
+    fm.barrier()
+    n = fm.total_workers()
+    with raises(ValueError, f"random states of {n + 1} ranks, this job has {n}"):
+        fm.load_checkpoint(other, rng=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fm.load_checkpoint(other)["step"] == 1
+    if fm.local_rank() == 0:
+        assert any("they are not restored" in str(w.message) for w in caught), caught
+
+
 if __name__ == "__main__":
     from harness import run_cases
 

@@ -1,0 +1,66 @@
+"""This process's random number generator states, for checkpoints that resume exactly:
+torch's CPU generator, CUDA's (when CUDA has been initialized), numpy's global one (when numpy
+is importable) and Python's ``random``. The captured state holds only tensors, numbers, strings
+and tuples, so it loads with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+def capture() -> dict[str, Any]:
+    """This process's generator states.
+
+    >>> {"torch", "python"} <= set(capture())
+    True
+    """
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    np = _numpy()
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+        state["numpy"] = (str(kind), torch.from_numpy(keys.astype("int64")), int(pos),
+                          int(has_gauss), float(gauss))  # fmt: skip
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Put back the generator states of ``capture()``. A state for numpy without numpy, or for
+    another number of CUDA devices, raises ValueError.
+
+    >>> s = capture(); a = torch.rand(2); restore(s); torch.equal(a, torch.rand(2))
+    True
+    """
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        np = _numpy()
+        if np is None:
+            raise ValueError(
+                "the checkpoint holds numpy's random state, but numpy is not installed"
+            )
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+    if "cuda" in state:
+        states = state["cuda"]
+        if not torch.cuda.is_available() or torch.cuda.device_count() != len(states):
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ValueError(
+                f"the checkpoint holds the random state of {len(states)} CUDA devices, "
+                f"this process sees {have}"
+            )
+        torch.cuda.set_rng_state_all(states)

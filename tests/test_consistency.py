@@ -1,0 +1,15 @@
+"""check_consistency and DistributedOptimizer(check_every=N) at 1, 2 and 3 ranks
+(tests/workers/consistency_worker.py)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import worker_params  # noqa: E402
+
+
+@pytest.mark.parametrize("case", worker_params("consistency_worker.py", [1, 2, 3], timeout=180))
+def test_consistency_multirank(case):
+    case.check_passed()

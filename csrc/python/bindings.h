@@ -16,6 +16,7 @@ void bind_collectives(pybind11::module_& m);  // bind_collectives.cpp: allreduce
 void bind_gradients(pybind11::module_& m);    // bind_gradients.cpp: reducer and bucket planner
 void bind_sync(pybind11::module_& m);         // bind_sync.cpp: synchronize_, broadcast planner
 void bind_shard(pybind11::module_& m);        // bind_shard.cpp: DistributedDataContainer
+void bind_pack(pybind11::module_& m);         // bind_pack.cpp: pack plan, pack, unpack
 
 // Gives a bound options struct the rest of a keyword class: a __repr__ that shows `fields`
 // (Python attribute names, in order) as "Name(a=1, b=True)", and __eq__ over the same fields.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from collections.abc import Sequence
 
 import torch
 
 from . import _dataloader_check, _excepthooks
+from ._gpu_choice import choose_gpu
 from ._loader import C
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -55,6 +57,8 @@ def Init(gpu_devices: Sequence[int] | None = None, verbose: bool = False, comm=N
     Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.
     ``comm`` takes an mpi4py communicator to run on a subset of ranks. When CUDA is available
     each rank takes GPU ``gpu_devices[node_local_rank()]``, or ``node_local_rank() % count``.
+    NCCL allows one rank per GPU: where ranks of a node share one, CUDA collectives raise a
+    ValueError naming them (host tensors are unaffected).
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
@@ -70,21 +74,25 @@ def Init(gpu_devices: Sequence[int] | None = None, verbose: bool = False, comm=N
         if C.size() > 1:
             _excepthooks.install()
             _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            if gpu_devices is not None:
-                if len(gpu_devices) <= C.node_rank():
-                    raise ValueError(
-                        f"Init(gpu_devices={list(gpu_devices)}): rank {C.rank()} is node-local rank "
-                        f"{C.node_rank()} and needs at least {C.node_rank() + 1} entries"
-                    )
-                dev = int(gpu_devices[C.node_rank()])
-            else:
-                dev = C.node_rank() % n
-            torch.cuda.set_device(dev)
-            device = torch.device("cuda", dev)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
+        if choice.device is not None:
+            torch.cuda.set_device(choice.device)
+            device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
+        # NCCL's own ways to let ranks share a GPU (an experiment; see scripts/gpu_check.sh).
+        nccl_told = (
+            os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
+        )
+        if choice.shared and not nccl_told:
+            # NCCL allows one rank per GPU: CUDA collectives then fail before data moves, on
+            # every rank, naming who shares (host tensors are unaffected).
+            C.set_cuda_refusal(
+                choice.sharing_message()
+                + "; NCCL allows one rank per GPU: run at most one rank per GPU, or choose "
+                "distinct GPUs with Init(gpu_devices=[...])"
+            )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
 

@@ -129,6 +129,10 @@ ErrorClass validate(const std::vector<at::Tensor>& ts, std::string& msg) {
       msg = describe_error(i, t, s.str());
       return ErrorClass::Type;
     }
+    if (t.is_cuda() && !cuda_refusal().empty()) {
+      msg = describe_error(i, t, "NCCL cannot run here: " + cuda_refusal());
+      return ErrorClass::Value;
+    }
   }
   return ErrorClass::None;
 }

@@ -32,6 +32,8 @@ void bind_runtime(py::module_& m) {
   m.def("mpi_standard_version", &mpi_standard_version);
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);
+  m.def("set_cuda_refusal", &set_cuda_refusal, py::arg("why"));
+  m.def("cuda_refusal", &cuda_refusal);
   m.attr("compiled_torch_version") = TORCH_VERSION;
   m.def(
       "barrier",

@@ -21,8 +21,7 @@ DEVICES = [
         marks=[
             pytest.mark.cuda,
             pytest.mark.skipif(
-                not torch.cuda.is_available()
-                or not getattr(C, "build_info", lambda: {})().get("compiled_with_cuda"),
+                not torch.cuda.is_available() or not C.compiled_with_cuda(),
                 reason="needs a GPU and a CUDA build of fluxmpi_py (scripts/gpu_check.sh)",
             ),
         ],

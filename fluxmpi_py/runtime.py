@@ -156,5 +156,7 @@ def build_info() -> dict:
         "compiled_with_cuda": bool(C.compiled_with_cuda()),
         "nccl": C.nccl_version() or None,
         "cuda_mpi_enabled": cudampi_enabled(),
+        # Whether the MPI library takes CUDA pointers ("yes"/"no"; "unknown" before Init).
+        "cuda_aware_mpi": C.mpi_cuda_support(),
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
     }

@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMP_NUM_THREADS := 1
 MPIEXEC := mpiexec --oversubscribe
 
-.PHONY: all test lint format demo build deps mpi bench clean
+.PHONY: all test lint format demo build deps mpi bench clean cuda-check
 
 all: test
 
@@ -64,6 +64,15 @@ format: $(VENV)/.deps
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 	$(VENV)/bin/codespell --write-changes || true
+
+# The CUDA path, compiled on every CI run though no GPU is here: a venv with torch's CUDA build
+# (build/cuda-venv, reused), the extension built with nvcc and NCCL in a copy of the tree
+# (build/cuda-check, its objects kept for the next run), link and kernel checks, the import
+# without a GPU, and the CPU tests that cover what the CUDA build changes. A compile error
+# fails it.
+cuda-check: mpi
+	FLUXMPI_CUDA_VENV=$(CURDIR)/build/cuda-venv FLUXMPI_CUDA_WORKDIR=$(CURDIR)/build/cuda-check \
+	  scripts/check_cuda_build.sh
 
 demo: build
 	timeout 600 $(MPIEXEC) -n $(NP) $(PY) examples/digits_cnn.py

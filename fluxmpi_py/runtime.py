@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from collections.abc import Sequence
 
 import torch
 
 from . import _dataloader_check, _excepthooks, _stall
+from ._gpu_choice import choose_gpu
 from ._loader import C
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -65,6 +67,8 @@ def Init(
     ``FLUXMPI_STALL_WARNING``) prints a report naming the ranks that have not entered it and
     what they are doing; after ``timeout`` seconds (default 1800, or ``FLUXMPI_TIMEOUT``) the
     job is aborted with that report. ``None`` (or 0) disables either.
+    NCCL allows one rank per GPU: where ranks of a node share one, CUDA collectives raise a
+    ValueError naming them (host tensors are unaffected).
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
@@ -84,21 +88,25 @@ def Init(
             _stall.start_stack_thread()
             _excepthooks.install()
             _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            if gpu_devices is not None:
-                if len(gpu_devices) <= C.node_rank():
-                    raise ValueError(
-                        f"Init(gpu_devices={list(gpu_devices)}): rank {C.rank()} is node-local rank "
-                        f"{C.node_rank()} and needs at least {C.node_rank() + 1} entries"
-                    )
-                dev = int(gpu_devices[C.node_rank()])
-            else:
-                dev = C.node_rank() % n
-            torch.cuda.set_device(dev)
-            device = torch.device("cuda", dev)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
+        if choice.device is not None:
+            torch.cuda.set_device(choice.device)
+            device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
+        # NCCL's own ways to let ranks share a GPU (an experiment; see scripts/gpu_check.sh).
+        nccl_told = (
+            os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
+        )
+        if choice.shared and not nccl_told:
+            # NCCL allows one rank per GPU: CUDA collectives then fail before data moves, on
+            # every rank, naming who shares (host tensors are unaffected).
+            C.set_cuda_refusal(
+                choice.sharing_message()
+                + "; NCCL allows one rank per GPU: run at most one rank per GPU, or choose "
+                "distinct GPUs with Init(gpu_devices=[...])"
+            )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
 
@@ -162,6 +170,8 @@ def build_info() -> dict:
         "compiled_with_cuda": bool(C.compiled_with_cuda()),
         "nccl": C.nccl_version() or None,
         "cuda_mpi_enabled": cudampi_enabled(),
+        # Whether the MPI library takes CUDA pointers ("yes"/"no"; "unknown" before Init).
+        "cuda_aware_mpi": C.mpi_cuda_support(),
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
         "mpi_wait": C.wait_policy() or None,
     }

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Build fluxmpi_py with CUDA and NCCL and check that it compiles, links and imports, on a
-# machine that may have no GPU. Not part of CI (a multi-GB torch and minutes of compiling).
+# machine that may have no GPU. CI runs it on every run (`make cuda-check`, from .ci/run).
 #
 #   scripts/check_cuda_build.sh            # venv (made if absent), build, link checks, tests
 #   scripts/check_cuda_build.sh --no-tests # stop after the import check
+#
+# FLUXMPI_CUDA_TESTS: the pytest arguments of the last step (default: the CPU tests that cover
+# what the CUDA build changes: the pack plan and kernels' host twin, the CUDA switch, the
+# optimizer and synchronize_, whose CUDA-only branches sit in the same files).
 #
 # The build runs in a copy of the source tree (FLUXMPI_CUDA_WORKDIR), so the in-place CPU
 # build of this checkout is never overwritten. What it proves: the CUDA sources compile with
@@ -49,14 +53,33 @@ echo "$NVCC: $("$NVCC" --version | tail -n 1)"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0}
 
 step "copy of the source tree in $WORK"
-# Everything but the objects in build/ is replaced; copies keep their mtimes, so a second run
-# recompiles only what changed.
+# A sync, not a copy: a file whose bytes changed is rewritten (a fresh mtime, so ninja rebuilds
+# what depends on it); an unchanged one is left alone (so a second run recompiles only what
+# changed); files gone from the tree go. The objects in build/ and the built .so stay.
 mkdir -p "$WORK"
-find "$WORK" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
 "$PY" - "$ROOT" "$WORK" <<'EOF'
-import shutil, sys
-shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-    ".git", ".venv", "build", "*.so", "__pycache__", "*.egg-info", ".pytest_cache"))
+import filecmp, os, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+skip = {".git", ".venv", "build", "__pycache__", ".pytest_cache"}
+def kept(name):
+    return name not in skip and not name.endswith((".so", ".egg-info"))
+seen = set()
+for root, dirs, files in os.walk(src):
+    dirs[:] = [d for d in dirs if kept(d)]
+    rel = os.path.relpath(root, src)
+    os.makedirs(os.path.join(dst, rel), exist_ok=True)
+    for f in filter(kept, files):
+        a, b = os.path.join(root, f), os.path.join(dst, rel, f)
+        seen.add(os.path.normpath(os.path.join(rel, f)))
+        if not (os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)):
+            shutil.copyfile(a, b)
+            shutil.copymode(a, b)
+for root, dirs, files in os.walk(dst):
+    dirs[:] = [d for d in dirs if kept(d)]
+    for f in filter(kept, files):
+        rel = os.path.normpath(os.path.relpath(os.path.join(root, f), dst))
+        if rel not in seen and not rel.endswith((".log", ".txt")):
+            os.remove(os.path.join(root, f))
 EOF
 cd "$WORK"
 
@@ -138,6 +161,16 @@ for sym in ncclAllReduce ncclBroadcast ncclReduce ncclAllGather ncclCommInitRank
   [[ " $NCCL_SYMS " == *" $sym "* ]] || fail "_C does not reference $sym"
 done
 ok "NCCL symbols used: $NCCL_SYMS"
+# The fused-bucket kernels (csrc/cuda/pack_kernels.cu): device code in _C (.nv_fatbin), the
+# host side of each kernel instantiation (one per dtype pair) and the launcher linked in.
+# (to files first: `nm | grep -q` fails under pipefail when grep stops reading early.)
+nm "$SO" > nm.txt
+readelf -S "$SO" > sections.txt
+grep -q "\.nv_fatbin" sections.txt || fail "_C holds no device code (.nv_fatbin)"
+KERNELS=$(grep -E " [Tt] .*copy_spans_kernel" nm.txt | grep -vc "\.cold" || true)
+[ "$KERNELS" -gt 0 ] || fail "_C holds no copy_spans_kernel (csrc/cuda/pack_kernels.cu)"
+grep -qE " T .*launch_copy_spans" nm.txt || fail "_C does not define launch_copy_spans"
+ok "pack kernels linked: device code, launch_copy_spans, $KERNELS copy_spans_kernel instantiations"
 
 step "import without a GPU"
 cd /  # import the copy's package, not whatever sits in the caller's directory
@@ -159,6 +192,7 @@ ok "imports; build_info reports CUDA and NCCL"
 if [ "$RUN_TESTS" = 1 ]; then
   step "the repo's tests with the CUDA build (CPU paths)"
   cd "$WORK"
-  PYTHONPATH=$WORK "$PY" -m pytest -q tests
+  read -r -a TESTS <<< "${FLUXMPI_CUDA_TESTS:-tests/test_pack.py tests/test_cuda_switch.py tests/test_optimizer.py tests/test_sync.py tests/test_stub.py}"
+  PYTHONPATH=$WORK "$PY" -m pytest -q "${TESTS[@]}"
 fi
 step "CUDA build check passed (built and linked; nothing ran on a GPU)"

@@ -4,7 +4,26 @@
 #include "backend/nccl_backend.h"
 #endif
 
+#include <mutex>
+
 namespace fluxmpi {
+
+namespace {
+
+std::mutex g_refusal_mu;
+std::string g_refusal;
+
+}  // namespace
+
+void set_cuda_refusal(std::string why) {
+  std::lock_guard<std::mutex> lk(g_refusal_mu);
+  g_refusal = std::move(why);
+}
+
+std::string cuda_refusal() {
+  std::lock_guard<std::mutex> lk(g_refusal_mu);
+  return g_refusal;
+}
 
 bool device_supported(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA

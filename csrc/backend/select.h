@@ -17,6 +17,12 @@ bool device_supported(const at::Tensor& t);
 // Whether this build has the NCCL backend (compiled with FLUXMPI_WITH_CUDA).
 bool compiled_with_cuda();
 
+// Why CUDA tensors may not go to NCCL in this process, "" when they may. Init sets it when
+// ranks of a node share a GPU, which NCCL refuses ("Duplicate GPU detected") inside its first
+// collective; the checks before every collective raise it instead, on every rank together.
+void set_cuda_refusal(std::string why);
+std::string cuda_refusal();
+
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 

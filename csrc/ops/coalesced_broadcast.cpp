@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "backend/select.h"
+#include "fusion/pack_plan.h"
+#include "ops/bucket_pack.h"
 #include "ops/collectives.h"
 #include "ops/flat_storage.h"
 #include "runtime/environment.h"
@@ -63,6 +65,31 @@ void copy_slots(const at::Tensor& buf, const std::vector<at::Tensor>& ts, const 
   }
 }
 
+// A device step in one kernel launch each way (ops/bucket_pack.h): the members as bytes at the
+// offsets copy_slots uses, from one pack plan. False, and nothing copied, when a member is not
+// contiguous (copy_slots then copies it with its strides).
+bool pack_step_on_device(const at::Tensor& buf, const std::vector<at::Tensor>& ts,
+                         const BroadcastStep& s, bool into) {
+  std::vector<PackSource> sources;
+  std::vector<at::Tensor> bytes;
+  std::int64_t copied = 0;
+  for (auto m : s.members) {
+    const auto& t = ts[m];
+    if (!t.is_contiguous()) return false;
+    sources.push_back({at::kByte, nbytes_of(t)});
+    copied += nbytes_of(t);
+    bytes.push_back(t.reshape({-1}).view(at::kByte));
+  }
+  const PackPlan plan = plan_pack(sources, at::kByte, kAlign);
+  if (into) {
+    pack(plan, bytes, buf);
+  } else {
+    unpack(plan, buf, bytes);
+  }
+  g_copied += copied;
+  return true;
+}
+
 // Host staging kept between calls: fresh memory costs a page fault per 4 KiB on first touch,
 // which for a few MiB takes as long as the broadcast itself. Only the engine uses it (one
 // caller at a time). It holds at most one default bucket (64 MiB); larger ones are not kept.
@@ -101,6 +128,10 @@ ErrorClass validate(const std::vector<at::Tensor>& ts, std::string& msg) {
       s << "tensors on " << t.device() << " cannot be communicated by this build";
       msg = describe_error(i, t, s.str());
       return ErrorClass::Type;
+    }
+    if (t.is_cuda() && !cuda_refusal().empty()) {
+      msg = describe_error(i, t, "NCCL cannot run here: " + cuda_refusal());
+      return ErrorClass::Value;
     }
   }
   return ErrorClass::None;
@@ -177,9 +208,14 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
       }
     }
     const auto& buf = staging[s.device];
-    if (is_root) copy_slots(buf, tensors, s, {}, true, *probes);
+    const bool device = s.device != c10::DeviceType::CPU;
+    if (is_root && !(device && pack_step_on_device(buf, tensors, s, true))) {
+      copy_slots(buf, tensors, s, {}, true, *probes);
+    }
     b.broadcast(buf.data_ptr(), s.bytes, at::kByte, root);
-    if (!is_root) copy_slots(buf, tensors, s, {}, false, *probes);
+    if (!is_root && !(device && pack_step_on_device(buf, tensors, s, false))) {
+      copy_slots(buf, tensors, s, {}, false, *probes);
+    }
   }
 }
 

@@ -149,6 +149,12 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
     msg = s.str();
     return ErrorClass::Type;
   }
+  if (t.is_cuda()) {
+    if (auto why = cuda_refusal(); !why.empty()) {
+      msg = "tensor is on " + t.device().str() + ", but NCCL cannot run here: " + why;
+      return ErrorClass::Value;
+    }
+  }
   if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
     msg =
         "tensor has elements that share memory (e.g. made by expand()), so it cannot hold "

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backend/select.h"
+#include "ops/bucket_pack.h"
 #include "ops/collectives.h"
 #include "ops/consensus.h"
 #include "runtime/environment.h"
@@ -24,6 +25,17 @@ std::optional<c10::ScalarType> compressed_dtype(Compression c) {
     case Compression::None: break;
   }
   return std::nullopt;
+}
+
+// What pack sees of a tensor: complex values as pairs of reals (the plan scales and casts
+// floating dtypes only).
+at::Tensor real_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
+std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(real_view(t));
+  return out;
 }
 
 }  // namespace
@@ -60,6 +72,11 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   buckets_ = plan_buckets(metas, opts_.plan);
   bucket_of_.assign(params_.size(), -1);
   state_.resize(buckets_.size());
+  // "average" pre-scales every contribution by 1/world in the bucket's pack, on every rank
+  // alike, so a fused bucket is summed with no division pass afterwards.
+  const int world = env().size;
+  const double scale = opts_.op == ReduceOp::Average && world > 1 ? 1.0 / world : 1.0;
+  const auto comp = compressed_dtype(opts_.compression);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bk = buckets_[b];
     for (auto i : bk.members) bucket_of_[i] = static_cast<std::int64_t>(b);
@@ -70,7 +87,15 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
       const auto& p = params_[bk.members[k]];
       st.slots.push_back(st.flat.narrow(0, bk.offsets[k], p.numel()).view(p.sizes()));
     }
-    st.scaled.assign(bk.members.size(), 0);
+    st.sources.resize(bk.members.size());
+    st.fresh.assign(bk.members.size(), 0);
+    const auto real = c10::toRealValueType(bk.dtype);
+    const std::int64_t per = c10::isComplexType(bk.dtype) ? 2 : 1;
+    std::vector<PackSource> sources;
+    for (auto i : bk.members) sources.push_back({real, params_[i].numel() * per, scale});
+    const auto wire = comp && *comp != real ? *comp : real;
+    st.pack = plan_pack(sources, wire);
+    if (wire != real) st.wire = at::zeros({st.pack.numel}, st.flat.options().dtype(wire));
   }
   present_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
@@ -152,11 +177,6 @@ void GradientReducer::prepare(std::int64_t i) {
         "parameter ", i, ": its .grad has shape ", g.sizes(), " and dtype ", g.scalar_type(),
         ", expected a dense gradient of shape ", p.sizes(), " and dtype ", p.scalar_type());
   }
-  // "average" pre-scales every contribution by 1/world here, on every rank alike, so the
-  // bucket is summed with no division pass afterwards: a fresh gradient is scaled while it is
-  // copied into its slot, for free.
-  const int world = env().size;
-  const bool scale = opts_.op == ReduceOp::Average && world > 1;
   if (bk.direct) {
     if (!g.defined()) {
       zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
@@ -170,19 +190,17 @@ void GradientReducer::prepare(std::int64_t i) {
   std::size_t k = 0;
   while (bk.members[k] != i) ++k;
   at::Tensor& slot = st.slots[k];
-  st.scaled[k] = 1;
+  st.fresh[k] = 0;
   if (!g.defined()) {
     slot.zero_();  // missing here: contribute zeros
+    st.sources[k] = slot;
   } else if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
-    // A fresh gradient: copy it in once (scaled) and keep it there.
-    if (scale) {
-      at::mul_out(slot, g, at::scalar_tensor(1.0 / world, g.options().device(c10::kCPU)));
-    } else {
-      slot.copy_(g);
-    }
-    p.mutable_grad() = slot;
+    // A fresh gradient: the bucket's pack copies it in (scaled) at launch; from finalize() on,
+    // it lives in its slot.
+    st.sources[k] = g.contiguous();
+    st.fresh[k] = 1;
   } else {
-    st.scaled[k] = 0;  // accumulated in place in its slot: scaled at launch, with its bucket
+    st.sources[k] = slot;  // accumulated in place in its slot: pack scales it where it lives
   }
 }
 
@@ -195,47 +213,62 @@ at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
 
 void GradientReducer::launch(std::int64_t b) {
   at::Tensor t = bucket_tensor(b);
-  // "average": members that accumulated in place still need their 1/world. One op over the
-  // whole buffer when none carries it yet (per-member ops cost ~4 us each on small tensors).
-  std::vector<at::Tensor> to_scale;
   const auto& bk = buckets_[b];
-  if (!bk.direct && opts_.op == ReduceOp::Average && env().size > 1) {
-    auto& st = state_[b];
-    std::size_t unscaled = std::count(st.scaled.begin(), st.scaled.end(), 0);
-    if (unscaled == st.scaled.size()) {
-      to_scale.push_back(st.flat);
-    } else {
-      for (std::size_t k = 0; k < st.scaled.size(); ++k)
-        if (!st.scaled[k]) to_scale.push_back(st.slots[k]);
+  auto& st = state_[b];
+  // A fused bucket's one pack, on this thread (backward's, whose current stream produced the
+  // gradients): fresh gradients in, 1/world, and the cast when its wire is 16-bit.
+  at::Tensor wire = st.wire;
+  std::vector<at::Tensor> unpack_into;
+  PackPlan unpack_plan;
+  if (!bk.direct) {
+    pack(st.pack, real_views(st.sources), wire.defined() ? wire : real_view(st.flat));
+    std::fill(st.sources.begin(), st.sources.end(), at::Tensor());
+    if (wire.defined()) {
+      unpack_into = real_views(st.slots);
+      unpack_plan = st.pack;
     }
   }
+  // On a GPU, wait 1 of 2 (no host wait): the engine's stream waits for this thread's, which
+  // produced the gradients and ran the pack, before the collective reads them.
+  auto produced = stream_mark_for(t.device());
+  if (produced) produced->record_on_current_stream();
+  auto done = stream_mark_for(t.device());
+  st.done = done;
   auto op = opts_.op;
   auto comp = compressed_dtype(opts_.compression);
   int world = env().size;
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work = Engine::get().submit(labels_[b], [t, op, comp, world, failed, to_scale, direct] {
-    if (failed->load()) return;  // the step's agreement failed: move no data
-    try {
-      for (const auto& s : to_scale) s.mul_(1.0 / world);
-      Backend& be = backend_for(t);
-      // A flat bucket's contributions are pre-scaled for "average" (see prepare), so it is
-      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-      if (comp && *comp != t.scalar_type()) {
-        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-        at::Tensor h = t.to(*comp);
-        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-        t.copy_(h);
-      } else {
-        allreduce_data(be, t, wire_op, world);
-      }
-    } catch (...) {
-      failed->store(true);
-      throw;
-    }
-  });
+  state_[b].work = Engine::get().submit(
+      labels_[b],
+      [t, op, comp, world, failed, direct, wire, unpack_plan, unpack_into, produced, done] {
+        if (failed->load()) return;  // the step's agreement failed: move no data
+        try {
+          if (produced) produced->make_current_stream_wait();
+          Backend& be = backend_for(t);
+          // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
+          // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+          const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+          if (wire.defined()) {
+            // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
+            // cast back into the slots by one unpack.
+            allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
+            unpack(unpack_plan, wire, unpack_into);
+          } else if (comp && *comp != t.scalar_type()) {
+            // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+            at::Tensor h = t.to(*comp);
+            allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
+            t.copy_(h);
+          } else {
+            allreduce_data(be, t, wire_op, world);
+          }
+          if (done) done->record_on_current_stream();
+        } catch (...) {
+          failed->store(true);
+          throw;
+        }
+      });
 }
 
 void GradientReducer::launch_ready() {
@@ -291,9 +324,23 @@ bool GradientReducer::finalize(bool flag) {
       if (!first) first = std::current_exception();
     }
   };
+  // The host waits here for the engine's work (the backends still block until each collective
+  // is done on the device).
   wait(agree_work_);
   for (auto& st : state_) wait(st.work);
   if (first) std::rethrow_exception(first);
+  // On a GPU, wait 2 of 2 (no host wait): step()'s current stream waits for the engine's, which
+  // ran the collectives and the unpacks after them, before the optimizer reads the gradients.
+  for (auto& st : state_) {
+    if (st.done) st.done->make_current_stream_wait();
+    st.done.reset();
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& st = state_[b];
+    for (std::size_t k = 0; k < st.fresh.size(); ++k) {
+      if (st.fresh[k]) params_[buckets_[b].members[k]].mutable_grad() = st.slots[k];
+    }
+  }
   // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   std::vector<std::uint8_t> anywhere = present_;

@@ -11,6 +11,11 @@
 // live as views of their fused bucket's flat buffer (p.grad is re-pointed there the first time
 // and stays there while the user zeroes in place; after zero_grad(set_to_none=True) the new
 // gradient is copied in once).
+//
+// A fused bucket moves its data with one pack and, when compressed, one unpack, both driven by
+// the bucket's pack plan (fusion/pack_plan.h): pack copies the fresh gradients in, applies the
+// average's 1/world and the cast to the wire dtype in one pass (one kernel launch on a GPU, on
+// the stream that produced the gradients); unpack casts the reduced values back into the slots.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +27,8 @@
 
 #include "backend/backend.h"
 #include "fusion/bucket_plan.h"
+#include "fusion/pack_plan.h"
+#include "ops/stream_order.h"
 #include "runtime/engine.h"
 
 namespace fluxmpi {
@@ -74,9 +81,17 @@ class GradientReducer {
 
  private:
   struct BucketState {
-    at::Tensor flat;                   // fused buckets: the flat buffer that grads view
-    std::vector<at::Tensor> slots;     // fused: a view per member, shaped like the param
-    std::vector<std::uint8_t> scaled;  // fused, "average": member already carries its 1/world
+    at::Tensor flat;                // fused buckets: the flat buffer that grads view
+    std::vector<at::Tensor> slots;  // fused: a view per member, shaped like the param
+    // Fused: what pack reads this step, one per member: a fresh gradient, or the member's slot
+    // when the gradient accumulated there (pack then scales it in place).
+    std::vector<at::Tensor> sources;
+    // Fused: member k's gradient was fresh this step; p.grad keeps the local gradient until
+    // finalize() points it at its slot, which then holds the reduced value.
+    std::vector<std::uint8_t> fresh;
+    at::Tensor wire;  // fused, compressed: the 16-bit buffer that travels
+    PackPlan pack;    // fused: members -> flat (or wire), with the average's 1/world
+    std::shared_ptr<StreamMark> done;  // GPU: recorded on the engine's stream after the bucket
     int pending = 0;                   // members not yet ready this step
     bool launched = false;
     std::shared_ptr<Work> work;

@@ -1,6 +1,7 @@
 // Python face of the runtime: Init, ranks, build information, barrier.
 #include <torch/version.h>
 
+#include "backend/mpi_cuda_support.h"
 #include "backend/select.h"
 #include "ops/collectives.h"
 #include "python/bindings.h"
@@ -39,6 +40,9 @@ void bind_runtime(py::module_& m) {
   m.def("mpi_standard_version", &mpi_standard_version);
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);
+  m.def("mpi_cuda_support", &mpi_cuda_support);
+  m.def("set_cuda_refusal", &set_cuda_refusal, py::arg("why"));
+  m.def("cuda_refusal", &cuda_refusal);
   m.attr("compiled_torch_version") = TORCH_VERSION;
   m.def(
       "barrier",

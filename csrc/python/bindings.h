@@ -20,6 +20,7 @@ void bind_consistency(pybind11::module_& m);  // bind_consistency.cpp: tensor co
 
 // bind_gather_collectives.cpp: allgather .. alltoall, grouped forms, objects
 void bind_gather_collectives(pybind11::module_& m);
+void bind_pack(pybind11::module_& m);         // bind_pack.cpp: pack plan, pack, unpack
 
 // Gives a bound options struct the rest of a keyword class: a __repr__ that shows `fields`
 // (Python attribute names, in order) as "Name(a=1, b=True)", and __eq__ over the same fields.

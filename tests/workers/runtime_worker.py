@@ -35,6 +35,7 @@ def case_build_info():
         "compiled_with_cuda",
         "nccl",
         "cuda_mpi_enabled",
+        "cuda_aware_mpi",
         "thread_multiple",
         "mpi_wait",
     }

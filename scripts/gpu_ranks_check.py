@@ -1,0 +1,91 @@
+"""The CUDA path at 2 ranks on whatever GPUs this node has (scripts/gpu_check.sh runs it, on one
+GPU with NCCL told to let two ranks share it): allreduce_, bcast_, synchronize_ and
+DistributedOptimizer on CUDA tensors, each against the value one process computes. Prints one
+line per check, "ok: ..." or "FAIL: ...", and exits 1 if any failed.
+
+    mpiexec -n 2 python scripts/gpu_ranks_check.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fluxmpi_py as fm
+
+
+def main() -> int:
+    fm.Init()
+    rank, world = fm.local_rank(), fm.total_workers()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    failed = []
+
+    def check(name, ok):
+        print(f"rank {rank}: {'ok' if ok else 'FAIL'}: {name}", flush=True)
+        if not ok:
+            failed.append(name)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        t = torch.full((1001,), float(rank + 1), device=dev, dtype=dtype)
+        fm.allreduce_(t, "sum")
+        check(f"allreduce_ sum {dtype}", bool((t == world * (world + 1) / 2).all()))
+    t = torch.arange(7.0, device=dev) * (rank + 1)
+    fm.bcast_(t, root_rank=0)
+    check("bcast_", torch.equal(t.cpu(), torch.arange(7.0)))
+
+    torch.manual_seed(rank)  # different weights on every rank until synchronize_
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = model.to(dev)
+    fm.synchronize_(model, root_rank=0)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ref = ref.to(dev)
+    check(
+        "synchronize_ gives rank 0's weights",
+        all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters())),
+    )
+
+    # DistributedOptimizer at batch B per rank equals one process at batch world * B.
+    gen = torch.Generator().manual_seed(1)
+    x_all, y_all = (
+        torch.randn(world * 4, 8, generator=gen),
+        torch.randn(world * 4, 1, generator=gen),
+    )
+    for compression in (None, "bf16"):
+        m = [p.detach().clone() for p in ref.parameters()]
+        mine = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        mine = mine.to(dev)
+        with torch.no_grad():
+            for p, q in zip(mine.parameters(), m):
+                p.copy_(q)
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD(mine.parameters(), lr=0.1), compression=compression
+        )
+        xs, ys = x_all[rank * 4 : rank * 4 + 4].to(dev), y_all[rank * 4 : rank * 4 + 4].to(dev)
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(mine(xs), ys).backward()
+            opt.step()
+        single = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        ).to(dev)
+        with torch.no_grad():
+            for p, q in zip(single.parameters(), m):
+                p.copy_(q)
+        sopt = torch.optim.SGD(single.parameters(), lr=0.1)
+        for _ in range(3):
+            sopt.zero_grad()
+            torch.nn.functional.mse_loss(single(x_all.to(dev)), y_all.to(dev)).backward()
+            sopt.step()
+        tol = 1e-5 if compression is None else 2e-2
+        close = all(
+            torch.allclose(a, b, rtol=tol, atol=tol)
+            for a, b in zip(mine.parameters(), single.parameters())
+        )
+        check(f"DistributedOptimizer(compression={compression}) equals batch {world}B", close)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -65,6 +65,29 @@ def ring_options() -> RingOptions: ...
 def set_ring_options(options: RingOptions) -> None: ...
 def ring_calls() -> int: ...
 
+# ---- node-aware allreduce (bind_hierarchical.cpp) ------------------------------------------
+class HierarchicalOptions:
+    """How the MPI backend's allreduce runs in jobs spanning hosts with more than one rank on a
+    host: when the node-aware path runs (bytes), and whether the ring may; the same on every
+    rank."""
+
+    enabled: bool
+    min_bytes: int
+    max_bytes: int
+    ring_across_hosts: bool
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        min_bytes: int = 64 << 10,
+        max_bytes: int = 16 << 20,
+        ring_across_hosts: bool = False,
+    ) -> None: ...
+
+def hierarchical_options() -> HierarchicalOptions: ...
+def set_hierarchical_options(options: HierarchicalOptions) -> None: ...
+def hierarchical_calls() -> int: ...
+
 # ---- gradients (bind_gradients.cpp) -------------------------------------------------------
 class PlanOptions:
     """The bucket planner's limits (bytes)."""

@@ -16,6 +16,8 @@ void bind_collectives(pybind11::module_& m);  // bind_collectives.cpp: allreduce
 void bind_gradients(pybind11::module_& m);    // bind_gradients.cpp: reducer and bucket planner
 void bind_sync(pybind11::module_& m);         // bind_sync.cpp: synchronize_, broadcast planner
 void bind_shard(pybind11::module_& m);        // bind_shard.cpp: DistributedDataContainer
+void bind_hierarchical(
+    pybind11::module_& m);  // bind_hierarchical.cpp: node-aware allreduce options
 
 // Gives a bound options struct the rest of a keyword class: a __repr__ that shows `fields`
 // (Python attribute names, in order) as "Name(a=1, b=True)", and __eq__ over the same fields.

@@ -41,4 +41,5 @@ PYBIND11_MODULE(_C, m) {
   fluxmpi::bind_gradients(m);
   fluxmpi::bind_sync(m);
   fluxmpi::bind_shard(m);
+  fluxmpi::bind_hierarchical(m);
 }

@@ -23,6 +23,7 @@ import sync_worker  # noqa: E402
 from harness import run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py._loader import C  # noqa: E402
 
 HOSTS = int(os.environ.get("FLUXMPI_TEST_HOSTS", "2"))
 PER_HOST = int(os.environ.get("FLUXMPI_TEST_RANKS_PER_HOST", "2"))
@@ -99,7 +100,48 @@ def case_allreduce_rank_plus_one():
 
 
 def case_ring_allreduce_sizes_and_identical_bits():
-    collectives_worker.case_ring_allreduce_sizes_and_identical_bits()
+    # the ring itself, allowed across hosts, with the node-aware path off
+    saved = C.hierarchical_options()
+    C.set_hierarchical_options(C.HierarchicalOptions(enabled=False, ring_across_hosts=True))
+    try:
+        collectives_worker.case_ring_allreduce_sizes_and_identical_bits()
+    finally:
+        C.set_hierarchical_options(saved)
+
+
+def case_hierarchical_allreduce_every_dtype_op_size():
+    # the node-aware path at every size: every dtype and op, results and bits as MPI's
+    saved = C.hierarchical_options()
+    C.set_hierarchical_options(C.HierarchicalOptions(min_bytes=0, max_bytes=1 << 62))
+    before = C.hierarchical_calls()
+    try:
+        collectives_worker.case_allreduce_every_dtype_op_size()
+        collectives_worker.case_allreduce_rank_plus_one()
+        optimizer_worker.check_equivalent(optimizer_worker.SGD)
+    finally:
+        C.set_hierarchical_options(saved)
+    assert C.hierarchical_calls() > before, "nothing took the node-aware path"
+
+
+def case_default_choice_across_hosts():
+    # The default options, chosen by measurement (docs/measurements.md, "Across hosts"): where a
+    # host has more than one rank, allreduces from min_bytes below max_bytes take the
+    # node-aware path, larger ones MPI_Allreduce, never the ring; with one rank per host the
+    # ring's own thresholds decide, as on one host.
+    o, r = C.hierarchical_options(), C.ring_options()
+    n = fm.total_workers()
+    neighbours = PER_HOST > 1
+    for nbytes, node_aware, ring in [
+        (o.min_bytes, neighbours, False),
+        (o.max_bytes - 4, neighbours, False),
+        (max(o.max_bytes, r.sum_min_bytes), False, not neighbours),
+    ]:
+        t = torch.full((nbytes // 4,), float(fm.local_rank()))
+        hier, rings = C.hierarchical_calls(), C.ring_calls()
+        fm.allreduce_(t)
+        assert torch.equal(t, torch.full_like(t, n * (n - 1) / 2)), nbytes
+        took = (C.hierarchical_calls() - hier, C.ring_calls() - rings)
+        assert took == (int(node_aware), int(ring)), (nbytes, took, o, r)
 
 
 def case_bcast_every_dtype_root_size():

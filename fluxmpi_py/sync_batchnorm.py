@@ -1,7 +1,7 @@
 """SyncBatchNorm: batch normalization whose training statistics come from every rank's batch.
 
 N ranks with batch B each normalize, update the running statistics and produce gradients as
-one process with batch N*B would. Per forward in training, one allgather of each rank's
+one process with batch N*B would. Per forward in training, one allreduce gathers each rank's
 per-channel [mean, sum of squared deviations, count] (combined exactly, without the
 cancellation of sum-of-squares); per backward, one allreduce of the two per-channel gradient
 sums. Eval mode is plain batch norm with the running statistics, without communication.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import _row_calls as rows
-from ._agreement import mark_raised_on_every_rank
+from ._agreement import mark_raised_on_every_rank, user_call
+from ._loader import C
 from .collectives import allreduce_
 
 __all__ = ["SyncBatchNorm"]
@@ -33,7 +33,8 @@ def _reduce_dims(x: torch.Tensor) -> list[int]:
 
 
 def _local_stats(x: torch.Tensor, num_features: int) -> torch.Tensor:
-    """This rank's row [mean (C), sum of squared deviations (C), count (1)], stats dtype."""
+    """This rank's row (1, 2C+1): [mean (C), sum of squared deviations (C), count], in fp32
+    (fp64 for fp64 input)."""
     dtype = _stats_dtype(x)
     count = x.numel() // num_features
     if count == 0:  # an empty batch still takes part, with weight 0
@@ -83,7 +84,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = sum_dy.to(weight.dtype if weight is not None else grad.dtype)
         if ctx.needs_input_grad[0]:
-            sums = allreduce_(torch.cat([sum_dy, sum_dy_xhat]), "sum")
+            with user_call("SyncBatchNorm backward"):
+                sums = allreduce_(torch.cat([sum_dy, sum_dy_xhat]), "sum")
             c = sum_dy.numel()
             g_dy, g_dy_xhat = sums[:c].view(shape), sums[c:].view(shape)
             scale = invstd if weight is None else invstd * weight.to(mean.dtype)
@@ -130,17 +132,18 @@ class SyncBatchNorm(_BatchNorm):
             )
         elif not input.is_floating_point():
             error = f"SyncBatchNorm expects a floating input, got {input.dtype}"
-        if error:  # travels in the collective, so every rank raises together
-            local = torch.zeros(1, 2 * self.num_features + 1)
+        width = 2 * self.num_features + 1
+        if error:
+            table = torch.zeros(C.size(), width)
         else:
             local = _local_stats(input, self.num_features)
-        with torch.no_grad():
-            p = rows.start(
-                "allgather", local, grouped=False, async_op=False, call="SyncBatchNorm.forward()",
-                error=error,
-            )  # fmt: skip
-            gathered = p.wait()[0]
-            mean, var, total = _global_stats(gathered, self.num_features)
+            table = local.new_zeros(C.size(), width)
+            table[C.rank()] = local[0]
+        # An allgather as a sum of rows that are zero but on their own rank (exact, and on
+        # every backend). A local error travels in it, so every rank raises together.
+        with torch.no_grad(), user_call("SyncBatchNorm.forward()"):
+            C.allreduce_(table, "sum", error)
+        mean, var, total = _global_stats(table, self.num_features)
         if total <= 1:
             raise mark_raised_on_every_rank(
                 ValueError(

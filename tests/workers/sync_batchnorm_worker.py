@@ -101,6 +101,21 @@ def case_batchnorm2d_matches_one_process():
     check_against_one_process(torch.nn.BatchNorm2d, (2, 3, 4), momentum=0.3)
 
 
+def case_large_mean_small_spread_keeps_the_variance():
+    """Values near 1000 with spread ~1 by rank: fp32 sum-of-squares minus squared mean would
+    lose the variance to cancellation (~0.1 absolute); the per-rank mean and squared deviations
+    keep it."""
+    n = world()
+    x_all = global_batch([B] * n, (3, 8), seed=70) + 1000.0
+    ref = torch.nn.BatchNorm1d(3, momentum=1.0)
+    sbn = fm.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(ref))
+    ref(x_all)
+    sbn(x_all[my_rows([B] * n)])
+    err = (sbn.running_var - ref.running_var).abs().max().item()
+    assert err < 1e-3, f"running_var {sbn.running_var.tolist()} vs {ref.running_var.tolist()}"
+    assert torch.allclose(sbn.running_mean, ref.running_mean, rtol=1e-6, atol=0)
+
+
 def case_momentum_none_is_a_cumulative_average():
     check_against_one_process(torch.nn.BatchNorm1d, (3, 2), momentum=None, steps=3)
 

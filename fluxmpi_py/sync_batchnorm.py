@@ -103,7 +103,8 @@ class SyncBatchNorm(_BatchNorm):
     global count), and backward propagates through them. Every rank must run forward (and
     backward) together, all in training mode; a rank that does otherwise makes the next
     collective disagree, which raises on every rank. Eval mode is ``F.batch_norm`` with the
-    running statistics. Arguments as ``torch.nn.BatchNorm1d``.
+    running statistics (with ``track_running_stats=False``, this rank's batch statistics, as
+    torch's SyncBatchNorm), without communication. Arguments as ``torch.nn.BatchNorm1d``.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> bn = fm.SyncBatchNorm(3)

@@ -39,6 +39,7 @@ _MODULES = (
     "checkpoint",
     "logs",
     "consistency",
+    "sync_batchnorm",
 )
 
 __all__ = []

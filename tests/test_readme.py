@@ -61,7 +61,7 @@ def test_readme_starts_with_the_two_commands():
 def test_readme_reads_as_a_guide():
     # Short enough to read (about 100 lines per major feature area); design notes and
     # measurement details live in docs/.
-    assert len(open(README).read().splitlines()) <= 650
+    assert len(open(README).read().splitlines()) <= 700
     assert len(BLOCKS) >= 8, BLOCKS  # the examples below are really collected
 
 

@@ -121,6 +121,7 @@ def broadcast_object_bytes(
     data: bytes | None, root_rank: int, local_error: str = ""
 ) -> bytes | None: ...
 def allgather_object_bytes(data: bytes, local_error: str = "") -> list[bytes]: ...
+
 # ---- node-aware allreduce (bind_hierarchical.cpp) ------------------------------------------
 class HierarchicalOptions:
     """How the MPI backend's allreduce runs in jobs spanning hosts with more than one rank on a
@@ -292,6 +293,7 @@ def permutation_inverse(n: int, seed: int, epoch: int, values: torch.Tensor) -> 
 
 # ---- consistency (bind_consistency.cpp) ---------------------------------------------------
 def tensor_digests(tensors: Sequence[torch.Tensor]) -> list[int]: ...
+
 # ---- pack plan, pack, unpack (bind_pack.cpp) -----------------------------------------------
 class PackPlan:
     """Where each tensor goes in a flat buffer, with what scale and cast."""

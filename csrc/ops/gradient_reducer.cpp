@@ -240,35 +240,34 @@ void GradientReducer::launch(std::int64_t b) {
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work = Engine::get().submit(
-      labels_[b],
-      [t, op, comp, world, failed, direct, wire, unpack_plan, unpack_into, produced, done] {
-        if (failed->load()) return;  // the step's agreement failed: move no data
-        try {
-          if (produced) produced->make_current_stream_wait();
-          Backend& be = backend_for(t);
-          // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
-          // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-          const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-          if (wire.defined()) {
-            // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
-            // cast back into the slots by one unpack.
-            allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
-            unpack(unpack_plan, wire, unpack_into);
-          } else if (comp && *comp != t.scalar_type()) {
-            // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-            at::Tensor h = t.to(*comp);
-            allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-            t.copy_(h);
-          } else {
-            allreduce_data(be, t, wire_op, world);
-          }
-          if (done) done->record_on_current_stream();
-        } catch (...) {
-          failed->store(true);
-          throw;
-        }
-      });
+  state_[b].work = Engine::get().submit(labels_[b], [t, op, comp, world, failed, direct, wire,
+                                                     unpack_plan, unpack_into, produced, done] {
+    if (failed->load()) return;  // the step's agreement failed: move no data
+    try {
+      if (produced) produced->make_current_stream_wait();
+      Backend& be = backend_for(t);
+      // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
+      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+      if (wire.defined()) {
+        // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
+        // cast back into the slots by one unpack.
+        allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
+        unpack(unpack_plan, wire, unpack_into);
+      } else if (comp && *comp != t.scalar_type()) {
+        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+        at::Tensor h = t.to(*comp);
+        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
+        t.copy_(h);
+      } else {
+        allreduce_data(be, t, wire_op, world);
+      }
+      if (done) done->record_on_current_stream();
+    } catch (...) {
+      failed->store(true);
+      throw;
+    }
+  });
 }
 
 void GradientReducer::launch_ready() {

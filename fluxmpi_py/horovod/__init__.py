@@ -34,6 +34,10 @@ __all__ = [
     "broadcast_",
     "allgather",
     "barrier",
+    "allreduce_async",
+    "allreduce_async_",
+    "poll",
+    "synchronize",
     "join",
     "broadcast_object",
     "allgather_object",
@@ -219,3 +223,68 @@ def allgather(tensor, name=None):
     True
     """
     return _fm.allgather(tensor)
+
+
+class _Handle:
+    """What the ``*_async`` calls return: a request and the step that finishes its result."""
+
+    __slots__ = ("request", "finish")
+
+    def __init__(self, request, finish=None):
+        self.request = request
+        self.finish = finish
+
+
+def allreduce_async_(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+):
+    """Start :func:`allreduce_` in the background; :func:`synchronize` returns the tensor.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
+    [1.0, 1.0]
+    """
+    op = _op(average, op)
+    if prescale_factor != 1.0:
+        tensor.mul_(prescale_factor)
+
+    def finish(t):
+        return t.mul_(postscale_factor) if postscale_factor != 1.0 else t
+
+    return _Handle(_fm.Iallreduce(tensor, op), finish)
+
+
+def allreduce_async(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+):
+    """Start :func:`allreduce` in the background; :func:`synchronize` returns the result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(2), op=hvd.Sum)).tolist() == [hvd.size()] * 2
+    True
+    """
+    return allreduce_async_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
+    )
+
+
+def poll(handle) -> bool:
+    """Whether the collective behind ``handle`` is done (never blocks).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h).shape, hvd.poll(h)
+    (torch.Size([2]), True)
+    """
+    return handle.request.test()
+
+
+def synchronize(handle):
+    """Wait for the collective behind ``handle`` and return its result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(1))).tolist()
+    [1.0]
+    """
+    out = handle.request.wait()
+    finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
+    return finish(out) if finish is not None else out

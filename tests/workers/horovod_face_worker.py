@@ -41,6 +41,18 @@ def case_allreduce_ops_and_scaling():
     assert hvd.allreduce_(t, op=hvd.Sum) is t and t.tolist() == [total, 2.0 * n]
 
 
+def case_async_handles():
+    n, r = hvd.size(), hvd.rank()
+    t = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    out = hvd.synchronize(h)
+    assert hvd.poll(h) and t[0] == r + 1
+    assert out.tolist() == [n * (n + 1) / 4] * 3
+    assert hvd.synchronize(h).tolist() == [n * (n + 1) / 4] * 3  # not rescaled twice
+    h = hvd.allreduce_async_(t)
+    assert hvd.synchronize(h) is t and t.tolist() == [(n + 1) / 2] * 3
+
+
 def case_broadcast_and_allgather():
     n, r = hvd.size(), hvd.rank()
     root = n - 1

@@ -50,7 +50,11 @@ Sum, Average, Min, Max, Product, Adasum = "sum", "average", "min", "max", "prod"
 
 
 class HorovodInternalError(RuntimeError):
-    """Horovod's error type for a failed collective; raised here as Horovod raises it."""
+    """Horovod's error type for a failed collective, for code that catches it.
+
+    >>> import fluxmpi_py.horovod as hvd; issubclass(hvd.HorovodInternalError, RuntimeError)
+    True
+    """
 
 
 def init(comm=None) -> None:

@@ -29,6 +29,9 @@ MODULES = sorted(
         (os.path.basename(p)[:-3], p) for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*.py"))
     )
     if has_something_to_check(path)
+) + sorted(  # subpackages (fluxmpi_py.horovod)
+    f"fluxmpi_py.{os.path.basename(os.path.dirname(p))}"
+    for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*", "__init__.py"))
 )
 
 # Prints one JSON line: the doctest counts, the failure report, and the public callables

@@ -1,0 +1,294 @@
+"""``import fluxmpi_py.horovod as hvd``: Horovod's ``horovod.torch`` names on fluxmpi_py.
+
+Covers the world process set: init and topology, allreduce (ops, averaging, pre/post
+scaling), allgather, broadcast, alltoall, reducescatter, their async forms with
+``synchronize``/``poll``, and the object collectives. Sub-groups, ``join`` and Adasum raise
+a clear error naming the alternative.
+
+>>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+>>> hvd.allreduce(torch.ones(2)).tolist()
+[1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import fluxmpi_py as _fm
+
+__all__ = [
+    "Sum",
+    "Average",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+    "HorovodInternalError",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "allreduce",
+    "allreduce_",
+    "broadcast",
+    "broadcast_",
+    "allgather",
+    "barrier",
+    "allreduce_async",
+    "allreduce_async_",
+    "poll",
+    "synchronize",
+    "join",
+    "broadcast_object",
+    "allgather_object",
+    "add_process_set",
+    "remove_process_set",
+]
+
+# Horovod's reduction op constants, as the fluxmpi_py op names they map to.
+Sum, Average, Min, Max, Product, Adasum = "sum", "average", "min", "max", "prod", "adasum"
+
+
+class HorovodInternalError(RuntimeError):
+    """Horovod's error type for a failed collective, for code that catches it.
+
+    >>> import fluxmpi_py.horovod as hvd; issubclass(hvd.HorovodInternalError, RuntimeError)
+    True
+    """
+
+
+def init(comm=None) -> None:
+    """Start the runtime (idempotent). ``comm``: an mpi4py communicator, as in Horovod.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
+    True
+    """
+    _fm.Init(comm=comm)
+
+
+def shutdown() -> None:
+    """Horovod's shutdown: the runtime ends at interpreter exit, so this waits on a barrier.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.shutdown()
+    """
+    if _fm.Initialized():
+        _fm.barrier()
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has run.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
+    True
+    """
+    return _fm.Initialized()
+
+
+def rank() -> int:
+    """This process's rank in the world.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); 0 <= hvd.rank() < hvd.size()
+    True
+    """
+    return _fm.local_rank()
+
+
+def size() -> int:
+    """The number of processes.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.size() >= 1
+    True
+    """
+    return _fm.total_workers()
+
+
+def local_rank() -> int:
+    """This process's rank on its node.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.local_rank() >= 0
+    True
+    """
+    return _fm.node_local_rank()
+
+
+def _op(average, op) -> str:
+    if average is not None and op is not None:
+        raise ValueError("hvd: give average= or op=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum:
+        raise NotImplementedError(
+            "hvd: Adasum is not supported by fluxmpi_py; use op=hvd.Average (or Sum)"
+        )
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError(f"hvd: unknown op {op!r}; expected hvd.Sum, Average, Min, Max or Product")
+    return op
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` in place over every rank (default: average) and return it.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
+    True
+    """
+    op = _op(average, op)
+    if prescale_factor != 1.0:
+        tensor.mul_(prescale_factor)
+    _fm.allreduce_(tensor, op)
+    if postscale_factor != 1.0:
+        tensor.mul_(postscale_factor)
+    return tensor
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """The reduction of ``tensor`` over every rank, in a new tensor (default: average).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allreduce(torch.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+    return allreduce_(tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor)
+
+
+def barrier() -> None:
+    """Wait until every rank gets here.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
+    """
+    _fm.barrier()
+
+
+def join(device=-1):
+    """Not supported: fluxmpi_py has no join yet.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.join()
+    Traceback (most recent call last):
+    NotImplementedError: hvd.join: fluxmpi_py has no join yet; give every rank the same number of batches (fluxmpi_py.DistributedDataContainer)
+    """
+    raise NotImplementedError(
+        "hvd.join: fluxmpi_py has no join yet; give every rank the same number of batches"
+        " (fluxmpi_py.DistributedDataContainer)"
+    )
+
+
+def add_process_set(process_set):
+    """Not supported: fluxmpi_py has no sub-groups yet.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.add_process_set([0])
+    Traceback (most recent call last):
+    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    """
+    raise NotImplementedError(
+        "hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of"
+        " the ranks to hvd.init(comm=...)"
+    )
+
+
+def remove_process_set(process_set):
+    """Not supported, as :func:`add_process_set`.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.remove_process_set(None)
+    Traceback (most recent call last):
+    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    """
+    add_process_set(process_set)
+
+
+broadcast_object = _fm.broadcast_object
+allgather_object = _fm.allgather_object
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Overwrite ``tensor`` with root_rank's, in place, and return it.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast_(torch.full((2,), float(hvd.rank())), 0).tolist()
+    [0.0, 0.0]
+    """
+    return _fm.bcast_(tensor, root_rank)
+
+
+def broadcast(tensor, root_rank, name=None):
+    """root_rank's ``tensor``, in a new tensor.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast(torch.full((2,), float(hvd.rank())), 0).tolist()
+    [0.0, 0.0]
+    """
+    return _fm.bcast_(tensor.detach().clone(), root_rank)
+
+
+def allgather(tensor, name=None):
+    """Every rank's ``tensor`` concatenated along dim 0 (which may differ by rank).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
+    True
+    """
+    return _fm.allgather(tensor)
+
+
+class _Handle:
+    """What the ``*_async`` calls return: a request and the step that finishes its result."""
+
+    __slots__ = ("request", "finish")
+
+    def __init__(self, request, finish=None):
+        self.request = request
+        self.finish = finish
+
+
+def allreduce_async_(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+):
+    """Start :func:`allreduce_` in the background; :func:`synchronize` returns the tensor.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
+    [1.0, 1.0]
+    """
+    op = _op(average, op)
+    if prescale_factor != 1.0:
+        tensor.mul_(prescale_factor)
+
+    def finish(t):
+        return t.mul_(postscale_factor) if postscale_factor != 1.0 else t
+
+    return _Handle(_fm.Iallreduce(tensor, op), finish)
+
+
+def allreduce_async(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+):
+    """Start :func:`allreduce` in the background; :func:`synchronize` returns the result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(2), op=hvd.Sum)).tolist() == [hvd.size()] * 2
+    True
+    """
+    return allreduce_async_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
+    )
+
+
+def poll(handle) -> bool:
+    """Whether the collective behind ``handle`` is done (never blocks).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h).shape, hvd.poll(h)
+    (torch.Size([2]), True)
+    """
+    return handle.request.test()
+
+
+def synchronize(handle):
+    """Wait for the collective behind ``handle`` and return its result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(1))).tolist()
+    [1.0]
+    """
+    out = handle.request.wait()
+    finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
+    return finish(out) if finish is not None else out

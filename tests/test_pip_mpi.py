@@ -21,10 +21,11 @@ BUILD_TIMEOUT = 3000  # a full build, slow when other builds share the 2 cores
 MPI_NAMES = ("mpi", "ompi", "orte", "opal", "prte", "pmix", "oshmem", "shmem")
 
 CHECK = (
-    "import fluxmpi_py as fm, torch; fm.Init(); t = torch.ones(3) * (fm.local_rank() + 1); "
+    "import os, fluxmpi_py as fm, torch; fm.Init(); t = torch.ones(3) * (fm.local_rank() + 1); "
     "fm.allreduce_(t); "
     "libs = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libmpi.so' in l}); "
-    "print('rank', fm.local_rank(), 'of', fm.total_workers(), t.tolist(), libs, flush=True)"
+    "line = f'rank {fm.local_rank()} of {fm.total_workers()} {t.tolist()} {libs}\\n'; "
+    "os.write(1, line.encode())"
 )
 
 

@@ -19,8 +19,8 @@ BUILD_TIMEOUT = 1200  # a build from scratch on 2 busy cores; with build/ curren
 
 CHECK = (
     "import os, fluxmpi_py as fm, torch; fm.Init(); t = torch.ones(3) * (fm.local_rank() + 1); "
-    "fm.allreduce_(t); print('rank', fm.local_rank(), 'of', fm.total_workers(), t.tolist(), "
-    "os.path.dirname(fm.__file__), flush=True)"
+    "fm.allreduce_(t); line = f'rank {fm.local_rank()} of {fm.total_workers()} {t.tolist()} '"
+    "f'{os.path.dirname(fm.__file__)}\\n'; os.write(1, line.encode())"
 )
 
 

@@ -38,8 +38,10 @@ def disable_cudampi_support(disable: bool = True) -> str:
     """Persist whether CUDA tensors may be handed to MPI directly (CUDA-aware MPI).
 
     Takes effect at the next start of Python, as in FluxMPI. Returns the preferences file.
-    This build moves CUDA tensors through NCCL only; the preference is recorded and reported
-    by ``build_info()["cuda_mpi_enabled"]``, and changes nothing else yet.
+    CUDA tensors travel through NCCL; the collectives NCCL lacks (gather, scatter, alltoall)
+    go over MPI, with device pointers when the MPI library is CUDA-aware, or staged through
+    host memory when it is not or this preference disables it. Reported by
+    ``build_info()["cuda_mpi_enabled"]``.
 
     >>> import fluxmpi_py as fm, os, tempfile
     >>> os.environ["FLUXMPI_PY_CONFIG_DIR"] = tempfile.mkdtemp()

@@ -84,6 +84,9 @@ def Init(
         if not first:
             return
         atexit.register(_at_exit)
+        # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
+        # memory instead of handing device pointers to a CUDA-aware MPI.
+        C.set_cuda_mpi_allowed(cudampi_enabled())
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()

@@ -15,8 +15,9 @@
 
 namespace fluxmpi {
 
-// The process-wide NCCL backend. The device of each call is the device of its buffer.
-Backend& nccl_backend();
+// The NCCL backend of CUDA device `device`: every buffer passed to it lives on that device,
+// which it makes current before any CUDA call.
+Backend& nccl_backend(int device);
 
 // Version of the NCCL library loaded at run time, "major.minor.patch". Needs no GPU.
 std::string nccl_version_string();

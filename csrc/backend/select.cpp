@@ -1,9 +1,12 @@
 #include "backend/select.h"
 
+#include "backend/staged_backend.h"
+
 #ifdef FLUXMPI_WITH_CUDA
 #include "backend/nccl_backend.h"
 #endif
 
+#include <atomic>
 #include <mutex>
 
 namespace fluxmpi {
@@ -12,6 +15,7 @@ namespace {
 
 std::mutex g_refusal_mu;
 std::string g_refusal;
+std::atomic<bool> g_cuda_mpi_allowed{true};
 
 }  // namespace
 
@@ -25,6 +29,9 @@ std::string cuda_refusal() {
   return g_refusal;
 }
 
+void set_cuda_mpi_allowed(bool on) { g_cuda_mpi_allowed = on; }
+bool cuda_mpi_allowed() { return g_cuda_mpi_allowed; }
+
 bool device_supported(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
   if (t.is_cuda()) return true;
@@ -34,11 +41,11 @@ bool device_supported(const at::Tensor& t) {
 
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
-  if (t.is_cuda()) return nccl_backend();
+  if (t.is_cuda()) return nccl_backend(t.get_device());
 #endif
   TORCH_CHECK(t.is_cpu(), "fluxmpi_py: tensors on ", t.device(),
               " are not supported by this build (CPU and, when built with CUDA, CUDA)");
-  return mpi_backend();
+  return stage_host() ? staged_host_backend() : mpi_backend();
 }
 
 bool compiled_with_cuda() {

@@ -23,6 +23,12 @@ bool compiled_with_cuda();
 void set_cuda_refusal(std::string why);
 std::string cuda_refusal();
 
+// Whether CUDA tensors may go to a CUDA-aware MPI library directly (Init sets it from
+// fluxmpi_py.cudampi_enabled(), i.e. disable_cudampi_support()); where not, the collectives
+// NCCL lacks stage CUDA tensors through host memory. Default: allowed.
+void set_cuda_mpi_allowed(bool on);
+bool cuda_mpi_allowed();
+
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 

@@ -4,11 +4,19 @@
 // of the call, as the MPI backend blocks. See docs/sections/60-cuda.md for the cost of that.
 #include "backend/nccl_backend.h"
 
+#include "backend/mpi_cuda_support.h"
+#include "backend/select.h"
+#include "backend/staged_backend.h"
+
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>  // before nccl.h: declares the bf16 type that enables ncclBfloat16
 #include <nccl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "cuda/nccl_check.h"
 #include "cuda/nccl_comm.h"
@@ -66,12 +74,13 @@ std::int64_t bytes_of(std::int64_t count, c10::ScalarType dt) {
   return count * static_cast<std::int64_t>(c10::elementSize(dt));
 }
 
-// The context every call shares: the buffer's device made current, its current stream, and
-// the communicator (created on first use, which is collective; hence the world-of-one paths
-// below return before asking for it).
+// The context every call shares: the backend's device made current (before any CUDA call, so
+// that a thread that never chose a device does not create a context on GPU 0), its current
+// stream, and the communicator (created on first use, which is collective; hence the
+// world-of-one paths below return before asking for it).
 struct Call {
-  explicit Call(const void* buf)
-      : device(nccl::device_of(buf)),
+  explicit Call(int device_index)
+      : device(device_index),
         guard(static_cast<c10::DeviceIndex>(device)),
         stream(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device))) {}
 
@@ -99,14 +108,66 @@ void copy_on_stream(Call& call, void* dst, const void* src, std::int64_t bytes) 
   call.finish("cudaMemcpyAsync");
 }
 
+// Staging for MPI: pinned host buffers, copies on the device's current stream. The wait is a
+// plain stream synchronize, not a BlockingCall: a copy involves no peer, and not every rank
+// copies (only the root's bytes enter a broadcast).
+class CudaCopier final : public DeviceCopier {
+ public:
+  explicit CudaCopier(int device) : device_(device) {}
+  at::Tensor host_buffer(std::int64_t bytes) override {
+    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  void to_host(void* host, const void* device, std::int64_t bytes) override {
+    copy(host, device, bytes, cudaMemcpyDeviceToHost);
+  }
+  void to_device(void* device, const void* host, std::int64_t bytes) override {
+    copy(device, host, bytes, cudaMemcpyHostToDevice);
+  }
+
+ private:
+  void copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind kind) {
+    Call call(device_);
+    check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, call.stream.stream()),
+               "cudaMemcpyAsync (staging for MPI)");
+    check_cuda(cudaStreamSynchronize(call.stream.stream()), "cudaStreamSynchronize (staging)");
+  }
+  int device_;
+};
+
 class NcclBackend final : public Backend {
  public:
+  explicit NcclBackend(int device)
+      : device_(device),
+        copier_(device),
+        staged_(mpi_backend(), copier_, "mpi (staged from cuda)") {}
+
+  // The collectives NCCL has no call for go over MPI (see mpi_route()).
+  void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
+                  const std::vector<std::int64_t>& recv_bytes) override {
+    mpi_route(true).allgatherv(send, send_bytes, recv, recv_bytes);
+  }
+  void gatherv(const void* send, std::int64_t send_bytes, void* recv,
+               const std::vector<std::int64_t>& recv_bytes, int root) override {
+    mpi_route(true).gatherv(send, send_bytes, recv, recv_bytes, root);
+  }
+  void scatterv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                std::int64_t recv_bytes, int root) override {
+    mpi_route(true).scatterv(send, send_bytes, recv, recv_bytes, root);
+  }
+  void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
+                 const std::vector<std::int64_t>& recv_bytes) override {
+    mpi_route(true).alltoallv(send, send_bytes, recv, recv_bytes);
+  }
+  void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                      c10::ScalarType dt, ReduceOp op) override {
+    mpi_route(false).reduce_scatter(send, recv, counts, dt, op);
+  }
   const char* name() const override { return "nccl"; }
 
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
     auto plan = plan_or_throw(dt, op);
     if (count == 0 || env().size == 1) return;  // the reduction of one buffer is itself
-    Call call(buf);
+    Call call(device_);
     at::Tensor user = view_of(buf, count, dt, call.device);
     // Native and Reinterpret reduce the caller's bytes in place; Convert goes through a
     // temporary that lives until after finish(), so the caching allocator cannot reuse it early.
@@ -121,7 +182,7 @@ class NcclBackend final : public Backend {
 
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dt, int root) override {
     if (count == 0 || env().size == 1) return;
-    Call call(buf);
+    Call call(device_);
     // Bytes travel as bytes: any dtype, nothing to convert.
     ncclComm_t comm = call.comm();
     check_nccl(ncclBroadcast(buf, buf, static_cast<size_t>(bytes_of(count, dt)), ncclUint8, root,
@@ -135,7 +196,7 @@ class NcclBackend final : public Backend {
     auto plan = plan_or_throw(dt, op);
     if (count == 0) return;
     const bool is_root = env().rank == root;
-    Call call(send);
+    Call call(device_);
     if (env().size == 1) {
       copy_on_stream(call, recv, send, bytes_of(count, dt));
       return;
@@ -158,7 +219,7 @@ class NcclBackend final : public Backend {
 
   void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dt) override {
     if (count == 0) return;
-    Call call(send);
+    Call call(device_);
     std::int64_t bytes = bytes_of(count, dt);
     if (env().size == 1) {
       copy_on_stream(call, recv, send, bytes);
@@ -174,13 +235,39 @@ class NcclBackend final : public Backend {
   // NCCL has no barrier and a barrier is about ranks, not devices: the MPI one is exact and
   // needs no device buffer.
   void barrier() override { mpi_backend().barrier(); }
+
+ private:
+  // Straight from device memory when the MPI library is CUDA-aware, disable_cudampi_support()
+  // is not set and the call only moves bytes (MPI's reductions of device memory and our 16-bit
+  // reduction ops are host code); staged through pinned host buffers otherwise. Either way the
+  // data's stream is finished first, since MPI knows nothing of streams.
+  Backend& mpi_route(bool moves_bytes_only) {
+    if (moves_bytes_only && cuda_mpi_allowed() && mpi_cuda_support() == "yes") {
+      Call call(device_);
+      check_cuda(cudaStreamSynchronize(call.stream.stream()),
+                 "cudaStreamSynchronize (CUDA-aware MPI)");
+      return mpi_backend();
+    }
+    return staged_;
+  }
+
+  int device_;
+  CudaCopier copier_;
+  StagedBackend staged_;
 };
 
 }  // namespace
 
-Backend& nccl_backend() {
-  static NcclBackend backend;
-  return backend;
+Backend& nccl_backend(int device) {
+  TORCH_CHECK(device >= 0, "fluxmpi_py: the NCCL backend needs a CUDA device index, got ", device);
+  // One backend per device, made on first use and never freed (backends are referenced for
+  // the life of the process); std::map keeps their addresses stable.
+  static std::mutex mu;
+  static auto* backends = new std::map<int, std::unique_ptr<NcclBackend>>();
+  std::lock_guard<std::mutex> lk(mu);
+  auto& slot = (*backends)[device];
+  if (!slot) slot = std::make_unique<NcclBackend>(device);
+  return *slot;
 }
 
 std::string nccl_version_string() {

@@ -124,7 +124,10 @@ void check_async(const char* what, ncclComm_t comm, int device) {
       r.comms.erase(it);
     }
   }
-  TORCH_CHECK(false, message, "; the NCCL communicator of cuda:", device, " was aborted");
+  // Fatal for the job, as torch's NCCL async error handling is: the other ranks still hold the
+  // old communicator, so a new one made here alone would hang this rank's next collective.
+  abort_job(message + "; the NCCL communicator of cuda:" + std::to_string(device) +
+            " was aborted and the job ends (the ranks' NCCL state can no longer agree)");
 }
 
 }  // namespace
@@ -170,15 +173,6 @@ void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CU
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-}
-
-int device_of(const void* ptr) {
-  cudaPointerAttributes attr{};
-  check_cuda(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
-  TORCH_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
-              "fluxmpi_py: the NCCL backend got a buffer that is not CUDA device memory on rank ",
-              rank_for_message(), " (host tensors go through the MPI backend)");
-  return attr.device;
 }
 
 }  // namespace fluxmpi::nccl

@@ -17,10 +17,7 @@ void destroy_all_comms();
 // Block the host until everything enqueued so far on `stream` has completed, inside a
 // BlockingCall named `what` (so a peer that exits ends the job instead of hanging it). While
 // waiting, NCCL's asynchronous errors on `comm` are polled: on one, the communicator is
-// aborted and forgotten, and a RuntimeError names the error.
+// aborted and the job ends with the error (abort_job), as in torch's NCCL async error handling.
 void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream);
-
-// The device whose memory `ptr` points into; a clear error for host pointers.
-int device_of(const void* ptr);
 
 }  // namespace fluxmpi::nccl

@@ -3,6 +3,7 @@
 
 #include "backend/mpi_cuda_support.h"
 #include "backend/select.h"
+#include "backend/staged_backend.h"
 #include "ops/collectives.h"
 #include "python/bindings.h"
 #include "runtime/engine.h"
@@ -43,6 +44,10 @@ void bind_runtime(py::module_& m) {
   m.def("mpi_cuda_support", &mpi_cuda_support);
   m.def("set_cuda_refusal", &set_cuda_refusal, py::arg("why"));
   m.def("cuda_refusal", &cuda_refusal);
+  m.def("set_cuda_mpi_allowed", &set_cuda_mpi_allowed, py::arg("on"));
+  m.def("cuda_mpi_allowed", &cuda_mpi_allowed);
+  m.def("set_stage_host", &set_stage_host, py::arg("on"));
+  m.def("staged_host_bytes", &staged_host_bytes);
   m.attr("compiled_torch_version") = TORCH_VERSION;
   m.def(
       "barrier",

@@ -30,6 +30,14 @@ def main() -> int:
         t = torch.full((1001,), float(rank + 1), device=dev, dtype=dtype)
         fm.allreduce_(t, "sum")
         check(f"allreduce_ sum {dtype}", bool((t == world * (world + 1) / 2).all()))
+    for dtype in (torch.float32, torch.float64):  # the average inside NCCL (ncclAvg)
+        t = torch.full((1001,), float(rank + 1), device=dev, dtype=dtype)
+        fm.allreduce_(t, "average")
+        check(f"allreduce_ average {dtype}", bool((t == (world + 1) / 2).all()))
+    # Over MPI (the collectives NCCL lacks): CUDA-aware, or staged through host memory.
+    rows = fm.allgather(torch.full((rank + 1, 2), float(rank), device=dev))
+    want = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(world)])
+    check("allgather of uneven CUDA rows (over MPI)", torch.equal(rows.cpu(), want))
     t = torch.arange(7.0, device=dev) * (rank + 1)
     fm.bcast_(t, root_rank=0)
     check("bcast_", torch.equal(t.cpu(), torch.arange(7.0)))
@@ -52,7 +60,7 @@ def main() -> int:
         torch.randn(world * 4, 8, generator=gen),
         torch.randn(world * 4, 1, generator=gen),
     )
-    for compression in (None, "bf16"):
+    for compression in (None, "bf16", "fp16"):  # 16-bit buckets reduce natively in NCCL
         m = [p.detach().clone() for p in ref.parameters()]
         mine = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         mine = mine.to(dev)

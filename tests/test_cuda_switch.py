@@ -153,6 +153,12 @@ static_assert(reduction_plan(c10::kHalf, ReduceOp::Sum)->wire == c10::kFloat);
 static_assert(reduction_plan(c10::kHalf, ReduceOp::Max)->move == Move::Native);
 static_assert(!reduction_plan(c10::kFloat, ReduceOp::Average).has_value());
 static_assert(!reduction_plan(c10::kComplexFloat, ReduceOp::Sum).has_value());
+// 16 bits on the wire when the caller accepts them (compressed buckets): native, no temporary.
+static_assert(wire16_plan(c10::kHalf, ReduceOp::Sum)->wire == c10::kHalf);
+static_assert(wire16_plan(c10::kBFloat16, ReduceOp::Sum)->move == Move::Native);
+static_assert(wire16_plan(c10::kFloat, ReduceOp::Sum)->wire == c10::kFloat);
+static_assert(wire16_plan(c10::kBool, ReduceOp::Sum)->move == Move::Reinterpret);
+static_assert(!wire16_plan(c10::kHalf, ReduceOp::Average).has_value());
 int main() {
   const int dtypes[] = {DTYPES};
   for (int d : dtypes)

@@ -30,6 +30,13 @@ class Backend {
                                  int divisor) {
     unsupported("allreduce_divided");
   }
+  // As allreduce, for float16/bfloat16 callers that accept 16 bits on the wire, each combine
+  // computed in fp32 and rounded (compressed gradient buckets: HalfReduction::Wire16 in
+  // ops/collectives.h). The MPI backend's 16-bit reduction already is that; a backend that
+  // would otherwise widen 16-bit sums (NCCL) reduces natively here.
+  virtual void allreduce_wire16(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
+    allreduce(buf, count, dtype, op);
+  }
   virtual void broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) {
     unsupported("broadcast");
   }

@@ -165,18 +165,44 @@ class NcclBackend final : public Backend {
   const char* name() const override { return "nccl"; }
 
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
-    auto plan = plan_or_throw(dt, op);
-    if (count == 0 || env().size == 1) return;  // the reduction of one buffer is itself
+    allreduce_by(plan_or_throw(dt, op), buf, count, dt);
+  }
+
+  void allreduce_wire16(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
+    plan_or_throw(dt, op);  // the same errors as allreduce
+    allreduce_by(*nccl::wire16_plan(dt, op), buf, count, dt);
+  }
+
+  // The division inside the reduction: ncclAvg when dividing by the world size, else a
+  // pre-multiplied sum (each rank's values times 1/divisor, then summed), both NCCL >= 2.11.
+  bool fuses_division() const override { return true; }
+  void allreduce_divided(void* buf, std::int64_t count, c10::ScalarType dt, int divisor) override {
+    TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
+                "fluxmpi_py: allreduce_divided takes float or double, got ", dt);
+    TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
+    if (count == 0) return;
     Call call(device_);
-    at::Tensor user = view_of(buf, count, dt, call.device);
-    // Native and Reinterpret reduce the caller's bytes in place; Convert goes through a
-    // temporary that lives until after finish(), so the caching allocator cannot reuse it early.
-    at::Tensor wire = plan.move == nccl::Move::Convert ? user.to(plan.wire) : user;
+    if (env().size == 1) {
+      if (divisor != 1) view_of(buf, count, dt, call.device).div_(divisor);
+      call.finish("allreduce_divided");
+      return;
+    }
     ncclComm_t comm = call.comm();
-    check_nccl(ncclAllReduce(wire.data_ptr(), wire.data_ptr(), static_cast<size_t>(count),
-                             nccl_type(plan.wire), nccl_op(plan.op), comm, call.stream.stream()),
-               "ncclAllReduce", comm);
-    if (plan.move == nccl::Move::Convert) user.copy_(wire);
+    ncclRedOp_t op = ncclAvg;
+    const bool premul = divisor != env().size;
+    if (premul) {
+      const float f = 1.0f / static_cast<float>(divisor);
+      const double d = 1.0 / static_cast<double>(divisor);
+      const void* scalar = dt == c10::kFloat ? static_cast<const void*>(&f) : &d;
+      check_nccl(ncclRedOpCreatePreMulSum(&op, const_cast<void*>(scalar), nccl_type(dt),
+                                          ncclScalarHostImmediate, comm),
+                 "ncclRedOpCreatePreMulSum", comm);
+    }
+    const ncclResult_t rc = ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dt), op,
+                                          comm, call.stream.stream());
+    // An operator may be destroyed once the last call given it has returned (NCCL docs).
+    if (premul) ncclRedOpDestroy(op, comm);
+    check_nccl(rc, "ncclAllReduce (average)", comm);
     call.finish("ncclAllReduce");
   }
 
@@ -237,6 +263,21 @@ class NcclBackend final : public Backend {
   void barrier() override { mpi_backend().barrier(); }
 
  private:
+  void allreduce_by(const nccl::WirePlan& plan, void* buf, std::int64_t count, c10::ScalarType dt) {
+    if (count == 0 || env().size == 1) return;  // the reduction of one buffer is itself
+    Call call(device_);
+    at::Tensor user = view_of(buf, count, dt, call.device);
+    // Native and Reinterpret reduce the caller's bytes in place; Convert goes through a
+    // temporary that lives until after finish(), so the caching allocator cannot reuse it early.
+    at::Tensor wire = plan.move == nccl::Move::Convert ? user.to(plan.wire) : user;
+    ncclComm_t comm = call.comm();
+    check_nccl(ncclAllReduce(wire.data_ptr(), wire.data_ptr(), static_cast<size_t>(count),
+                             nccl_type(plan.wire), nccl_op(plan.op), comm, call.stream.stream()),
+               "ncclAllReduce", comm);
+    if (plan.move == nccl::Move::Convert) user.copy_(wire);
+    call.finish("ncclAllReduce");
+  }
+
   // Straight from device memory when the MPI library is CUDA-aware, disable_cudampi_support()
   // is not set and the call only moves bytes (MPI's reductions of device memory and our 16-bit
   // reduction ops are host code); staged through pinned host buffers otherwise. Either way the

@@ -73,4 +73,14 @@ constexpr std::optional<WirePlan> reduction_plan(c10::ScalarType t, ReduceOp op)
   }
 }
 
+// The plan when the caller accepts 16 bits on the wire (Backend::allreduce_wire16): float16
+// and bfloat16 reduce natively, each combine rounded to 16 bits, at half the bytes of the
+// fp32 temporary; every other dtype as reduction_plan.
+constexpr std::optional<WirePlan> wire16_plan(c10::ScalarType t, ReduceOp op) {
+  if ((t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16) && op != ReduceOp::Average) {
+    return WirePlan{t, op, Move::Native};
+  }
+  return reduction_plan(t, op);
+}
+
 }  // namespace fluxmpi::nccl

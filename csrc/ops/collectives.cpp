@@ -177,7 +177,11 @@ void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world, Hal
       (wire == c10::kFloat || wire == c10::kDouble)) {
     b.allreduce_divided(c.data_ptr(), c.numel(), wire, world);  // no separate division pass
   } else {
-    b.allreduce(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
+    if (half == HalfReduction::Wire16 && is_half(wire)) {
+      b.allreduce_wire16(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
+    } else {
+      b.allreduce(c.data_ptr(), c.numel(), wire, wire_op(op, dt));
+    }
     if (op == ReduceOp::Average && !prescale) divide_by(c, world);
   }
   write_back(c, t);

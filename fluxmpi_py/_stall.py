@@ -99,6 +99,15 @@ def _answer_stack_requests() -> None:
         C.post_stack(stack, site)
 
 
+def join_stack_thread(timeout: float) -> None:
+    """Wait up to `timeout` seconds for the stack thread to end (after C.shutdown() woke it).
+
+    >>> join_stack_thread(0.0)  # no thread: returns at once
+    """
+    if _thread is not None:
+        _thread.join(timeout)
+
+
 def start_stack_thread() -> None:
     """Start the daemon thread that answers the watchdog's stack requests (once)."""
     global _thread

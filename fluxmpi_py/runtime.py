@@ -48,7 +48,10 @@ def _comm_handle(comm) -> int:
 
 def _at_exit():
     if C.initialized():
-        C.shutdown()
+        C.shutdown()  # also wakes the stack thread, which then returns into Python
+        # Let it finish before the interpreter finalizes: a thread that retakes the GIL during
+        # finalization is ended by pthread_exit, whose unwind through C++ aborts the process.
+        _stall.join_stack_thread(timeout=5.0)
 
 
 def Init(

@@ -17,6 +17,8 @@ naming this limit) instead of hanging.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ._loader import C
@@ -35,7 +37,9 @@ class JoinState:
     and this rank's bookkeeping."""
 
     def __init__(self, divide_by_initial_world_size: bool, what: str):
-        self.optimizers = []
+        # Weak: hvd.join's registry must not keep every optimizer ever made alive. Indices
+        # stay stable (ranks register in the same order); a dead one is never stepped.
+        self.optimizers: list[weakref.ref] = []
         self.divide_by_initial_world_size = divide_by_initial_world_size
         self.what = what
         self.active_rounds = 0  # rounds this rank took part in as active
@@ -44,11 +48,13 @@ class JoinState:
         if getattr(opt, "_join", None) is not None:
             raise ValueError(f"{self.what}: this DistributedOptimizer is already in a join")
         opt._join = (self, len(self.optimizers))
-        self.optimizers.append(opt)
+        self.optimizers.append(weakref.ref(opt))
 
     def release(self) -> None:
-        for opt in self.optimizers:
-            opt._join = None
+        for ref in self.optimizers:
+            opt = ref()
+            if opt is not None:
+                opt._join = None
         self.optimizers = []
 
 
@@ -93,7 +99,12 @@ def wait_for_all(state: JoinState, who: str) -> int:
             ) from e
         if count == 0:
             break
-        state.optimizers[index]._shadow_step(count)
+        opt = state.optimizers[index]()
+        if opt is None:
+            raise RuntimeError(
+                f"{who}: the others stepped an optimizer that rank {C.rank()} no longer has"
+            )
+        opt._shadow_step(count)
     rounds = allgather_object(state.active_rounds)
     state.active_rounds = 0
     return max(range(len(rounds)), key=lambda r: (rounds[r], r))

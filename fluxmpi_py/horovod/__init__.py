@@ -189,11 +189,12 @@ def allreduce(
     )
 
 
-def barrier() -> None:
+def barrier(process_set=None) -> None:
     """Wait until every rank gets here.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
     """
+    _collectives._no_process_set(process_set)
     _fm.barrier()
 
 
@@ -256,8 +257,26 @@ def remove_process_set(process_set):
     _process_sets_unsupported()
 
 
-broadcast_object = _fm.broadcast_object
-allgather_object = _fm.allgather_object
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's ``obj`` (pickled) on every rank.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
+    {'epoch': 3}
+    """
+    _collectives._no_process_set(process_set)
+    return _fm.broadcast_object(obj, root_rank)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's ``obj`` (pickled), in rank order.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+    True
+    """
+    _collectives._no_process_set(process_set)
+    return _fm.allgather_object(obj)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):

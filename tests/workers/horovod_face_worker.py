@@ -64,7 +64,11 @@ def case_broadcast_and_allgather():
     assert hvd.broadcast_(t, root) is t and t.tolist() == [float(root)] * 2
     g = hvd.allgather(torch.full((r + 1, 2), float(r)))
     assert g[:, 0].tolist() == [float(i) for i in range(n) for _ in range(i + 1)]
-    assert hvd.broadcast_object({"r": r}, root_rank=root) == {"r": root}
+    assert hvd.broadcast_object({"r": r}, root_rank=root, name="o") == {"r": root}
+    gps = hvd.global_process_set
+    assert hvd.allgather_object(r, name="o", process_set=gps) == list(range(n))
+    assert hvd.allreduce(t, op=hvd.Sum, process_set=gps).tolist() == [float(root * n)] * 2
+    hvd.barrier(process_set=gps)
 
 
 def case_unsupported_raise_naming_the_alternative():
@@ -128,6 +132,8 @@ def case_training_script_fp16_compression():
         # fp16 on the wire: gradients rounded to 11 bits, weights still fp32
         assert torch.allclose(p, q, rtol=1e-3, atol=1e-3), (name, (p - q).abs().max())
         assert p.dtype == torch.float32
+    # and the rounding did happen (the gradients travelled in fp16)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
 
 
 def case_broadcast_parameters_forms():

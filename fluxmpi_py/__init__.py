@@ -40,6 +40,7 @@ _MODULES = (
     "logs",
     "consistency",
     "sync_batchnorm",
+    "join",
 )
 
 __all__ = []

@@ -149,6 +149,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._check_every = check_every
         self._steps_taken = 0  # step() calls, for check_every
         self._module = module
+        self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
+        self._join_count = 0  # active ranks in this step's join round; 0: no round yet
         self._plan = ReductionPlan(
             self._named(),
             "DistributedOptimizer()",
@@ -191,6 +193,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 reducer_ref._sync_enabled
                 and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
             ):
+                if reducer_ref._join is not None and not reducer_ref._join_count:
+                    reducer_ref._join_round()  # before this step's first bucket
                 reducer_ref._reducer.mark_ready(index)
 
         return hook
@@ -200,9 +204,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._sync_enabled:
             self._passes += 1
 
+    def _join_round(self) -> None:
+        """Inside a join: this step's round, as an active rank (a tiny collective)."""
+        from .join import round_
+
+        state, index = self._join
+        self._join_count, _ = round_(state, index, active=True)
+
     def _reduce(self) -> None:
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
-        changed (requires_grad flipped, or a group was added)."""
+        changed (requires_grad flipped, or a group was added). Inside a join, the step's
+        round goes first, and the average is rescaled when it divides by the active ranks."""
+        if self._join is not None:
+            if not self._join_count:
+                self._join_round()
+            count, self._join_count = self._join_count, 0
+            self._finish_reduction()
+            self._rescale_for_join(count)
+            return
+        self._finish_reduction()
+
+    def _rescale_for_join(self, count: int) -> None:
+        from .join import grad_scale
+
+        scale = grad_scale(self._join[0], count)
+        if scale != 1.0 and self._op == "average":
+            for p in self._plan.order:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+
+    def _shadow_step(self, count: int) -> None:
+        """A joined rank's part in an active rank's step: reduce zeros with the others and
+        apply the reduced gradient, as they do."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._finish_reduction()
+        self._rescale_for_join(count)
+        self._synchronized = False
+        self._passes = 0
+        self._checked(self._step_and_sync_buffers(None))
+
+    def _finish_reduction(self) -> None:
         changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()
         order = replan_if_changed(self._plan, changed, self._named)
         if order is not None:
@@ -248,6 +289,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
         """
         if closure is not None:
+            if self._join is not None:
+                raise ValueError(
+                    "DistributedOptimizer.step(closure) cannot run inside a join: a joined "
+                    "rank cannot re-evaluate the closure with the others"
+                )
 
             def reduced_closure():
                 with torch.enable_grad():

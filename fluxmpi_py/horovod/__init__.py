@@ -1,9 +1,10 @@
 """``import fluxmpi_py.horovod as hvd``: Horovod's ``horovod.torch`` names on fluxmpi_py.
 
-Covers the world process set: init and topology, allreduce (ops, averaging, pre/post
-scaling), allgather, broadcast, alltoall, reducescatter, their async forms with
-``synchronize``/``poll``, and the object collectives. Sub-groups, ``join`` and Adasum raise
-a clear error naming the alternative.
+Covers the world process set: init, topology and build predicates; allreduce (ops,
+averaging, pre/post scaling), allgather, broadcast, alltoall, reducescatter, their async and
+grouped forms with ``synchronize``/``poll``; the object collectives; ``DistributedOptimizer``,
+``Compression``, ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``SyncBatchNorm``.
+Process sets and Adasum raise a clear error naming the alternative.
 
 >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
 >>> hvd.allreduce(torch.ones(2)).tolist()
@@ -13,6 +14,17 @@ a clear error naming the alternative.
 from __future__ import annotations
 
 import fluxmpi_py as _fm
+
+from . import _collectives, _optimizer, _topology
+from ._collectives import *  # noqa: F403
+from ._collectives import _Handle, global_process_set
+from ._optimizer import *  # noqa: F403
+from ._topology import *  # noqa: F403
+
+SyncBatchNorm = _fm.SyncBatchNorm
+
+# The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
+__test__ = {n: getattr(m, n) for m in (_collectives, _optimizer, _topology) for n in m.__all__}
 
 __all__ = [
     "Sum",
@@ -43,6 +55,12 @@ __all__ = [
     "allgather_object",
     "add_process_set",
     "remove_process_set",
+    "ProcessSet",
+    "global_process_set",
+    "SyncBatchNorm",
+    *_collectives.__all__,
+    *_optimizer.__all__,
+    *_topology.__all__,
 ]
 
 # Horovod's reduction op constants, as the fluxmpi_py op names they map to.
@@ -64,6 +82,7 @@ def init(comm=None) -> None:
     True
     """
     _fm.Init(comm=comm)
+    _topology.learn()
 
 
 def shutdown() -> None:
@@ -125,13 +144,22 @@ def _op(average, op) -> str:
     return op
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
     """Reduce ``tensor`` in place over every rank (default: average) and return it.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
     True
     """
+    _collectives._no_process_set(process_set)
     op = _op(average, op)
     if prescale_factor != 1.0:
         tensor.mul_(prescale_factor)
@@ -141,35 +169,72 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     return tensor
 
 
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
     """The reduction of ``tensor`` over every rank, in a new tensor (default: average).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allreduce(torch.ones(2)).tolist()
     [1.0, 1.0]
     """
-    return allreduce_(tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor)
+    return allreduce_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def barrier() -> None:
+def barrier(process_set=None) -> None:
     """Wait until every rank gets here.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
     """
+    _collectives._no_process_set(process_set)
     _fm.barrier()
 
 
-def join(device=-1):
-    """Not supported: fluxmpi_py has no join yet.
+def join(device=-1) -> int:
+    """This rank ran out of data: until every rank has joined, take part in the others'
+    ``hvd.DistributedOptimizer`` steps with zero gradients (applying the reduced steps too,
+    so all ranks end with the same weights); return the last rank to join. The average
+    divides by the world size (a joined rank counts as zeros). Collectives other than those
+    steps, issued while some rank has joined, raise on every rank (see
+    :mod:`fluxmpi_py.join`).
 
-    >>> import fluxmpi_py.horovod as hvd; hvd.join()
-    Traceback (most recent call last):
-    NotImplementedError: hvd.join: fluxmpi_py has no join yet; give every rank the same number of batches (fluxmpi_py.DistributedDataContainer)
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
+    True
     """
-    raise NotImplementedError(
-        "hvd.join: fluxmpi_py has no join yet; give every rank the same number of batches"
-        " (fluxmpi_py.DistributedDataContainer)"
-    )
+    from ..join import wait_for_all
+
+    return wait_for_all(_optimizer.JOIN, "hvd.join")
+
+
+_NO_PROCESS_SETS = (
+    "hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of"
+    " the ranks to hvd.init(comm=...)"
+)
+
+
+def _process_sets_unsupported():
+    raise NotImplementedError(_NO_PROCESS_SETS)
+
+
+class ProcessSet:
+    """Not supported: fluxmpi_py has no sub-groups yet (``hvd.global_process_set`` is accepted
+    wherever Horovod takes ``process_set=``).
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.ProcessSet([0])
+    Traceback (most recent call last):
+    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    """
+
+    def __init__(self, ranks_or_comm):
+        _process_sets_unsupported()
 
 
 def add_process_set(process_set):
@@ -179,10 +244,7 @@ def add_process_set(process_set):
     Traceback (most recent call last):
     NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
     """
-    raise NotImplementedError(
-        "hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of"
-        " the ranks to hvd.init(comm=...)"
-    )
+    _process_sets_unsupported()
 
 
 def remove_process_set(process_set):
@@ -192,55 +254,71 @@ def remove_process_set(process_set):
     Traceback (most recent call last):
     NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
     """
-    add_process_set(process_set)
+    _process_sets_unsupported()
 
 
-broadcast_object = _fm.broadcast_object
-allgather_object = _fm.allgather_object
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's ``obj`` (pickled) on every rank.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
+    {'epoch': 3}
+    """
+    _collectives._no_process_set(process_set)
+    return _fm.broadcast_object(obj, root_rank)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's ``obj`` (pickled), in rank order.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+    True
+    """
+    _collectives._no_process_set(process_set)
+    return _fm.allgather_object(obj)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Overwrite ``tensor`` with root_rank's, in place, and return it.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast_(torch.full((2,), float(hvd.rank())), 0).tolist()
     [0.0, 0.0]
     """
+    _collectives._no_process_set(process_set)
     return _fm.bcast_(tensor, root_rank)
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=None):
     """root_rank's ``tensor``, in a new tensor.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast(torch.full((2,), float(hvd.rank())), 0).tolist()
     [0.0, 0.0]
     """
-    return _fm.bcast_(tensor.detach().clone(), root_rank)
+    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Every rank's ``tensor`` concatenated along dim 0 (which may differ by rank).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
     True
     """
+    _collectives._no_process_set(process_set)
     return _fm.allgather(tensor)
 
 
-class _Handle:
-    """What the ``*_async`` calls return: a request and the step that finishes its result."""
-
-    __slots__ = ("request", "finish")
-
-    def __init__(self, request, finish=None):
-        self.request = request
-        self.finish = finish
-
-
 def allreduce_async_(
-    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
 ):
     """Start :func:`allreduce_` in the background; :func:`synchronize` returns the tensor.
 
@@ -248,6 +326,7 @@ def allreduce_async_(
     >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
     [1.0, 1.0]
     """
+    _collectives._no_process_set(process_set)
     op = _op(average, op)
     if prescale_factor != 1.0:
         tensor.mul_(prescale_factor)
@@ -259,7 +338,13 @@ def allreduce_async_(
 
 
 def allreduce_async(
-    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
 ):
     """Start :func:`allreduce` in the background; :func:`synchronize` returns the result.
 
@@ -268,7 +353,7 @@ def allreduce_async(
     True
     """
     return allreduce_async_(
-        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
     )
 
 

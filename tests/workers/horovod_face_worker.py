@@ -1,5 +1,7 @@
 """fluxmpi_py.horovod (Horovod's torch names) against closed forms: allreduce ops, averaging,
-pre/post scaling, broadcast, allgather, objects, and the clear errors of what it lacks.
+pre/post scaling, broadcast, allgather, alltoall, reducescatter, grouped forms, objects,
+topology; a Horovod-style training script against one process on the whole data; and the
+clear errors of what it lacks.
 
 Run by tests/test_horovod_face.py under mpiexec at 1, 2 and 3 ranks.
 """
@@ -12,6 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import raises, run_cases  # noqa: E402
 
+import fluxmpi_py as fm  # noqa: E402
 import fluxmpi_py.horovod as hvd  # noqa: E402
 
 
@@ -61,14 +64,235 @@ def case_broadcast_and_allgather():
     assert hvd.broadcast_(t, root) is t and t.tolist() == [float(root)] * 2
     g = hvd.allgather(torch.full((r + 1, 2), float(r)))
     assert g[:, 0].tolist() == [float(i) for i in range(n) for _ in range(i + 1)]
-    assert hvd.broadcast_object({"r": r}, root_rank=root) == {"r": root}
+    assert hvd.broadcast_object({"r": r}, root_rank=root, name="o") == {"r": root}
+    gps = hvd.global_process_set
+    assert hvd.allgather_object(r, name="o", process_set=gps) == list(range(n))
+    assert hvd.allreduce(t, op=hvd.Sum, process_set=gps).tolist() == [float(root * n)] * 2
+    hvd.barrier(process_set=gps)
 
 
 def case_unsupported_raise_naming_the_alternative():
     raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), "Average")
-    raises(NotImplementedError, hvd.join, "same number of batches")
     raises(NotImplementedError, lambda: hvd.add_process_set([0]), "comm=")
+    raises(NotImplementedError, lambda: hvd.ProcessSet([0]), "comm=")
+    raises(NotImplementedError, lambda: hvd.alltoall(torch.ones(1), process_set=object()), "comm=")
     raises(ValueError, lambda: hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum), "not both")
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _train_like_horovod(compression, steps=3, passes=2, micro=3):
+    """A Horovod training script with only its import changed; returns the final weights and
+    the weights of one process that trained on every rank's data."""
+    n, r = hvd.size(), hvd.rank()
+    torch.manual_seed(1234)
+    data = torch.randn(steps, passes, n, micro, 4)
+    target = torch.randn(steps, passes, n, micro, 2)
+
+    model = _net(seed=100 + r)  # ranks start apart: broadcast_parameters must fix that
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        backward_passes_per_step=passes,
+    )
+    for s in range(steps):
+        opt.zero_grad()
+        for k in range(passes):
+            loss = torch.nn.functional.mse_loss(model(data[s, k, r]), target[s, k, r])
+            loss.backward()
+        opt.step()
+
+    ref = _net(seed=100)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for s in range(steps):
+        ref_opt.zero_grad()
+        for k in range(passes):  # one process: each pass sees every rank's micro-batch
+            x, y = data[s, k].reshape(-1, 4), target[s, k].reshape(-1, 2)
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    return model, ref
+
+
+def case_training_script_matches_one_process():
+    model, ref = _train_like_horovod(hvd.Compression.none)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (name, (p - q).abs().max())
+
+
+def case_training_script_fp16_compression():
+    model, ref = _train_like_horovod(hvd.Compression.fp16)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        # fp16 on the wire: gradients rounded to 11 bits, weights still fp32
+        assert torch.allclose(p, q, rtol=1e-3, atol=1e-3), (name, (p - q).abs().max())
+        assert p.dtype == torch.float32
+    # and the rounding did happen (the gradients travelled in fp16)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def case_broadcast_parameters_forms():
+    n, r = hvd.size(), hvd.rank()
+    model = _net(seed=r)
+    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=n - 1)
+    want = _net(seed=n - 1)
+    for p, q in zip(model.parameters(), want.parameters()):
+        assert torch.equal(p, q)
+    model = _net(seed=r)
+    hvd.broadcast_parameters(model.parameters(), root_rank=0)
+    assert torch.equal(model[0].weight, _net(seed=0)[0].weight)
+    raises(ValueError, lambda: hvd.broadcast_parameters(torch.ones(1), 0), "invalid params")
+    raises(TypeError, lambda: hvd.broadcast_parameters({"a": 3}, 0), "a is a int")
+
+
+def case_broadcast_optimizer_state_without_a_step():
+    n, r = hvd.size(), hvd.rank()
+    model = _net(seed=0)
+    # lr as a tensor on the root, a float elsewhere; state only on the root
+    lr = torch.tensor(0.01) if r == 0 else 0.5
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.99 - 0.01 * r))
+    if r == 0:
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert torch.is_tensor(opt.param_groups[0]["lr"]) and torch.equal(
+        opt.param_groups[0]["lr"], torch.tensor(0.01)
+    )
+    assert opt.param_groups[0]["betas"] == (0.9, 0.99)
+    states = hvd.allgather_object({k: v for k, v in opt.state_dict()["state"][0].items()})
+    for st in states:
+        assert float(st["step"]) == 1.0
+        assert torch.equal(st["exp_avg"], states[0]["exp_avg"])
+    # the wrapped optimizer of hvd.DistributedOptimizer is reached too
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1)))
+    hvd.broadcast_optimizer_state(dopt, root_rank=n - 1)
+    assert dopt.param_groups[0]["lr"] == 0.1 * n
+
+
+def case_distributed_optimizer_checks_like_horovod():
+    model = _net(seed=0)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    dup = [("w", p) for _, p in named]
+    raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, named_parameters=dup), "duplicates: w")
+    raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, named_parameters=named[:2]),
+           "not named", "param_groups[0][2]")  # fmt: skip
+    raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, named_parameters=[1, 2]), "tuples")
+    raises(NotImplementedError, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Average")
+    raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum,
+           gradient_predivide_factor=2.0), "op != Average")  # fmt: skip
+    raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, compression=object()), "fp16")
+
+
+def case_distributed_optimizer_sum_synchronize_and_skip():
+    n, r = hvd.size(), hvd.rank()
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), op=hvd.Sum,
+                                   named_parameters=[("w", w)])  # fmt: skip
+    (w * (r + 1)).sum().backward()
+    opt.synchronize()
+    assert w.grad.tolist() == [n * (n + 1) / 2] * 3  # summed over ranks, before step
+    with opt.skip_synchronize():
+        opt.step()
+    assert w.tolist() == [-n * (n + 1) / 2] * 3
+    # gradient_predivide_factor: the same average
+    v = torch.nn.Parameter(torch.zeros(2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([v], lr=1.0), gradient_predivide_factor=2.0)
+    (v * (r + 1)).sum().backward()
+    opt.step()
+    assert torch.allclose(v, torch.full((2,), -(n + 1) / 2))
+
+
+def case_topology_and_predicates():
+    n = hvd.size()
+    assert hvd.local_size() >= 1 and 0 <= hvd.local_rank() < hvd.local_size()
+    assert 0 <= hvd.cross_rank() < hvd.cross_size()
+    pairs = hvd.allgather_object((hvd.local_rank(), hvd.cross_rank()))
+    assert len(set(pairs)) == n  # (local, cross) names each rank once
+    assert hvd.cross_size() == sum(1 for lr, _ in pairs if lr == hvd.local_rank())
+    assert hvd.mpi_built() and hvd.mpi_enabled()
+    assert not (hvd.gloo_built() or hvd.gloo_enabled() or hvd.ddl_built() or hvd.ccl_built())
+    assert not hvd.rocm_built()
+    info = fm.build_info()
+    assert hvd.cuda_built() == info["compiled_with_cuda"]
+    assert bool(hvd.nccl_built()) == bool(info["nccl"])
+    assert hvd.mpi_threads_supported() == info["thread_multiple"]
+
+
+def case_alltoall_and_reducescatter():
+    n, r = hvd.size(), hvd.rank()
+    out = hvd.alltoall(torch.full((n, 2), float(r)))
+    assert out[:, 0].tolist() == [float(j) for j in range(n)]
+    # rank r sends j+1 rows to rank j, valued 10*r + j
+    splits = [j + 1 for j in range(n)]
+    t = torch.cat([torch.full((j + 1,), 10.0 * r + j) for j in range(n)])
+    out, received = hvd.alltoall(t, splits=splits)
+    assert received.tolist() == [r + 1] * n and received.dtype == torch.int32
+    assert out.tolist() == [10.0 * i + r for i in range(n) for _ in range(r + 1)]
+    h = hvd.alltoall_async(t, splits=torch.tensor(splits, dtype=torch.int32))
+    o2, rec2 = hvd.synchronize(h)
+    assert torch.equal(o2, out) and torch.equal(rec2, received)
+    # reducescatter: dim 0 of n+1 rows, rank 0 gets two rows; default op Average
+    x = torch.arange(float(n + 1)).unsqueeze(1) * (r + 1)
+    mine = [0, 1] if r == 0 else [r + 1]
+    total = n * (n + 1) / 2
+    assert hvd.reducescatter(x)[:, 0].tolist() == [i * total / n for i in mine]
+    assert hvd.reducescatter(x, op=hvd.Sum)[:, 0].tolist() == [i * total for i in mine]
+    s = hvd.synchronize(hvd.reducescatter_async(x, op=hvd.Sum, prescale_factor=2.0,
+                                                postscale_factor=0.5))  # fmt: skip
+    assert s[:, 0].tolist() == [i * total for i in mine] and x[1, 0] == r + 1
+    a, b = hvd.grouped_reducescatter([x, torch.ones(n, dtype=torch.float64)], op=hvd.Sum)
+    assert a[:, 0].tolist() == [i * total for i in mine] and b.tolist() == [float(n)]
+    a, b = hvd.synchronize(hvd.grouped_reducescatter_async([x, x]))
+    assert a.tolist() == b.tolist() == hvd.reducescatter(x).tolist()
+
+
+def case_grouped_allreduce_and_allgather():
+    n, r = hvd.size(), hvd.rank()
+    total = n * (n + 1) / 2
+    ts = [torch.full((2,), float(r + 1)), torch.full((3,), r + 1, dtype=torch.float64)]
+    out = hvd.grouped_allreduce(ts, op=hvd.Sum, postscale_factor=2.0)
+    assert [o.tolist() for o in out] == [[2 * total] * 2, [2 * total] * 3]
+    assert ts[0][0] == r + 1  # inputs left alone
+    out = hvd.synchronize(hvd.grouped_allreduce_async(ts))
+    assert [o.tolist() for o in out] == [[total / n] * 2, [total / n] * 3]
+    assert hvd.grouped_allreduce_(ts, op=hvd.Max) is not None and ts[1].tolist() == [float(n)] * 3
+    h = hvd.grouped_allreduce_async_([torch.ones(1)], average=False)
+    assert [o.tolist() for o in hvd.synchronize(h)] == [[float(n)]]
+    g = hvd.grouped_allgather([torch.full((r + 1,), float(r)), torch.ones(1, 2)])
+    assert g[0].tolist() == [float(i) for i in range(n) for _ in range(i + 1)]
+    assert g[1].shape == (n, 2)
+    g2 = hvd.synchronize(hvd.grouped_allgather_async([torch.full((r + 1,), float(r))]))
+    assert torch.equal(g2[0], g[0])
+    assert hvd.synchronize(hvd.allgather_async(torch.ones(1))).shape == (n,)
+    t = torch.full((2,), float(r))
+    assert hvd.synchronize(hvd.broadcast_async(t, n - 1)).tolist() == [n - 1.0] * 2
+    assert hvd.synchronize(hvd.broadcast_async_(t, n - 1)) is t and t[0] == n - 1
+    assert hvd.Compression.fp16.decompress(*hvd.Compression.fp16.compress(t)).dtype == t.dtype
+    assert hvd.SyncBatchNorm is fm.SyncBatchNorm
+
+
+def case_join_uneven_data_returns_last_rank():
+    n, r = hvd.size(), hvd.rank()
+    batches = 4
+    torch.manual_seed(3)
+    data = torch.randn(batches, n, 3)
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), backward_passes_per_step=1)
+    for s in range(batches - (r + 1)):  # rank r has r + 1 batches fewer
+        (w * data[s, r]).sum().backward()  # gradient: data[s, r]
+        opt.step()
+        opt.zero_grad()
+    assert hvd.join() == 0  # rank 0 has the most batches: it joins last
+    want = -sum(data[s, q] for s in range(batches) for q in range(n) if s < batches - (q + 1)) / n
+    assert torch.allclose(w.detach(), want, atol=1e-6), (w, want)
+    assert torch.equal(hvd.allgather(w.detach().unsqueeze(0)), w.detach().expand(n, 3))
+    assert hvd.join() == n - 1  # every rank joins at once: the highest rank
 
 
 if __name__ == "__main__":

@@ -1,0 +1,364 @@
+"""Horovod's alltoall, reducescatter and grouped collectives on fluxmpi_py's row collectives
+(one fused data collective per grouped call), with their ``_async`` forms.
+
+Handles are :class:`_Handle` objects, finished by ``hvd.synchronize``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _row_calls as rows
+from .. import gather_collectives as _gc
+
+__all__ = [
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "allgather_async",
+    "broadcast_async",
+    "broadcast_async_",
+]
+
+
+class _Handle:
+    """What the ``*_async`` calls return: a request and the step that finishes its result."""
+
+    __slots__ = ("request", "finish")
+
+    def __init__(self, request, finish=None):
+        self.request = request
+        self.finish = finish
+
+
+def _scale_op(op, prescale_factor, postscale_factor, tensors):
+    """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
+    (op, finish) where finish applies the postscale to the result."""
+    from . import _op  # the shared op check of allreduce
+
+    op = _op(None, op)
+    if op not in ("sum", "average"):
+        raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
+    if prescale_factor != 1.0:
+        for t in tensors:
+            t.mul_(prescale_factor)
+
+    def finish(out):
+        if postscale_factor != 1.0:
+            for t in out if isinstance(out, list) else [out]:
+                t.mul_(postscale_factor)
+        return out
+
+    return op, finish
+
+
+def _horovod_splits(tensor: torch.Tensor) -> list[int]:
+    """Horovod's reducescatter parts: dim 0 in world-size parts, the first ranks one row more
+    when it does not divide."""
+    from .. import total_workers
+
+    n = total_workers()
+    q, rem = divmod(tensor.shape[0] if tensor.dim() else 0, n)
+    return [q + (1 if r < rem else 0) for r in range(n)]
+
+
+class _AlltoallWithSplits(torch.autograd.Function):
+    """alltoall that also returns the received row counts; backward: the reverse alltoall."""
+
+    @staticmethod
+    def forward(ctx, x, splits):
+        p = rows.start(
+            "alltoall", x, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
+        )
+        out = p.wait()[0]
+        ctx.received = p.received_splits[0]
+        received = torch.tensor(ctx.received, dtype=torch.int32)
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _grad_received):
+        p = rows.start(
+            "alltoall", grad, grouped=False, async_op=False,
+            call="hvd.alltoall() backward", splits=ctx.received,
+        )  # fmt: skip
+        return p.wait()[0], None
+
+
+def _with_received(tensors, pending):
+    return tensors[0], torch.tensor(pending.received_splits[0], dtype=torch.int32)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Part j of ``tensor`` (dim 0, by ``splits`` or equal parts) goes to rank j; returns the
+    parts received, in rank order, and, when ``splits`` is given, the received row counts
+    (int32) too, as Horovod does. Differentiable.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> out, got = hvd.alltoall(torch.ones(n, 2), splits=[1] * n); out.shape[0] == n, got.tolist() == [1] * n
+    (True, True)
+    """
+    _no_process_set(process_set)
+    if splits is None:
+        return _gc.alltoall(tensor)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AlltoallWithSplits.apply(tensor, splits)
+    p = rows.start(
+        "alltoall", tensor, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
+    )
+    return _with_received(p.wait(), p)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Start :func:`alltoall`; ``hvd.synchronize`` returns what it returns.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.synchronize(hvd.alltoall_async(torch.ones(n))).tolist() == [1.0] * n
+    True
+    """
+    _no_process_set(process_set)
+    p = rows.start(
+        "alltoall", tensor, grouped=False, async_op=True, call="hvd.alltoall_async()",
+        splits=splits,
+    )  # fmt: skip
+    return _Handle(rows.finish(p, True, rows.first if splits is None else _with_received))
+
+
+def reducescatter(
+    tensor, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Rank r's part (dim 0 in world-size parts, the first ranks one row more when it does
+    not divide) of the reduction of ``tensor`` over every rank; ``op``: ``hvd.Average``
+    (default) or ``hvd.Sum``. ``compression`` is accepted and ignored (full precision).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.reducescatter(torch.ones(n, 2), op=hvd.Sum).tolist() == [[float(n)] * 2]
+    True
+    """
+    return synchronize_now(
+        reducescatter_async(
+            tensor, name, compression, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+
+
+def reducescatter_async(
+    tensor, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Start :func:`reducescatter`; ``hvd.synchronize`` returns the part.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(n))).tolist()
+    [1.0]
+    """
+    _no_process_set(process_set)
+    tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
+    op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
+    req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
+    return _Handle(req, finish)
+
+
+def grouped_reducescatter(
+    tensors, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """:func:`reducescatter` of each tensor of a list, one data collective per dtype.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)])]
+    [[1.0], [1.0, 1.0]]
+    """
+    return synchronize_now(
+        grouped_reducescatter_async(
+            tensors, name, compression, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+
+
+def grouped_reducescatter_async(
+    tensors, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Start :func:`grouped_reducescatter`; ``hvd.synchronize`` returns the list.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> len(hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(n)])))
+    1
+    """
+    _no_process_set(process_set)
+    tensors = list(tensors)
+    if prescale_factor != 1.0:
+        tensors = [t.detach().clone() for t in tensors]
+    op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
+    splits = [_horovod_splits(t) for t in tensors]
+    return _Handle(_gc.grouped_reduce_scatter(tensors, op, splits, async_op=True), finish)
+
+
+def grouped_allreduce_async_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """Start :func:`grouped_allreduce_` (one fused allreduce per dtype).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async_([torch.ones(1)]))]
+    [[1.0]]
+    """
+    from . import _op
+
+    _no_process_set(process_set)
+    op = _op(average, op)
+    tensors = list(tensors)
+    if prescale_factor != 1.0:
+        for t in tensors:
+            t.mul_(prescale_factor)
+
+    def finish(out):
+        if postscale_factor != 1.0:
+            for t in out:
+                t.mul_(postscale_factor)
+        return out
+
+    return _Handle(_gc.grouped_allreduce_(tensors, op, async_op=True), finish)
+
+
+def grouped_allreduce_async(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """Start :func:`grouped_allreduce` (new tensors; the inputs are left alone).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(1)]))]
+    [[1.0]]
+    """
+    return grouped_allreduce_async_(
+        [t.detach().clone() for t in tensors], average, name, op, prescale_factor,
+        postscale_factor, process_set,
+    )  # fmt: skip
+
+
+def grouped_allreduce_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """:func:`hvd.allreduce_ <fluxmpi_py.horovod.allreduce_>` of each tensor of a list, in
+    place, fused into one allreduce per dtype; returns the list.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.grouped_allreduce_([torch.ones(1), torch.ones(2)])]
+    [[1.0], [1.0, 1.0]]
+    """
+    return synchronize_now(
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def grouped_allreduce(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """:func:`grouped_allreduce_` into new tensors.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.grouped_allreduce([torch.ones(1)], op=hvd.Sum)] == [[hvd.size()]]
+    True
+    """
+    return synchronize_now(
+        grouped_allreduce_async(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """:func:`hvd.allgather <fluxmpi_py.horovod.allgather>` of each tensor of a list, in one
+    data collective.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.shape[0] for t in hvd.grouped_allgather([torch.ones(1), torch.ones(2)])] == [hvd.size(), 2 * hvd.size()]
+    True
+    """
+    _no_process_set(process_set)
+    return _gc.grouped_allgather(list(tensors))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Start :func:`grouped_allgather`.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> len(hvd.synchronize(hvd.grouped_allgather_async([torch.ones(1)])))
+    1
+    """
+    _no_process_set(process_set)
+    return _Handle(_gc.grouped_allgather(list(tensors), async_op=True))
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Start ``hvd.allgather``.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allgather_async(torch.ones(1))).shape[0] == hvd.size()
+    True
+    """
+    _no_process_set(process_set)
+    return _Handle(_gc.allgather(tensor, async_op=True))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Start ``hvd.broadcast_`` (in place).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.broadcast_async_(torch.full((1,), float(hvd.rank())), 0)).tolist()
+    [0.0]
+    """
+    from ..collectives import Ibcast
+
+    _no_process_set(process_set)
+    return _Handle(Ibcast(tensor, root_rank))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Start ``hvd.broadcast`` (into a new tensor).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.broadcast_async(torch.full((1,), float(hvd.rank())), 0)).tolist()
+    [0.0]
+    """
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def synchronize_now(handle):
+    """Wait for ``handle`` and apply its finishing step."""
+    out = handle.request.wait()
+    return handle.finish(out) if handle.finish is not None else out
+
+
+class _GlobalProcessSet:
+    """Horovod's ``hvd.global_process_set``: every rank (the only process set here)."""
+
+    def __repr__(self) -> str:
+        return "hvd.global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def _no_process_set(process_set):
+    if process_set is not None and process_set is not global_process_set:
+        from . import _process_sets_unsupported
+
+        _process_sets_unsupported()

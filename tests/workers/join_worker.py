@@ -1,0 +1,129 @@
+"""fluxmpi_py.Join with DistributedOptimizer on uneven inputs, against closed forms: rank r has
+r + 1 fewer batches than a full shard; no rank hangs, every rank ends with the same weights,
+and the weights are the closed-form sum of the active ranks' averaged gradients.
+
+Run by tests/test_join.py under mpiexec at 1, 2 and 3 ranks.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import raises, run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+
+BATCHES = 5
+
+
+def _data():
+    torch.manual_seed(7)
+    return torch.randn(BATCHES, fm.total_workers(), 3)
+
+
+def _train(data, opt_kwargs=None, **join_kwargs):
+    """Linear loss (w * x).sum(): the gradient is x, so SGD(lr=1) ends at minus the sum of the
+    applied gradients. Rank r trains on BATCHES - (r + 1) batches."""
+    r = fm.local_rank()
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), **(opt_kwargs or {}))
+    with fm.Join([opt], **join_kwargs) as j:
+        for s in range(BATCHES - (r + 1)):
+            (w * data[s, r]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return w.detach(), j.last_joined_rank
+
+
+def _active(s, n):
+    return [r for r in range(n) if s < BATCHES - (r + 1)]
+
+
+def case_join_averages_over_initial_world_size():
+    n = fm.total_workers()
+    data = _data()
+    w, last = _train(data)
+    want = -sum(data[s, r] for s in range(BATCHES) for r in _active(s, n)) / n
+    assert torch.allclose(w, want, atol=1e-6), (w, want)
+    assert last == 0  # rank 0 has the most batches
+    ws = fm.allgather(w.unsqueeze(0))
+    assert torch.equal(ws, w.expand(n, 3))  # the joined ranks applied the same steps
+
+
+def case_join_divides_by_active_ranks():
+    n = fm.total_workers()
+    data = _data()
+    w, last = _train(data, divide_by_initial_world_size=False)
+    want = torch.zeros(3)
+    for s in range(BATCHES):
+        act = _active(s, n)
+        if act:
+            want -= sum(data[s, r] for r in act) / len(act)
+    assert torch.allclose(w, want, atol=1e-6), (w, want)
+    assert last == 0
+
+
+def case_join_with_accumulation_and_fused_buckets():
+    n = fm.total_workers()
+    data = _data()
+    w, _ = _train(data, opt_kwargs={"direct_min_bytes": None, "compression": None})
+    want = -sum(data[s, r] for s in range(BATCHES) for r in _active(s, n)) / n
+    assert torch.allclose(w, want, atol=1e-6)
+
+
+def case_join_then_normal_steps_pay_nothing():
+    # After the block, the optimizer is out of the join: its steps are plain again and the
+    # ranks may issue other collectives.
+    n = fm.total_workers()
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))
+    with fm.Join([opt]):
+        pass
+    assert opt._join is None
+    (w * (fm.local_rank() + 1)).sum().backward()
+    opt.step()
+    assert torch.allclose(w, torch.tensor([-(n + 1) / 2]))
+    assert fm.allreduce_(torch.ones(1)).item() == n
+
+
+def case_other_collective_while_joined_raises_on_every_rank():
+    n, r = fm.total_workers(), fm.local_rank()
+    if n == 1:
+        return
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))
+
+    def run():
+        with fm.Join([opt]):
+            if r != n - 1:  # the last rank has no data and joins at once
+                (w * 1.0).sum().backward()
+                opt.step()
+                fm.allreduce_(torch.ones(4), "sum")  # not a step: meets the joined rank's round
+
+    if r == n - 1:
+        raises(RuntimeError, run, "had joined", "only those steps")
+    else:
+        try:
+            run()
+        except (ValueError, RuntimeError) as e:
+            assert any("fluxmpi_py.Join" in note for note in e.__notes__), e
+        else:
+            raise AssertionError("the collective against a joined rank did not raise")
+    assert opt._join is None
+    fm.barrier()  # the ranks are in step again
+
+
+def case_join_rejects_what_it_cannot_shadow():
+    raises(TypeError, lambda: fm.Join([torch.optim.SGD([torch.zeros(1, requires_grad=True)], 1)]),
+           "joinables[0]")  # fmt: skip
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))
+    with fm.Join([opt]):
+        raises(ValueError, lambda: opt.step(lambda: w.sum()), "closure")
+        raises(ValueError, lambda: fm.Join([opt]).__enter__(), "already in a join")
+
+
+if __name__ == "__main__":
+    run_cases(globals())

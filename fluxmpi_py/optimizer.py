@@ -128,9 +128,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         super().__init__(
             [{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults)
         )
-        self.optimizer = optimizer
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
+        self.optimizer = optimizer  # from here on, param_groups and state are the optimizer's
         self.defaults = optimizer.defaults
         self._op = "average" if op in ("avg", "mean") else op
         self._cap_bytes = int(bucket_cap_mb * _MiB)
@@ -364,8 +362,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict) -> None:
         self.optimizer.load_state_dict(state_dict)
-        self.state = self.optimizer.state
-        self.param_groups = self.optimizer.param_groups
+
+    # The wrapped optimizer's groups and state, read through at every access: loading a state
+    # dict into it (synchronize_, a checkpoint) replaces its lists, and a copy held here would
+    # leave LR schedulers changing groups that no longer train anything.
+    @property
+    def param_groups(self):
+        inner = self.__dict__.get("optimizer")
+        return self.__dict__["_placeholder_groups"] if inner is None else inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value) -> None:
+        inner = self.__dict__.get("optimizer")
+        if inner is None:  # Optimizer.__init__ setting up the placeholder
+            self.__dict__["_placeholder_groups"] = value
+        else:
+            inner.param_groups = value
+
+    @property
+    def state(self):
+        inner = self.__dict__.get("optimizer")
+        return self.__dict__["_placeholder_state"] if inner is None else inner.state
+
+    @state.setter
+    def state(self, value) -> None:
+        inner = self.__dict__.get("optimizer")
+        if inner is None:
+            self.__dict__["_placeholder_state"] = value
+        else:
+            inner.state = value
 
     def __getstate__(self):
         raise TypeError("DistributedOptimizer cannot be pickled; save its state_dict() instead")

@@ -97,6 +97,26 @@ def test_distributed_optimizer_rejects_bad_compression_before_any_collective():
         fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="int8")
 
 
+def test_wrapper_follows_the_wrapped_optimizers_groups_after_a_load():
+    # Loading a state dict into the wrapped optimizer (synchronize_ of it, a checkpoint)
+    # replaces its param_groups; an LR change through the wrapper must still reach it.
+    import fluxmpi_py as fm
+
+    fm.Init()
+    model = torch.nn.Linear(2, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = fm.DistributedOptimizer(sgd)
+    sgd.load_state_dict(sgd.state_dict())
+    for g in opt.param_groups:
+        g["lr"] = 0.5
+    assert [g["lr"] for g in sgd.param_groups] == [0.5]
+    assert opt.state is sgd.state and opt.param_groups is sgd.param_groups
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert len(sgd.state) == 2  # momentum buffers, seen through the wrapper too
+    assert len(opt.state) == 2
+
+
 def test_planners_need_no_init():
     # A fresh interpreter that never calls Init reaches both pure planners.
     code = (

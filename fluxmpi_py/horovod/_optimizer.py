@@ -270,6 +270,4 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
         raise TypeError(
             f"broadcast_optimizer_state takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
-    synchronize_(optimizer, root_rank)
-    if wrapper is not None:  # loading the state replaced the wrapped one's groups and state
-        wrapper.param_groups, wrapper.state = optimizer.param_groups, optimizer.state
+    synchronize_(optimizer, root_rank)  # the wrapper reads the new groups and state through

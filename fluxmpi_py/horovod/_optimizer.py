@@ -263,9 +263,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     >>> opt = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())
     >>> hvd.broadcast_optimizer_state(opt, root_rank=0)
     """
-    wrapper = None
     if isinstance(optimizer, _FluxDistributedOptimizer):
-        wrapper, optimizer = optimizer, optimizer.optimizer
+        optimizer = optimizer.optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"broadcast_optimizer_state takes a torch.optim.Optimizer, got {type(optimizer).__name__}"

@@ -40,6 +40,7 @@ _MODULES = (
     "logs",
     "consistency",
     "sync_batchnorm",
+    "c10d",
 )
 
 __all__ = []

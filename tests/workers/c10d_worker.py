@@ -326,14 +326,15 @@ def train_ddp(group, steps=4, hook=None, no_sync=False, skip_unused=False, **ddp
     return [p.detach().clone() for p in model.parameters()]
 
 
-def same_params(got, want, label):
+def same_params(got, want, label, rtol=1e-5, atol=1e-6):
     """Bit for bit at 1 and 2 ranks. At 3 ranks gloo and MPI add the three contributions in
-    different orders, so the sums may differ in the last bit."""
+    different orders, so the sums may differ in the last bit (of fp16 under the fp16 hook:
+    gloo rounds each partial sum to fp16, fluxmpi sums in fp32 and rounds once)."""
     for i, (a, b) in enumerate(zip(got, want)):
         if world() <= 2:
             assert torch.equal(a, b), f"{label}: parameter {i} differs: {(a - b).abs().max()}"
         else:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"{label} {i}"))
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=labelled(f"{label} {i}"))
 
 
 DDP_VARIANTS = {
@@ -355,7 +356,8 @@ def case_ddp_fp16_compress_hook_equals_gloo():
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
     same_params(train_ddp(None, hook=fp16_compress_hook),
-                train_ddp(gloo(), hook=fp16_compress_hook), "fp16_compress_hook")  # fmt: skip
+                train_ddp(gloo(), hook=fp16_compress_hook), "fp16_compress_hook",
+                rtol=2e-3, atol=1e-4)  # fmt: skip
 
 
 def full_batches(steps, per_rank=6):

@@ -9,6 +9,10 @@ run over MPI with a pip-installed torch. Without ``MASTER_ADDR`` the ``env://`` 
 takes rank and world size from MPI (a plain ``python`` is a world of one) and makes the
 store from them; with ``MASTER_ADDR`` set (torchrun) torch's own rendezvous runs. The backend
 runs on the world group; ``new_group`` over a strict subset of the ranks raises.
+
+>>> import fluxmpi_py, torch.distributed as dist
+>>> "fluxmpi" in dist.Backend.backend_list
+True
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ std::string reduce_op_name(const c10d::ReduceOp& op, std::string& error) {
     default: break;
   }
   if (error.empty()) {
-    const char* name = op.op_ == c10d::ReduceOp::BAND  ? "BAND"
+    const char* name = op.op_ == c10d::ReduceOp::BAND   ? "BAND"
                        : op.op_ == c10d::ReduceOp::BOR  ? "BOR"
                        : op.op_ == c10d::ReduceOp::BXOR ? "BXOR"
                                                         : "PREMUL_SUM";
@@ -74,7 +74,8 @@ void allgather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
                      const std::vector<at::Tensor>& inputs) {
   const auto world = static_cast<std::size_t>(env().size);
   std::string err;
-  if (outputs.size() != inputs.size()) set_once(err, count_error("output lists", outputs.size(), inputs.size()));
+  if (outputs.size() != inputs.size())
+    set_once(err, count_error("output lists", outputs.size(), inputs.size()));
   for (std::size_t i = 0; i < outputs.size() && i < inputs.size() && err.empty(); ++i) {
     if (outputs[i].size() != world) {
       set_once(err, count_error("the output list", outputs[i].size(), world) + " (one per rank)");
@@ -97,7 +98,8 @@ void allgather_into_tensors(const std::vector<at::Tensor>& outputs,
                             const std::vector<at::Tensor>& inputs) {
   const int world = env().size;
   std::string err;
-  if (outputs.size() != inputs.size()) set_once(err, count_error("outputs", outputs.size(), inputs.size()));
+  if (outputs.size() != inputs.size())
+    set_once(err, count_error("outputs", outputs.size(), inputs.size()));
   for (std::size_t i = 0; i < outputs.size() && i < inputs.size() && err.empty(); ++i) {
     set_once(err, check_output(outputs[i], world * inputs[i].numel(), inputs[i],
                                "the output tensor (world size x input)"));
@@ -169,8 +171,8 @@ void scatter_lists(const std::vector<at::Tensor>& outputs,
 }
 
 void reduce_scatter_lists(const std::vector<at::Tensor>& outputs,
-                          const std::vector<std::vector<at::Tensor>>& inputs,
-                          const std::string& op, const std::string& local_error) {
+                          const std::vector<std::vector<at::Tensor>>& inputs, const std::string& op,
+                          const std::string& local_error) {
   const auto& e = env();
   std::string err = local_error;
   at::Tensor out = outputs.size() == 1 ? outputs[0] : at::Tensor();
@@ -203,7 +205,8 @@ void reduce_scatter_tensors(const std::vector<at::Tensor>& outputs,
                             const std::string& local_error) {
   const int world = env().size;
   std::string err = local_error;
-  if (outputs.size() != inputs.size()) set_once(err, count_error("outputs", outputs.size(), inputs.size()));
+  if (outputs.size() != inputs.size())
+    set_once(err, count_error("outputs", outputs.size(), inputs.size()));
   for (std::size_t i = 0; i < outputs.size() && i < inputs.size() && err.empty(); ++i) {
     set_once(err, check_output(inputs[i], world * outputs[i].numel(), outputs[i],
                                "the input tensor (world size x output)"));
@@ -246,8 +249,7 @@ void alltoall_single(const at::Tensor& output, const at::Tensor& input,
                       env().rank, ": ", c10::IntArrayRef(rows));
   }
   TORCH_CHECK_VALUE(output.size(0) == got[0].size(0), "fluxmpi: all_to_all_single output has ",
-                    output.size(0), " rows, but rank ", env().rank, " received ",
-                    got[0].size(0));
+                    output.size(0), " rows, but rank ", env().rank, " received ", got[0].size(0));
   c10::AutoGradMode no_grad(false);
   output.copy_(got[0]);
 }

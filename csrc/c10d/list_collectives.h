@@ -33,8 +33,8 @@ void scatter_lists(const std::vector<at::Tensor>& outputs,
                    const std::vector<std::vector<at::Tensor>>& inputs, std::int64_t root);
 // outputs[0] = reduction over ranks of inputs[0][rank].
 void reduce_scatter_lists(const std::vector<at::Tensor>& outputs,
-                          const std::vector<std::vector<at::Tensor>>& inputs,
-                          const std::string& op, const std::string& local_error);
+                          const std::vector<std::vector<at::Tensor>>& inputs, const std::string& op,
+                          const std::string& local_error);
 // outputs[i] = part `rank` (of world equal parts) of the reduction of inputs[i].
 void reduce_scatter_tensors(const std::vector<at::Tensor>& outputs,
                             const std::vector<at::Tensor>& inputs, const std::string& op,

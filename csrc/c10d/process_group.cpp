@@ -15,8 +15,7 @@
 namespace fluxmpi {
 
 C10dWork::C10dWork(int rank, c10d::OpType type, std::shared_ptr<fluxmpi::Work> work,
-                   std::vector<at::Tensor> outputs,
-                   c10::intrusive_ptr<c10::ivalue::Future> future)
+                   std::vector<at::Tensor> outputs, c10::intrusive_ptr<c10::ivalue::Future> future)
     : c10d::Work(rank, type),
       work_(std::move(work)),
       outputs_(std::move(outputs)),
@@ -148,8 +147,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
   auto ins = inputs;
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
-  return launch(c10d::OpType::ALLGATHER_COALESCED, "torch.distributed.all_gather_coalesced()",
-                flat, [outs, ins] { allgather_lists(outs, ins); });
+  return launch(c10d::OpType::ALLGATHER_COALESCED, "torch.distributed.all_gather_coalesced()", flat,
+                [outs, ins] { allgather_lists(outs, ins); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, at::Tensor& input,

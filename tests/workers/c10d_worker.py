@@ -228,8 +228,8 @@ def case_async_work_and_future():
     work.wait()
     assert work.is_completed()
     check_equal(t, torch.full((1000,), float(n * (n - 1) // 2)), "async all_reduce")
-    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(
-        lambda f: f.value()[0] * 2
+    chained = (
+        dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     )
     check_equal(chained.wait(), torch.full((2,), 2.0 * n), "then()")
     works = [dist.broadcast(torch.full((4,), float(r + k)), src=0, async_op=True) for k in range(5)]

@@ -150,17 +150,24 @@ def train_steps(make_model, x, y, comm, size, gloo):
 
     variants["per_tensor_mpi"] = per_tensor
 
-    # DDP on gloo and on fluxmpi (the default group), plain and with gradient_as_bucket_view
+    # DDP on gloo and on fluxmpi (the default group): plain, with gradient_as_bucket_view, and
+    # with 1 MB buckets (bucket_cap_mb=1, and the bucket view)
     ddps = (
-        ("ddp_gloo", gloo, False),
-        ("ddp_gloo_bucket_view", gloo, True),
-        ("ddp_fluxmpi", None, False),
-        ("ddp_fluxmpi_bucket_view", None, True),
+        ("ddp_gloo", gloo, False, 25),
+        ("ddp_gloo_bucket_view", gloo, True, 25),
+        ("ddp_gloo_1mb", gloo, True, 1),
+        ("ddp_fluxmpi", None, False, 25),
+        ("ddp_fluxmpi_bucket_view", None, True, 25),
+        ("ddp_fluxmpi_1mb", None, True, 1),
     )
-    for label, group, view in ddps:
+    for label, group, view, cap in ddps:
         base = make_model()
         ddp = nn.parallel.DistributedDataParallel(
-            base, process_group=group, gradient_as_bucket_view=view, broadcast_buffers=False
+            base,
+            process_group=group,
+            gradient_as_bucket_view=view,
+            bucket_cap_mb=cap,
+            broadcast_buffers=False,
         )
         od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
 
@@ -261,6 +268,8 @@ def main():
             "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
             "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
             "ddp_gloo_over_ddp_fluxmpi": round(ms["ddp_gloo"] / ms["ddp_fluxmpi"], 3),
+            "ddp_gloo_over_ddp_fluxmpi_1mb": round(ms["ddp_gloo"] / ms["ddp_fluxmpi_1mb"], 3),
+            "ddp_fluxmpi_1mb_over_ours": round(ms["ddp_fluxmpi_1mb"] / ms["ours"], 3),
             "ddp_fluxmpi_over_ours": round(ms["ddp_fluxmpi"] / ms["ours"], 3),
             "ddp_fluxmpi_bucket_view_over_ours": round(
                 ms["ddp_fluxmpi_bucket_view"] / ms["ours"], 3

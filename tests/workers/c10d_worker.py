@@ -62,6 +62,21 @@ def case_init_takes_rank_and_size_from_mpi():
     assert (dist.get_rank(), dist.get_world_size()) == (fm.local_rank(), fm.total_workers())
 
 
+def case_timeout_becomes_the_job_timeout():
+    from datetime import timedelta
+
+    from fluxmpi_py._loader import C
+
+    setup()
+    before = C.stall_settings()
+    group = dist.new_group(backend="fluxmpi", timeout=timedelta(seconds=321))
+    assert C.stall_settings()[1] == 321.0, C.stall_settings()
+    t = torch.ones(2)
+    dist.all_reduce(t, group=group)  # a group of every rank is the world again
+    check_equal(t, torch.full((2,), float(world())), "all_reduce on the new group")
+    fm.Init(stall_warning=before[0], timeout=before[1])
+
+
 # ---------------------------------------------------------------- closed forms
 
 

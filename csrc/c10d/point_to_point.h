@@ -3,7 +3,8 @@
 // message of the user can match one of our collectives' internal messages. Point-to-point
 // calls are not collectives (only two ranks take part), so they stay outside the BlockingCall
 // count; they are started and polled under the engine (Engine::run_inline), which keeps MPI
-// calls serialized where MPI allows no more, and never holds the engine while waiting.
+// calls serialized where MPI allows no more, and never holds the engine while waiting. So a
+// send or recv starts after the collectives queued before it on this rank, as on NCCL.
 #pragma once
 
 #include <ATen/core/Tensor.h>

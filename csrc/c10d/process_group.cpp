@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "c10d/list_collectives.h"
 #include "c10d/point_to_point.h"
@@ -29,7 +31,17 @@ std::exception_ptr C10dWork::exception() const {
   return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
 }
 
-bool C10dWork::wait(std::chrono::milliseconds /*timeout*/) {
+bool C10dWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() > 0) {  // 0 is torch's kNoTimeout
+    // A bounded wait polls (the engine's Work has no timed wait); it is not the hot path.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!work_->test()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fluxmpi: ", work_->what(),
+                  " did not complete within ", timeout.count(),
+                  " ms; it stays queued and completes once every rank has joined it");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   work_->wait();
   return true;
 }

@@ -27,8 +27,9 @@ class C10dWork : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  // Blocks until the engine has run the collective; raises its error. `timeout` is not
-  // used here: the job's stall report and timeout (Init(timeout=...)) cover a stuck collective.
+  // Blocks until the engine has run the collective; raises its error, or a RuntimeError
+  // once `timeout` has passed (the collective stays queued). Without a timeout, the job's
+  // stall report and timeout (Init(timeout=...)) cover a stuck collective.
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 

@@ -253,6 +253,25 @@ def case_async_work_and_future():
     dist.barrier()
 
 
+def case_wait_with_a_timeout_raises_and_the_work_completes_later():
+    from datetime import timedelta
+
+    n, r = world(), rank()
+    if n == 1:
+        return
+    t = torch.ones(2)
+    if r == 0:
+        work = dist.all_reduce(t, async_op=True)
+        raises(RuntimeError, lambda: work.wait(timeout=timedelta(milliseconds=100)), "within")
+        assert not work.is_completed()
+        dist.barrier(group=gloo())  # now the others join (told over gloo: a fluxmpi message
+        work.wait()  # would queue behind the all_reduce, as it would on NCCL)
+    else:
+        dist.barrier(group=gloo())
+        dist.all_reduce(t)
+    check_equal(t, torch.full((2,), float(n)), "all_reduce after the timeout")
+
+
 def case_object_collectives():
     n, r = world(), rank()
     got = [None] * n

@@ -1,5 +1,6 @@
-"""Training-step time on 2 ranks: ours against the raw-MPI limit, DDP on gloo, one MPI call per
-tensor and no communication, all measured in the same launch, interleaved.
+"""Training-step time on 2 ranks: ours against the raw-MPI limit, DDP on gloo, DDP on fluxmpi
+(torch.distributed's "fluxmpi" backend), one MPI call per tensor and no communication, all
+measured in the same launch, interleaved.
 
     mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first]
     python benchmarks/bench_train_step.py --import-orders [--quick]   # no mpiexec: a driver
@@ -89,9 +90,10 @@ def loss_of(model, x, y):
     return out if y is None else nn.functional.cross_entropy(out, y)
 
 
-def train_steps(make_model, x, y, comm, size):
-    """One training step on (x, y) per variant, each with its own model and optimizer. Returns
-    the steps by name, and our model and optimizer (for their statistics)."""
+def train_steps(make_model, x, y, comm, size, gloo):
+    """One training step on (x, y) per variant, each with its own model and optimizer; DDP on
+    gloo runs over the process group `gloo`. Returns the steps by name, and our model and
+    optimizer (for their statistics)."""
     from mpi4py import MPI  # imported by main after fm.Init
 
     variants = {}
@@ -148,11 +150,24 @@ def train_steps(make_model, x, y, comm, size):
 
     variants["per_tensor_mpi"] = per_tensor
 
-    # DDP on gloo, plain and with gradient_as_bucket_view
-    for label, view in (("ddp_gloo", False), ("ddp_gloo_bucket_view", True)):
+    # DDP on gloo and on fluxmpi (the default group): plain, with gradient_as_bucket_view, and
+    # with 1 MB buckets (bucket_cap_mb=1, and the bucket view)
+    ddps = (
+        ("ddp_gloo", gloo, False, 25),
+        ("ddp_gloo_bucket_view", gloo, True, 25),
+        ("ddp_gloo_1mb", gloo, True, 1),
+        ("ddp_fluxmpi", None, False, 25),
+        ("ddp_fluxmpi_bucket_view", None, True, 25),
+        ("ddp_fluxmpi_1mb", None, True, 1),
+    )
+    for label, group, view, cap in ddps:
         base = make_model()
         ddp = nn.parallel.DistributedDataParallel(
-            base, gradient_as_bucket_view=view, broadcast_buffers=False
+            base,
+            process_group=group,
+            gradient_as_bucket_view=view,
+            bucket_cap_mb=cap,
+            broadcast_buffers=False,
         )
         od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
 
@@ -214,9 +229,8 @@ def main():
 
     comm = MPI.COMM_WORLD
     rank, size = fm.local_rank(), fm.total_workers()
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size
-    )
+    dist.init_process_group("fluxmpi")  # rank and size from MPI
+    gloo = dist.new_group(backend="gloo")  # beside it, on the same ranks
     reps = args.reps or (3 if args.quick else 15)
     rounds = 1 if args.quick else 3
     result = {
@@ -236,7 +250,7 @@ def main():
             continue
         torch.manual_seed(0)
         x, y = make_x(), (make_y() if make_y else None)
-        variants, m1, o1 = train_steps(make_model, x, y, comm, size)
+        variants, m1, o1 = train_steps(make_model, x, y, comm, size, gloo)
 
         times = {k: [] for k in variants}
         order = list(variants)
@@ -253,6 +267,13 @@ def main():
             "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
             "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
             "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
+            "ddp_gloo_over_ddp_fluxmpi": round(ms["ddp_gloo"] / ms["ddp_fluxmpi"], 3),
+            "ddp_gloo_over_ddp_fluxmpi_1mb": round(ms["ddp_gloo"] / ms["ddp_fluxmpi_1mb"], 3),
+            "ddp_fluxmpi_1mb_over_ours": round(ms["ddp_fluxmpi_1mb"] / ms["ours"], 3),
+            "ddp_fluxmpi_over_ours": round(ms["ddp_fluxmpi"] / ms["ours"], 3),
+            "ddp_fluxmpi_bucket_view_over_ours": round(
+                ms["ddp_fluxmpi_bucket_view"] / ms["ours"], 3
+            ),
             "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
             "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
             "buckets": len(o1.buckets),

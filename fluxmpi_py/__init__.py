@@ -41,6 +41,7 @@ _MODULES = (
     "consistency",
     "sync_batchnorm",
     "join",
+    "c10d",
 )
 
 __all__ = []

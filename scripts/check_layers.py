@@ -7,6 +7,7 @@ layer or a lower one, and no two files include each other, directly or around a 
 The layers, top to bottom (docs/DEVELOPING.md):
 
     python/              pybind11 and CPython glue
+    c10d/                the torch.distributed backend, over ops/
     ops/                 collectives, agreement, gradient reducer, synchronize_, shards
     fusion/  backend/    pure planners | backends over flat buffers (cuda/ is the NCCL backend)
     runtime/             MPI environment, engine, shutdown hooks, hash
@@ -28,7 +29,8 @@ import sys
 
 # directory -> (layer, level); a file may include its own layer or any layer of a lower level.
 LAYERS = {
-    "python": ("python", 4),
+    "python": ("python", 5),
+    "c10d": ("c10d", 4),
     "ops": ("ops", 3),
     "fusion": ("fusion", 2),
     "backend": ("backend", 2),

@@ -1,0 +1,466 @@
+"""torch.distributed on the "fluxmpi" backend: collectives against closed forms, Work and
+futures, point-to-point, object collectives, agreement errors on every rank, and DDP /
+ZeroRedundancyOptimizer / FSDP against gloo or a single process.
+
+Run by tests/test_c10d.py at 1, 2 and 3 ranks (and without mpiexec).
+"""
+
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import labelled, raises, run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.uint8]  # fmt: skip
+_GLOO = []
+
+
+def rank():
+    setup()
+    return dist.get_rank()
+
+
+def world():
+    setup()
+    return dist.get_world_size()
+
+
+def setup():
+    """The default group on fluxmpi, made once (rank and size from MPI, no MASTER_ADDR)."""
+    if not dist.is_initialized():
+        assert "MASTER_ADDR" not in os.environ
+        dist.init_process_group("fluxmpi")
+
+
+def gloo():
+    """A gloo group of every rank beside the default fluxmpi one (the same store)."""
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return _GLOO[0]
+
+
+def check_equal(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got, want)
+    assert torch.equal(got, want), f"{what}: got {got.tolist()}, want {want.tolist()}"
+
+
+# ---------------------------------------------------------------- setup
+
+
+def case_init_takes_rank_and_size_from_mpi():
+    setup()
+    assert dist.get_backend() == "fluxmpi", dist.get_backend()
+    assert (dist.get_rank(), dist.get_world_size()) == (fm.local_rank(), fm.total_workers())
+
+
+def case_timeout_becomes_the_job_timeout():
+    from datetime import timedelta
+
+    from fluxmpi_py._loader import C
+
+    setup()
+    before = C.stall_settings()
+    group = dist.new_group(backend="fluxmpi", timeout=timedelta(seconds=321))
+    assert C.stall_settings()[1] == 321.0, C.stall_settings()
+    t = torch.ones(2)
+    dist.all_reduce(t, group=group)  # a group of every rank is the world again
+    check_equal(t, torch.full((2,), float(world())), "all_reduce on the new group")
+    fm.Init(stall_warning=before[0], timeout=before[1])
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def case_all_reduce_every_dtype_and_op():
+    n, r = world(), rank()
+    ops = {
+        dist.ReduceOp.SUM: n * (n + 1) // 2,
+        dist.ReduceOp.PRODUCT: math.factorial(n),
+        dist.ReduceOp.MIN: 1,
+        dist.ReduceOp.MAX: n,
+        dist.ReduceOp.AVG: (n + 1) // 2,  # the floor of the mean for integers
+    }
+    for dtype in DTYPES:
+        for op, want in ops.items():
+            if op == dist.ReduceOp.AVG and dtype.is_floating_point:
+                want = (n + 1) / 2
+            t = torch.full((5,), r + 1, dtype=dtype)
+            dist.all_reduce(t, op=op)
+            check_equal(t, torch.full((5,), want, dtype=dtype), f"all_reduce {op} {dtype}")
+    for op, want in ((dist.ReduceOp.MAX, n > 1), (dist.ReduceOp.MIN, False)):
+        t = torch.tensor([r % 2 == 1])
+        dist.all_reduce(t, op=op)
+        check_equal(t, torch.tensor([want]), f"all_reduce {op} bool")
+
+
+def case_all_reduce_non_contiguous_and_zero_dim():
+    n, r = world(), rank()
+    base = torch.full((4, 6), float(r))
+    view = base[:, ::2]
+    dist.all_reduce(view)
+    check_equal(view, torch.full((4, 3), float(n * (n - 1) // 2)), "strided view")
+    check_equal(base[:, 1::2], torch.full((4, 3), float(r)), "untouched columns")
+    s = torch.tensor(float(r + 1))
+    dist.all_reduce(s)
+    check_equal(s, torch.tensor(float(n * (n + 1) // 2)), "0-dim")
+
+
+def case_all_reduce_coalesced():
+    n, r = world(), rank()
+    ts = [torch.full((3,), float(r)), torch.full((2, 2), float(2 * r))]
+    dist.all_reduce_coalesced(ts)
+    s = n * (n - 1) // 2
+    check_equal(ts[0], torch.full((3,), float(s)), "tensor 0")
+    check_equal(ts[1], torch.full((2, 2), float(2 * s)), "tensor 1")
+
+
+def case_broadcast_and_reduce_from_every_root():
+    n, r = world(), rank()
+    for root in range(n):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            t = torch.full((2, 3), r * 10, dtype=dtype)
+            dist.broadcast(t, src=root)
+            check_equal(t, torch.full((2, 3), root * 10, dtype=dtype), f"broadcast {root}")
+        t = torch.full((4,), float(r + 1))
+        dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+        if r == root:
+            check_equal(t, torch.full((4,), float(n * (n + 1) // 2)), f"reduce to {root}")
+
+
+def case_all_gather_forms():
+    n, r = world(), rank()
+    for dtype in DTYPES + [torch.bool]:
+        t = torch.full((2, 3), r % 2, dtype=dtype)
+        out = [torch.empty(2, 3, dtype=dtype) for _ in range(n)]
+        dist.all_gather(out, t)
+        for s in range(n):
+            check_equal(out[s], torch.full((2, 3), s % 2, dtype=dtype), f"all_gather {dtype}")
+    flat = torch.empty(n * 4, dtype=torch.int32)
+    dist.all_gather_into_tensor(flat, torch.arange(4, dtype=torch.int32) + 4 * r)
+    check_equal(flat, torch.arange(4 * n, dtype=torch.int32), "all_gather_into_tensor")
+    scalars = [torch.tensor(0.0) for _ in range(n)]
+    dist.all_gather(scalars, torch.tensor(float(r)))
+    check_equal(torch.stack(scalars), torch.arange(n, dtype=torch.float32), "0-dim all_gather")
+
+
+def case_gather_and_scatter_to_every_root():
+    n, r = world(), rank()
+    for root in range(n):
+        t = torch.full((3,), float(r))
+        out = [torch.empty(3) for _ in range(n)] if r == root else None
+        dist.gather(t, gather_list=out, dst=root)
+        if r == root:
+            for s in range(n):
+                check_equal(out[s], torch.full((3,), float(s)), f"gather to {root}")
+        got = torch.empty(2, 2, dtype=torch.int64)
+        parts = [torch.full((2, 2), 100 * root + s) for s in range(n)] if r == root else None
+        dist.scatter(got, scatter_list=parts, src=root)
+        check_equal(got, torch.full((2, 2), 100 * root + r), f"scatter from {root}")
+
+
+def case_reduce_scatter_forms():
+    n, r = world(), rank()
+    out = torch.empty(3)
+    dist.reduce_scatter(out, [torch.full((3,), float(r * n + s)) for s in range(n)])
+    want = float(sum(q * n + r for q in range(n)))
+    check_equal(out, torch.full((3,), want), "reduce_scatter")
+    out = torch.empty(2, dtype=torch.float64)
+    inp = torch.arange(2 * n, dtype=torch.float64) * (r + 1)
+    dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM)
+    total = n * (n + 1) // 2
+    check_equal(out, torch.arange(2 * r, 2 * r + 2, dtype=torch.float64) * total, "tensor form")
+    out = torch.empty(2, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, torch.full((2 * n,), float(r + 1), dtype=torch.float64),
+                               op=dist.ReduceOp.MAX)  # fmt: skip
+    check_equal(out, torch.full((2,), float(n), dtype=torch.float64), "max")
+
+
+def case_all_to_all_forms():
+    n, r = world(), rank()
+    # Equal parts: element j of rank r's input goes to rank j.
+    out = torch.empty(n, dtype=torch.int64)
+    dist.all_to_all_single(out, torch.arange(n) + 100 * r)
+    check_equal(out, torch.arange(n) * 100 + r, "all_to_all_single equal")
+    # Rank r sends s + 1 rows to rank s: receives r + 1 rows from every rank.
+    in_splits = [s + 1 for s in range(n)]
+    inp = torch.cat([torch.full((s + 1, 2), 10 * r + s) for s in range(n)])
+    out = torch.empty(n * (r + 1), 2, dtype=torch.int64)
+    dist.all_to_all_single(out, inp, output_split_sizes=[r + 1] * n, input_split_sizes=in_splits)
+    want = torch.cat([torch.full((r + 1, 2), 10 * q + r) for q in range(n)])
+    check_equal(out, want, "all_to_all_single with splits")
+    outs = [torch.empty(q + 1) for q in range(n)]
+    dist.all_to_all(outs, [torch.full((r + 1,), float(10 * r + s)) for s in range(n)])
+    for q in range(n):
+        check_equal(outs[q], torch.full((q + 1,), float(10 * q + r)), f"all_to_all from {q}")
+
+
+def case_send_recv_ring_and_any_source():
+    n, r = world(), rank()
+    if n == 1:
+        return
+    t = torch.full((3,), float(r))
+    got = torch.empty(3)
+    if r % 2 == 0:
+        dist.send(t, dst=(r + 1) % n)
+        dist.recv(got, src=(r - 1) % n)
+    else:
+        dist.recv(got, src=(r - 1) % n)
+        dist.send(t, dst=(r + 1) % n)
+    check_equal(got, torch.full((3,), float((r - 1) % n)), "ring")
+    reqs = [dist.isend(torch.full((2,), float(r)), dst=(r + 1) % n),
+            dist.irecv(got[:2], src=(r - 1) % n)]  # fmt: skip
+    for q in reqs:
+        q.wait()
+    check_equal(got[:2], torch.full((2,), float((r - 1) % n)), "isend/irecv")
+    if r == 0:
+        seen = set()
+        for _ in range(n - 1):
+            buf = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(buf)  # any source
+            assert buf.item() == src, (buf, src)
+            seen.add(src)
+        assert seen == set(range(1, n)), seen
+    else:
+        dist.send(torch.tensor([r]), dst=0)
+
+
+def case_async_work_and_future():
+    n, r = world(), rank()
+    t = torch.full((1000,), float(r))
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    value = fut.wait()
+    assert isinstance(value, list) and value[0] is not None and value[0].data_ptr() == t.data_ptr()
+    work.wait()
+    assert work.is_completed()
+    check_equal(t, torch.full((1000,), float(n * (n - 1) // 2)), "async all_reduce")
+    chained = (
+        dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    )
+    check_equal(chained.wait(), torch.full((2,), 2.0 * n), "then()")
+    works = [dist.broadcast(torch.full((4,), float(r + k)), src=0, async_op=True) for k in range(5)]
+    for w in works:
+        w.wait()
+    dist.barrier()
+
+
+def case_wait_with_a_timeout_raises_and_the_work_completes_later():
+    from datetime import timedelta
+
+    n, r = world(), rank()
+    if n == 1:
+        return
+    t = torch.ones(2)
+    if r == 0:
+        work = dist.all_reduce(t, async_op=True)
+        raises(RuntimeError, lambda: work.wait(timeout=timedelta(milliseconds=100)), "within")
+        assert not work.is_completed()
+        dist.barrier(group=gloo())  # now the others join (told over gloo: a fluxmpi message
+        work.wait()  # would queue behind the all_reduce, as it would on NCCL)
+    else:
+        dist.barrier(group=gloo())
+        dist.all_reduce(t)
+    check_equal(t, torch.full((2,), float(n)), "all_reduce after the timeout")
+
+
+def case_object_collectives():
+    n, r = world(), rank()
+    got = [None] * n
+    dist.all_gather_object(got, {"rank": r, "name": "x" * r})
+    assert got == [{"rank": s, "name": "x" * s} for s in range(n)], got
+    objs = [r, "hello", {"k": [1, 2]}] if r == 0 else [None, None, None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == [0, "hello", {"k": [1, 2]}], objs
+
+
+# ---------------------------------------------------------------- errors on every rank
+
+
+def case_mismatched_shapes_raise_on_every_rank():
+    r = rank()
+    if world() == 1:
+        return
+    t = torch.ones(3 + (r == 1))
+    raises(RuntimeError, lambda: dist.all_reduce(t), "ranks disagree")
+    # the group is still usable: every rank left the failed collective together
+    ok = torch.ones(2)
+    dist.all_reduce(ok)
+    check_equal(ok, torch.full((2,), float(world())), "after the error")
+
+
+def case_different_collectives_raise_on_every_rank():
+    r = rank()
+    if world() == 1:
+        return
+    t = torch.ones(3)
+    if r == 0:
+        raises(RuntimeError, lambda: dist.broadcast(t, src=0), "different calls", "all_reduce")
+    else:
+        raises(RuntimeError, lambda: dist.all_reduce(t), "different calls", "broadcast")
+
+
+def case_unsupported_op_raises_on_every_rank():
+    raises(RuntimeError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
+                                                 op=dist.ReduceOp.BXOR), "BXOR")  # fmt: skip
+
+
+def case_new_group_of_a_subset_is_refused():
+    if world() == 1:
+        return
+    try:
+        g = dist.new_group([0])
+    except NotImplementedError as e:
+        assert rank() == 0 and "not supported yet" in str(e), e
+    else:
+        assert rank() != 0 and g == dist.GroupMember.NON_GROUP_MEMBER, g
+
+
+# ---------------------------------------------------------------- DDP, ZeRO, FSDP
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 32)
+        self.b = nn.Linear(32, 4)
+        self.unused = nn.Linear(4, 4)  # no gradient when `skip` is set
+
+    def forward(self, x, skip=False):
+        y = self.b(torch.relu(self.a(x)))
+        return y if skip else self.unused(y)
+
+
+def train_ddp(group, steps=4, hook=None, no_sync=False, skip_unused=False, **ddp_kwargs):
+    """Parameters after `steps` SGD steps of DDP over `group` (None: the default, fluxmpi)."""
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model, process_group=group, **ddp_kwargs)
+    if hook is not None:
+        ddp.register_comm_hook(group if group is not None else dist.group.WORLD, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank())
+    for step in range(steps):
+        x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+        if no_sync and step % 2 == 0:
+            with ddp.no_sync():
+                nn.functional.mse_loss(ddp(x, skip_unused), y).backward()
+            x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+        nn.functional.mse_loss(ddp(x, skip_unused), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same_params(got, want, label, rtol=1e-5, atol=1e-6):
+    """Bit for bit at 1 and 2 ranks. At 3 ranks gloo and MPI add the three contributions in
+    different orders, so the sums may differ in the last bit (of fp16 under the fp16 hook:
+    gloo rounds each partial sum to fp16, fluxmpi sums in fp32 and rounds once)."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        if world() <= 2:
+            assert torch.equal(a, b), f"{label}: parameter {i} differs: {(a - b).abs().max()}"
+        else:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=labelled(f"{label} {i}"))
+
+
+DDP_VARIANTS = {
+    "plain": {},
+    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
+    "find_unused_parameters": {"find_unused_parameters": True, "skip_unused": True},
+    "no_sync": {"no_sync": True},
+    "static_graph": {"static_graph": True},
+    "small buckets": {"bucket_cap_mb": 0.001},
+}
+
+
+def case_ddp_equals_ddp_on_gloo():
+    for label, kw in DDP_VARIANTS.items():
+        same_params(train_ddp(None, **kw), train_ddp(gloo(), **kw), label)
+
+
+def case_ddp_fp16_compress_hook_equals_gloo():
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    same_params(train_ddp(None, hook=fp16_compress_hook),
+                train_ddp(gloo(), hook=fp16_compress_hook), "fp16_compress_hook",
+                rtol=2e-3, atol=1e-4)  # fmt: skip
+
+
+def full_batches(steps, per_rank=6):
+    """Every rank's batches for each step (each rank draws its own, as train_ddp does)."""
+    gens = [torch.Generator().manual_seed(100 + s) for s in range(world())]
+    out = []
+    for _ in range(steps):
+        xs, ys = [], []
+        for g in gens:
+            xs.append(torch.randn(per_rank, 8, generator=g))
+            ys.append(torch.randn(per_rank, 4, generator=g))
+        out.append((xs, ys))
+    return out
+
+
+def single_process(steps, opt_fn):
+    """Parameters after `steps` steps on one process over every rank's batch."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = opt_fn(model.parameters())
+    for xs, ys in full_batches(steps):
+        nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def case_zero_redundancy_optimizer_equals_single_process():
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    steps = 3
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model)
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    for xs, ys in full_batches(steps):
+        nn.functional.mse_loss(ddp(xs[rank()]), ys[rank()]).backward()
+        opt.step()
+        opt.zero_grad()
+    got = [p.detach() for p in model.parameters()]
+    want = single_process(steps, lambda ps: torch.optim.Adam(ps, lr=0.01))
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"param {i}"))
+    opt.consolidate_state_dict(to=0)
+    if rank() == 0:
+        assert len(opt.state_dict()["state"]) == len(want)
+
+
+def case_fsdp_fully_shard_equals_single_process():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    steps = 3
+    torch.manual_seed(0)
+    model = Net()
+    mesh = init_device_mesh("cpu", (world(),))
+    fully_shard(model.a, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for xs, ys in full_batches(steps):
+        nn.functional.mse_loss(model(xs[rank()]), ys[rank()]).backward()
+        opt.step()
+        opt.zero_grad()
+    got = [p.full_tensor().detach() for p in model.parameters()]
+    want = single_process(steps, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"param {i}"))
+
+
+if __name__ == "__main__":
+    run_cases(globals())
+    dist.destroy_process_group()

@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <c10/util/Exception.h>
+
 namespace fluxmpi {
 
 namespace {
@@ -22,6 +24,12 @@ const char* running_work_label() { return t_work_label; }
 
 void Work::wait() {
   std::unique_lock<std::mutex> lk(mu_);
+  // Work still queued runs after whatever the engine thread is doing now (a future's callback,
+  // say a DDP communication hook's then()): waiting for it there would wait forever.
+  TORCH_CHECK(done_ || !t_on_engine_thread, "fluxmpi_py: waiting for ", what_,
+              " on the communication engine's thread (inside a future callback such as a "
+              "communication hook's then()) would wait forever, since that work runs after the "
+              "callback returns; chain it with then() instead of waiting");
   cv_.wait(lk, [this] { return done_; });
   if (error_) std::rethrow_exception(error_);
 }

@@ -8,6 +8,7 @@ Run by tests/test_c10d.py at 1, 2 and 3 ranks (and without mpiexec).
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -251,6 +252,30 @@ def case_async_work_and_future():
     for w in works:
         w.wait()
     dist.barrier()
+
+
+def case_waiting_inside_a_future_callback_raises_instead_of_hanging():
+    # Callbacks run on the engine thread; a collective started there runs after them.
+    if world() == 1:
+        return  # a world of one runs collectives at once, on the calling thread
+
+    def blocking_hook(fut):
+        dist.all_reduce(torch.ones(1))  # waits: the work is queued behind this callback
+        return fut.value()
+
+    # Rank 0 attaches its callback long before the others enter, so its callback runs on the
+    # engine thread; elsewhere the work may finish first and the callback run inline (no error).
+    if rank() != 0:
+        time.sleep(0.3)
+    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(blocking_hook)
+    if rank() == 0:
+        raises(RuntimeError, chained.wait, "would wait forever", "chain it with then()")
+    else:
+        try:
+            chained.wait()
+        except RuntimeError as e:
+            assert "would wait forever" in str(e), e
+    dist.barrier()  # the hook's all_reduce still ran, on every rank alike
 
 
 def case_wait_with_a_timeout_raises_and_the_work_completes_later():

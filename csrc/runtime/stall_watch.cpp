@@ -152,7 +152,7 @@ Answer local_answer(const CallStatus& me) {
 std::string call_label(const CallStatus& s) {
   std::string out = s.kind.empty() ? "collective" : s.kind;
   if (!s.detail.empty() && s.detail != s.kind) out += ", " + s.detail;
-  if (!s.call.empty()) out += ", of " + s.call;
+  if (!s.call.empty() && s.call != s.detail) out += ", of " + s.call;
   return out;
 }
 

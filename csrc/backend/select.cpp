@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "runtime/group.h"
+
 namespace fluxmpi {
 
 namespace {
@@ -32,9 +34,20 @@ bool device_supported(const at::Tensor& t) {
   return t.is_cpu();
 }
 
+Backend& mpi_backend() { return current_group().backend(); }
+
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
-  if (t.is_cuda()) return nccl_backend();
+  if (t.is_cuda()) {
+    const Group& g = current_group();
+    TORCH_CHECK_NOT_IMPLEMENTED(g.is_world(),
+                                "fluxmpi_py: group= with CUDA tensors is not supported yet "
+                                "(group ",
+                                g.describe(),
+                                "); move the tensors to the CPU for "
+                                "calls on a group");
+    return nccl_backend();
+  }
 #endif
   TORCH_CHECK(t.is_cpu(), "fluxmpi_py: tensors on ", t.device(),
               " are not supported by this build (CPU and, when built with CUDA, CUDA)");

@@ -10,6 +10,7 @@
 #include "ops/consensus.h"
 #include "ops/row_lists.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/hash.h"
 #include "runtime/user_call.h"
 
@@ -20,8 +21,8 @@ using namespace rows;  // NOLINT(build/namespaces): this file's vocabulary
 std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts,
                                                const std::string& opname, const Splits& splits,
                                                const std::string& local_error) {
-  const auto& e = env();
-  const int n = e.size;
+  const Group& e = current_group();
+  const int n = e.size();
   Signature s;
   std::string msg;
   Splits sp;
@@ -79,13 +80,13 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
         }
       }
     }
-    at::Tensor recv = at::empty({counts[e.rank]}, t0.options().dtype(wire));
+    at::Tensor recv = at::empty({counts[e.rank()]}, t0.options().dtype(wire));
     b.reduce_scatter(send.data_ptr(), recv.data_ptr(), counts, wire, wire_op(op, dt));
     if (op == ReduceOp::Average) divide_by(recv, n);
     std::int64_t pos = 0;
     for (auto i : idx) {
       auto sizes = ts[i].sizes().vec();
-      sizes[0] = sp[i][e.rank];
+      sizes[0] = sp[i][e.rank()];
       const std::int64_t m = sizes[0] * row_elems(ts[i]);
       auto piece = recv.narrow(0, pos, m).view(sizes);
       out[i] = idx.size() == 1 ? piece.to(dt) : piece.to(dt, /*non_blocking=*/false, /*copy=*/true);
@@ -97,8 +98,8 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
 
 std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
                                          Splits* received, const std::string& local_error) {
-  const auto& e = env();
-  const int n = e.size;
+  const Group& e = current_group();
+  const int n = e.size();
   Signature s = list_signature(CallKind::Alltoall, ts, /*with_dim0=*/false, nullptr);
   std::string msg;
   Splits sp;
@@ -138,7 +139,7 @@ std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, cons
   }
   check_bytes(sent, "alltoall()");
   check_bytes(got, "alltoall()");
-  const int me = e.rank;
+  const int me = e.rank();
   std::vector<std::int64_t> send_bytes(n, 0), recv_bytes(n, 0);
   for (int j = 0; j < n; ++j) {
     for (std::size_t i = 0; i < k; ++i) {

@@ -9,6 +9,7 @@
 #include "ops/consensus.h"
 #include "ops/row_lists.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/hash.h"
 #include "runtime/user_call.h"
 
@@ -20,7 +21,7 @@ namespace {
 
 std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int64_t root,
                                     const std::string& local_error, Splits* rows_out) {
-  const auto& e = env();
+  const Group& e = current_group();
   const bool all = root < 0;
   const char* what = all ? "allgather()" : "gather()";
   Signature s =
@@ -31,7 +32,7 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
   if (s.error == ErrorClass::None) s.soft = rows_hash(ts);
   const bool same = agree(s, what, msg, [&] { return describe_list(ts, nullptr); });
   if (ts.empty()) return {};
-  const int n = e.size;
+  const int n = e.size();
   const std::size_t k = ts.size();
   const auto rows = rows_of_every_rank(ts, same);
   if (rows_out != nullptr) {
@@ -45,7 +46,7 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
     for (std::size_t i = 0; i < k; ++i) part[r] += rows[r * k + i] * row_bytes(ts[i]);
   }
   check_bytes({sum_of(part)}, what);
-  const bool receives = all || e.rank == root;
+  const bool receives = all || e.rank() == root;
   c10::AutoGradMode no_grad(false);
   std::vector<at::Tensor> out;
   if (receives) {
@@ -59,7 +60,7 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
   if (k == 1) {
     send = Bytes(ts[0]);
   } else {
-    send = byte_buffer(ts[0], part[e.rank]);
+    send = byte_buffer(ts[0], part[e.rank()]);
     std::int64_t pos = 0;
     for (const auto& t : ts) {
       Bytes b(t);
@@ -72,9 +73,9 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
   Backend& b = backend_for(ts[0]);
   void* recv_ptr = receives ? recv.data() : nullptr;
   if (all) {
-    b.allgatherv(send.data(), part[e.rank], recv_ptr, part);
+    b.allgatherv(send.data(), part[e.rank()], recv_ptr, part);
   } else {
-    b.gatherv(send.data(), part[e.rank], recv_ptr, part, static_cast<int>(root));
+    b.gatherv(send.data(), part[e.rank()], recv_ptr, part, static_cast<int>(root));
   }
   if (!receives) return {};
   if (k > 1) {
@@ -103,14 +104,14 @@ std::vector<at::Tensor> allgather_checked(const std::vector<at::Tensor>& ts,
 
 std::vector<at::Tensor> gather_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
                                        const std::string& local_error) {
-  env();
+  current_group();  // "call Init first"
   return gather_rows(ts, root, local_error, nullptr);
 }
 
 std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
                                         std::int64_t root, const std::string& local_error) {
-  const auto& e = env();
-  const int n = e.size;
+  const Group& e = current_group();
+  const int n = e.size();
   Signature s;
   std::string msg;
   Splits sp;
@@ -134,8 +135,8 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
   check_bytes({sum_of(part)}, "scatter()");
   c10::AutoGradMode no_grad(false);
   std::vector<at::Tensor> out;
-  for (std::size_t i = 0; i < k; ++i) out.push_back(with_rows(ts[i], sp[i][e.rank]));
-  const bool is_root = e.rank == root;
+  for (std::size_t i = 0; i < k; ++i) out.push_back(with_rows(ts[i], sp[i][e.rank()]));
+  const bool is_root = e.rank() == root;
   Bytes send;
   if (is_root) {
     if (k == 1) {
@@ -158,8 +159,8 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
       }
     }
   }
-  Bytes recv = k == 1 ? Bytes(out[0]) : byte_buffer(ts[0], part[e.rank]);
-  backend_for(ts[0]).scatterv(is_root ? send.data() : nullptr, part, recv.data(), part[e.rank],
+  Bytes recv = k == 1 ? Bytes(out[0]) : byte_buffer(ts[0], part[e.rank()]);
+  backend_for(ts[0]).scatterv(is_root ? send.data() : nullptr, part, recv.data(), part[e.rank()],
                               static_cast<int>(root));
   if (k > 1) {
     std::int64_t pos = 0;

@@ -15,7 +15,6 @@
 
 namespace fluxmpi {
 
-
 // Each of these agrees with the other ranks, then moves the data; all must run inline on the
 // engine or on its thread. `local_error`, when not empty, is a TypeError found by the caller
 // (the Python wrapper), raised on every rank. Results are new tensors, never views of inputs.

@@ -11,6 +11,7 @@
 #include "ops/consensus.h"
 #include "ops/row_lists.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/hash.h"
 #include "runtime/user_call.h"
 
@@ -79,7 +80,7 @@ std::vector<std::vector<std::size_t>> by_dtype(const std::vector<at::Tensor>& ts
 
 void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::string& opname,
                                const std::string& local_error) {
-  const auto& e = env();
+  const Group& e = current_group();
   Signature s = list_signature(CallKind::GroupedAllreduce, ts, /*with_dim0=*/true, nullptr);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
@@ -90,18 +91,18 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
   Backend& b = backend_for(ts[0]);
   for (const auto& idx : by_dtype(ts)) {
     if (idx.size() == 1) {
-      allreduce_data(b, ts[idx[0]], op, e.size);
+      allreduce_data(b, ts[idx[0]], op, e.size());
       continue;
     }
     at::Tensor flat = pack_flat(ts, idx);
-    allreduce_data(b, flat, op, e.size);
+    allreduce_data(b, flat, op, e.size());
     unpack_flat(flat, ts, idx);
   }
 }
 
 void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
                                const std::string& local_error) {
-  const auto& e = env();
+  const Group& e = current_group();
   Signature s = list_signature(CallKind::GroupedBroadcast, ts, /*with_dim0=*/true, nullptr);
   std::string msg;
   validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
@@ -118,7 +119,7 @@ void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t r
   std::int64_t total = 0;
   for (const auto& t : ts) total += t.numel() * static_cast<std::int64_t>(t.element_size());
   Bytes buf = byte_buffer(ts[0], total);
-  const bool is_root = e.rank == root;
+  const bool is_root = e.rank() == root;
   std::int64_t pos = 0;
   if (is_root) {
     for (const auto& t : ts) {

@@ -8,6 +8,7 @@
 #include "backend/select.h"
 #include "ops/collectives.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/hash.h"
 #include "runtime/user_call.h"
 
@@ -23,7 +24,6 @@ std::int64_t row_elems(const at::Tensor& t) {
 std::int64_t row_bytes(const at::Tensor& t) {
   return row_elems(t) * static_cast<std::int64_t>(c10::elementSize(t.scalar_type()));
 }
-
 
 // A new tensor like t with `rows` rows.
 at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
@@ -202,7 +202,7 @@ std::int64_t rows_hash(const std::vector<at::Tensor>& ts) {
 
 // rows[r * k + i]: dim 0 of rank r's tensor i.
 std::vector<std::int64_t> rows_of_every_rank(const std::vector<at::Tensor>& ts, bool same) {
-  const int n = env().size;
+  const int n = current_group().size();
   const std::size_t k = ts.size();
   std::vector<std::int64_t> mine(k), all(k * n);
   for (std::size_t i = 0; i < k; ++i) mine[i] = ts[i].size(0);

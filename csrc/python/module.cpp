@@ -45,4 +45,5 @@ PYBIND11_MODULE(_C, m) {
   fluxmpi::bind_consistency(m);
   fluxmpi::bind_pack(m);
   fluxmpi::bind_hierarchical(m);
+  fluxmpi::bind_groups(m);
 }

@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 # One role per module; each lists its public names in __all__.
 _MODULES = (
     "runtime",
+    "groups",
     "printing",
     "preferences",
     "collectives",

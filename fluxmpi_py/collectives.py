@@ -17,6 +17,7 @@ import operator
 import torch
 
 from ._loader import C
+from .groups import on_group
 
 __all__ = ["allreduce_", "bcast_", "reduce_", "Iallreduce", "Ibcast", "Request", "OPS"]
 
@@ -51,7 +52,7 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
     return fn(tensor, *args, *root, "; ".join(errors))
 
 
-def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
     ``op`` is one of "sum", "average", "min", "max", "prod". float16 and bfloat16 sums,
@@ -64,7 +65,12 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     >>> n = fm.total_workers()
     >>> fm.allreduce_(t, op="sum").tolist() == [n * (n + 1) / 2, n * (n + 1)]
     True
+
+    With ``group=`` (:func:`new_group`) the members reduce among themselves.
     """
+    if group is not None:
+        with on_group(group, "allreduce_()"):
+            return allreduce_(tensor, op)
     if isinstance(tensor, torch.Tensor) and type(op) is str:  # the fast path of a hot call
         C.allreduce_(tensor, op)
     else:
@@ -72,14 +78,19 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
-def bcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
+def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with root_rank's values, in place; return it.
     A collective: every rank passes a tensor of the same shape and dtype.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> fm.bcast_(torch.full((3,), float(fm.local_rank())), root_rank=0).tolist()
     [0.0, 0.0, 0.0]
+
+    With ``group=``, ``root_rank`` is a rank in the group.
     """
+    if group is not None:
+        with on_group(group, "bcast_()"):
+            return bcast_(tensor, root_rank)
     if isinstance(tensor, torch.Tensor) and type(root_rank) is int:
         C.bcast_(tensor, root_rank)
     else:
@@ -87,7 +98,9 @@ def bcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
     return tensor
 
 
-def reduce_(tensor: torch.Tensor, op: str = "sum", root_rank: int = 0) -> torch.Tensor:
+def reduce_(
+    tensor: torch.Tensor, op: str = "sum", root_rank: int = 0, *, group=None
+) -> torch.Tensor:
     """Reduce ``tensor`` onto root_rank, in place there, and return it. Other ranks' tensors
     are left unchanged. A collective; ``op`` as for :func:`allreduce_`.
 
@@ -96,6 +109,9 @@ def reduce_(tensor: torch.Tensor, op: str = "sum", root_rank: int = 0) -> torch.
     >>> t.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [1.0, 1.0])
     True
     """
+    if group is not None:
+        with on_group(group, "reduce_()"):
+            return reduce_(tensor, op, root_rank)
     _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
 
@@ -134,7 +150,7 @@ class Request:
         return f"Request({self._work.what}, done={self.test()})"
 
 
-def Iallreduce(tensor: torch.Tensor, op: str = "sum") -> Request:
+def Iallreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> Request:
     """Start :func:`allreduce_` in the background and return a :class:`Request`. The tensor
     holds the result after ``wait()``; do not read or write it before then.
 
@@ -142,14 +158,20 @@ def Iallreduce(tensor: torch.Tensor, op: str = "sum") -> Request:
     >>> fm.Iallreduce(torch.ones(3), op="max").wait().tolist()
     [1.0, 1.0, 1.0]
     """
+    if group is not None:
+        with on_group(group, "Iallreduce()"):
+            return Iallreduce(tensor, op)
     return Request(_call(C.iallreduce_, tensor, op if type(op) is str else str(op)), tensor)
 
 
-def Ibcast(tensor: torch.Tensor, root_rank: int = 0) -> Request:
+def Ibcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> Request:
     """Start :func:`bcast_` in the background and return a :class:`Request`.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> fm.Ibcast(torch.full((2,), float(fm.local_rank())), root_rank=0).wait().tolist()
     [0.0, 0.0]
     """
+    if group is not None:
+        with on_group(group, "Ibcast()"):
+            return Ibcast(tensor, root_rank)
     return Request(_call(C.ibcast_, tensor, root_rank=root_rank), tensor)

@@ -46,6 +46,7 @@ from ._data_args import (
 from ._dataloader_check import FullDatasetWarning, container_in, double_sharding_message
 from ._loader import C
 from ._shared_view import SharedInts
+from .groups import on_group
 
 __all__ = ["DistributedDataContainer", "DistributedSampler", "FullDatasetWarning"]
 
@@ -55,7 +56,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     ``data`` is anything with ``__len__`` and ``__getitem__`` (a Dataset, TensorDataset, list,
     tensor or numpy array). Rank and world size come from ``fluxmpi_py.Init()``; pass ``rank=``
-    and ``world_size=`` to use it without MPI. See the module docstring for ``shuffle``,
+    and ``world_size=`` to use it without MPI, or ``group=`` (:func:`new_group`) to shard over
+    the group's members. See the module docstring for ``shuffle``,
     ``pad`` and ``drop_last``. ``len(container)`` is this rank's sample count; item ``i`` is
     ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
 
@@ -92,8 +94,32 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        group=None,
     ) -> None:
         owner = "DistributedDataContainer"
+        if group is not None:
+            if rank is not None or world_size is not None:
+                raise ValueError(f"{owner}: pass group= or rank= and world_size=, not both")
+            with on_group(group, f"{owner}()"):
+                rank, world_size = group.rank, group.size
+                self.__init__(
+                    data,
+                    shuffle=shuffle,
+                    seed=seed,
+                    pad=pad,
+                    drop_last=drop_last,
+                    rank=rank,
+                    world_size=world_size,
+                )
+                _agree_across_ranks(
+                    owner,
+                    False,
+                    n=self._n,
+                    seed=_check_seed(seed, owner),
+                    shuffle=self._shuffle,
+                    mode=("pad", "drop_last", "even").index(self._mode),
+                )
+            return
         if not hasattr(type(data), "__getitem__"):
             raise TypeError(
                 f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}"

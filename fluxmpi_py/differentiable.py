@@ -16,6 +16,7 @@ import torch
 from . import _row_calls as rows
 from ._loader import C
 from .collectives import allreduce_, bcast_, reduce_
+from .groups import on_group, on_handle
 
 __all__ = ["allreduce", "broadcast"]
 
@@ -36,25 +37,29 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, op):
         ctx.op = op
+        ctx.group = C.current_group()
         return allreduce_(x.detach().clone(memory_format=torch.contiguous_format), op)
 
     @staticmethod
     def backward(ctx, grad):
-        return allreduce_(grad.clone(memory_format=torch.contiguous_format), ctx.op), None
+        with on_handle(ctx.group):
+            return allreduce_(grad.clone(memory_format=torch.contiguous_format), ctx.op), None
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, root_rank):
         ctx.root_rank = root_rank
+        ctx.group = C.current_group()
         out = x.detach().clone(memory_format=torch.contiguous_format)
         C.bcast_(out, root_rank)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        g = reduce_(grad.clone(memory_format=torch.contiguous_format), "sum", ctx.root_rank)
-        if C.rank() != ctx.root_rank:
+        with on_handle(ctx.group):
+            g = reduce_(grad.clone(memory_format=torch.contiguous_format), "sum", ctx.root_rank)
+        if ctx.group.rank != ctx.root_rank:
             g.zero_()  # only the root's input reached the output
         return g, None
 
@@ -67,16 +72,18 @@ class Allgather(torch.autograd.Function):
         p = rows.start("allgather", x, grouped=False, async_op=False, call="allgather()")
         out = p.wait()[0]
         ctx.rows = p.received_splits[0]
+        ctx.group = C.current_group()
         return out
 
     @staticmethod
     def backward(ctx, grad):
         call = "allgather() backward"
-        p = rows.start(
-            "reduce_scatter", grad, grouped=False, async_op=False, call=call, op="sum",
-            splits=ctx.rows,
-        )  # fmt: skip
-        return p.wait()[0]
+        with on_handle(ctx.group):
+            p = rows.start(
+                "reduce_scatter", grad, grouped=False, async_op=False, call=call, op="sum",
+                splits=ctx.rows,
+            )  # fmt: skip
+            return p.wait()[0]
 
 
 class ReduceScatter(torch.autograd.Function):
@@ -85,6 +92,7 @@ class ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, op, splits):
         ctx.average = op != "sum"
+        ctx.group = C.current_group()
         p = rows.start(
             "reduce_scatter", x, grouped=False, async_op=False, call="reduce_scatter()", op=op,
             splits=splits,
@@ -93,12 +101,13 @@ class ReduceScatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        p = rows.start(
-            "allgather", grad, grouped=False, async_op=False, call="reduce_scatter() backward"
-        )
-        g = p.wait()[0]
+        with on_handle(ctx.group):
+            p = rows.start(
+                "allgather", grad, grouped=False, async_op=False, call="reduce_scatter() backward"
+            )
+            g = p.wait()[0]
         if ctx.average:
-            g.div_(C.size())
+            g.div_(ctx.group.size)
         return g, None, None
 
 
@@ -112,18 +121,20 @@ class Alltoall(torch.autograd.Function):
         )
         out = p.wait()[0]
         ctx.received = p.received_splits[0]
+        ctx.group = C.current_group()
         return out
 
     @staticmethod
     def backward(ctx, grad):
         call = "alltoall() backward"
-        p = rows.start(
-            "alltoall", grad, grouped=False, async_op=False, call=call, splits=ctx.received
-        )
-        return p.wait()[0], None
+        with on_handle(ctx.group):
+            p = rows.start(
+                "alltoall", grad, grouped=False, async_op=False, call=call, splits=ctx.received
+            )
+            return p.wait()[0], None
 
 
-def allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
     """The reduction of ``tensor`` over all ranks, as a new tensor; differentiable for "sum"
     and "average" (the gradient is the same allreduce of the output's gradient). A collective.
 
@@ -134,6 +145,9 @@ def allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     >>> y.tolist() == [float(fm.total_workers())] * 2, x.grad.tolist() == y.tolist()
     (True, True)
     """
+    if group is not None:
+        with on_group(group, "allreduce()"):
+            return allreduce(tensor, op)
     if _needs_grad(tensor):
         error = _no_gradient("allreduce()", op)
         if error:
@@ -144,7 +158,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return allreduce_(tensor.clone(memory_format=torch.contiguous_format), op)
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
     """root_rank's ``tensor`` on every rank, as a new tensor; differentiable (the root's
     gradient is the sum of every rank's output gradient; the others' is zero). A collective.
 
@@ -155,6 +169,9 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
     >>> y.tolist(), x.grad.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [0.0, 0.0])
     ([0.0, 0.0], True)
     """
+    if group is not None:
+        with on_group(group, "broadcast()"):
+            return broadcast(tensor, root_rank)
     if _needs_grad(tensor) and type(root_rank) is int:
         return _Broadcast.apply(tensor, root_rank)
     if not isinstance(tensor, torch.Tensor):

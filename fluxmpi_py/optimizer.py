@@ -21,6 +21,7 @@ from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
 from .collectives import allreduce_
 from .consistency import _check as _check_consistency
+from .groups import on_group
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
@@ -67,6 +68,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     rank and 60 ms on 2 ranks for ResNet-50 with SGD momentum (204 MB; under 1% of a step at
     ``check_every=100``).
 
+    ``group=`` (:func:`new_group`) averages over the group's members only: they train like one
+    process on their data; ranks outside the group may not construct it.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
     >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
@@ -88,6 +92,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         module: torch.nn.Module | None = None,
         buffers: str | None = "average",
         check_every: int | None = None,
+        group=None,
     ):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -123,48 +128,51 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         if not C.initialized():
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
-        # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
-        # touch this object touch the real optimizer.
-        super().__init__(
-            [{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults)
-        )
-        self.optimizer = optimizer  # from here on, param_groups and state are the optimizer's
-        self.defaults = optimizer.defaults
-        self._op = "average" if op in ("avg", "mean") else op
-        self._cap_bytes = int(bucket_cap_mb * _MiB)
-        self._direct_min_bytes = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
-        self._compression = "" if compression in (None, "none") else compression
-        self._passes_per_step = backward_passes_per_step
-        self._names = (
-            {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
-        )
-        self._passes = 0  # backward passes since the last step
-        self._pass_hooked = False  # end-of-backward callback queued for this pass
-        self._sync_enabled = True  # False inside no_sync()
-        self._skip_sync = False  # True inside skip_synchronize()
-        self._synchronized = False  # synchronize() already ran for this step
-        self._handles = []
-        self._check_every = check_every
-        self._steps_taken = 0  # step() calls, for check_every
-        self._module = module
-        self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
-        self._join_count = 0  # active ranks in this step's join round; 0: no round yet
-        self._plan = ReductionPlan(
-            self._named(),
-            "DistributedOptimizer()",
-            op=self._op,
-            cap_bytes=self._cap_bytes,
-            direct_min_bytes=self._direct_min_bytes,
-            compression=self._compression,
-        )
-        self._num_groups = len(self.param_groups)
-        self._hook(self._plan.order)
-        self._buffer_sync = None  # keeps module's buffers equal across ranks
-        self._buffer_watch = None  # warns once when unsynced buffers change
-        if module is not None and buffers is not None:
-            self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
-        elif module is None:
-            self._buffer_watch = watch_unsynced_buffers(self.param_groups)
+        on_group(group, "DistributedOptimizer()")  # a rank outside the group raises here
+        self._group = group
+        with on_group(group, "DistributedOptimizer()"):
+            # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
+            # touch this object touch the real optimizer.
+            super().__init__(
+                [{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults)
+            )
+            self.optimizer = optimizer  # from here on, param_groups and state are the optimizer's
+            self.defaults = optimizer.defaults
+            self._op = "average" if op in ("avg", "mean") else op
+            self._cap_bytes = int(bucket_cap_mb * _MiB)
+            self._direct_min_bytes = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
+            self._compression = "" if compression in (None, "none") else compression
+            self._passes_per_step = backward_passes_per_step
+            self._names = (
+                {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
+            )
+            self._passes = 0  # backward passes since the last step
+            self._pass_hooked = False  # end-of-backward callback queued for this pass
+            self._sync_enabled = True  # False inside no_sync()
+            self._skip_sync = False  # True inside skip_synchronize()
+            self._synchronized = False  # synchronize() already ran for this step
+            self._handles = []
+            self._check_every = check_every
+            self._steps_taken = 0  # step() calls, for check_every
+            self._module = module
+            self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
+            self._join_count = 0  # active ranks in this step's join round; 0: no round yet
+            self._plan = ReductionPlan(
+                self._named(),
+                "DistributedOptimizer()",
+                op=self._op,
+                cap_bytes=self._cap_bytes,
+                direct_min_bytes=self._direct_min_bytes,
+                compression=self._compression,
+            )
+            self._num_groups = len(self.param_groups)
+            self._hook(self._plan.order)
+            self._buffer_sync = None  # keeps module's buffers equal across ranks
+            self._buffer_watch = None  # warns once when unsynced buffers change
+            if module is not None and buffers is not None:
+                self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
+            elif module is None:
+                self._buffer_watch = watch_unsynced_buffers(self.param_groups)
 
     # ---- plan and hooks -------------------------------------------------------------
     def _named(self):
@@ -255,7 +263,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         Then call ``step()`` inside ``skip_synchronize()``.
         """
-        self._reduce()
+        with on_group(self._group, "DistributedOptimizer.synchronize()"):
+            self._reduce()
         self._synchronized = True
         self._passes = 0
 
@@ -286,6 +295,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         With a closure (e.g. LBFGS, which re-evaluates it), every evaluation's gradients are
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
         """
+        with on_group(self._group, "DistributedOptimizer.step()"):
+            return self._step(closure)
+
+    def _step(self, closure):
         if closure is not None:
             if self._join is not None:
                 raise ValueError(

@@ -153,12 +153,18 @@ def node_local_rank() -> int:
     return C.node_rank()
 
 
-def barrier() -> None:
-    """Block until every rank has called barrier(). A collective.
+def barrier(*, group=None) -> None:
+    """Block until every rank (every member of ``group``) has called barrier(). A collective.
 
     >>> import fluxmpi_py as fm; fm.Init(); fm.barrier()
     """
-    C.barrier()
+    if group is None:
+        C.barrier()
+        return
+    from .groups import on_group
+
+    with on_group(group, "barrier()"):
+        C.barrier()
 
 
 def build_info() -> dict:

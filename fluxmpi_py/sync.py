@@ -38,6 +38,7 @@ from ._sync_walk import (
     _type_name,
 )
 from .buffers import note_synchronized_module
+from .groups import on_group
 
 __all__ = ["synchronize_"]
 
@@ -63,6 +64,7 @@ def synchronize_(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     direct_bytes: int = DEFAULT_DIRECT_BYTES,
     relocate: bool = True,
+    group=None,
 ):
     """Bring ``obj`` on every rank to root_rank's value and return it. A collective.
 
@@ -94,8 +96,16 @@ def synchronize_(
     0
     >>> fm.synchronize_({"step": 3, "w": torch.ones(2)})["step"]
     3
+
+    ``group=`` raises NotImplementedError for now (a non-member gets its ValueError first).
     """
-    rank = C.rank()
+    if group is not None:
+        on_group(group, "synchronize_()")  # a rank outside the group raises here
+        raise NotImplementedError(
+            "synchronize_(group=) is not supported yet; use bcast_(tensor, group=...) per "
+            "tensor, or broadcast_object(obj, group=...)"
+        )
+    rank = C.current_group().rank
     root, err = _root_index(root_rank)
     try:
         bucket_bytes, direct_bytes = int(bucket_bytes), int(direct_bytes)

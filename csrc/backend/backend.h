@@ -89,7 +89,8 @@ class Backend {
   }
 };
 
-// The MPI backend for host memory, on the communicator of fluxmpi::env().
+// The MPI backend for host memory of the current group (runtime/group.h): the world's, on the
+// communicator of fluxmpi::env(), unless a GroupScope is active on this thread.
 Backend& mpi_backend();
 
 }  // namespace fluxmpi

@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/mpi_backend.h"
 #include "backend/mpi_check.h"
 #include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -123,16 +126,41 @@ int int_bytes(std::int64_t n) {
   return static_cast<int>(n);
 }
 
+// The communicator a backend works on: the world's is read from env() at each call (Init
+// may adopt another communicator after a shutdown), a group's is fixed.
+struct CommView {
+  MPI_Comm comm;
+  int rank;
+  int size;
+  int group;  // for BlockingCall: 0 the world, else the group's index
+};
+
 class MpiBackend final : public Backend {
+ public:
+  MpiBackend() = default;  // the world
+  MpiBackend(MPI_Comm comm, int rank, int size, int group)
+      : fixed_(true), view_{comm, rank, size, group} {}
+
  private:
+  CommView c() const {
+    if (!fixed_) {
+      const auto& e = env();
+      return {e.comm, e.rank, e.size, 0};
+    }
+    return view_;
+  }
+
+  bool fixed_ = false;
+  CommView view_{MPI_COMM_NULL, 0, 1, 0};
+
   // The ring (backend/mpi_ring.h), when its options send this buffer there: sum / divisor in
   // place. Returns false, having done nothing, when MPI_Allreduce should run instead.
   bool ring(void* buf, std::int64_t count, c10::ScalarType dt, int divisor) {
-    const auto& e = env();
+    const CommView e = c();
     const RingOptions opts = ring_options();
     if (!ring_applies(opts, count, dt, divisor, e.size)) return false;
     if (!ring_allowed(hierarchical_options(), layout())) return false;
-    BlockingCall guard("allreduce");
+    BlockingCall guard("allreduce", e.group);
     ring_allreduce(buf, count, dt, divisor, opts, e.comm, e.rank, e.size);
     return true;
   }
@@ -141,14 +169,14 @@ class MpiBackend final : public Backend {
   // send this buffer there: `op` over every rank in place. Returns false, having done nothing,
   // when the ring or MPI_Allreduce should run instead.
   bool hierarchical(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) {
-    const auto& e = env();
+    const CommView e = c();
     const HierarchicalOptions opts = hierarchical_options();
     const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
     if (e.size < 2 || !opts.enabled || bytes < opts.min_bytes || bytes >= opts.max_bytes) {
       return false;
     }
     if (!hierarchical_applies(opts, bytes, layout())) return false;
-    BlockingCall guard("allreduce");
+    BlockingCall guard("allreduce", e.group);
     hierarchical_allreduce(buf, count, mpi_type(dt), c10::elementSize(dt), mpi_op(op, dt),
                            layout());
     return true;
@@ -157,9 +185,9 @@ class MpiBackend final : public Backend {
   // Which ranks share a host: a collective the first time, reached by every rank at the same
   // call (the callers decide from agreed sizes and options alone).
   const NodeLayout& layout() {
-    const auto& e = env();
+    const CommView e = c();
     if (layout_comm_ != e.comm) {
-      BlockingCall guard("node layout");
+      BlockingCall guard("node layout", e.group);
       layout_ = &node_layout(e.comm);
       layout_comm_ = e.comm;
     }
@@ -193,112 +221,130 @@ class MpiBackend final : public Backend {
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dt, ReduceOp op) override {
     if (hierarchical(buf, count, dt, op)) return;
     if (op == ReduceOp::Sum && ring(buf, count, dt, 1)) return;
-    BlockingCall guard("allreduce");
+    const CommView v = c();
+    BlockingCall guard("allreduce", v.group);
     auto type = mpi_type(dt);
     auto mop = mpi_op(op, dt);
     auto* p = static_cast<char*>(buf);
     std::size_t esz = c10::elementSize(dt);
     for (std::int64_t off = 0; off < count; off += kMaxChunk) {
       int n = static_cast<int>(std::min(kMaxChunk, count - off));
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + off * esz, n, type, mop, env().comm),
-                "MPI_Allreduce");
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + off * esz, n, type, mop, v.comm), "MPI_Allreduce");
     }
   }
 
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dt, int root) override {
-    BlockingCall guard("broadcast");
+    const CommView v = c();
+    BlockingCall guard("broadcast", v.group);
     auto* p = static_cast<char*>(buf);
     std::size_t esz = c10::elementSize(dt);
     // bytes travel as bytes: no datatype conversion, any dtype
     std::int64_t bytes = count * static_cast<std::int64_t>(esz);
     for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
       int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
-      mpi_check(MPI_Bcast(p + off, n, MPI_BYTE, root, env().comm), "MPI_Bcast");
+      mpi_check(MPI_Bcast(p + off, n, MPI_BYTE, root, v.comm), "MPI_Bcast");
     }
   }
 
   void reduce(const void* send, void* recv, std::int64_t count, c10::ScalarType dt, ReduceOp op,
               int root) override {
-    BlockingCall guard("reduce");
+    const CommView v = c();
+    BlockingCall guard("reduce", v.group);
     auto type = mpi_type(dt);
     auto mop = mpi_op(op, dt);
     std::size_t esz = c10::elementSize(dt);
-    bool is_root = env().rank == root;
+    bool is_root = v.rank == root;
     for (std::int64_t off = 0; off < count; off += kMaxChunk) {
       int n = static_cast<int>(std::min(kMaxChunk, count - off));
       const void* s = static_cast<const char*>(send) + off * esz;
       void* r = is_root ? static_cast<char*>(recv) + off * esz : nullptr;
       if (is_root && s == r) s = MPI_IN_PLACE;
-      mpi_check(MPI_Reduce(s, r, n, type, mop, root, env().comm), "MPI_Reduce");
+      mpi_check(MPI_Reduce(s, r, n, type, mop, root, v.comm), "MPI_Reduce");
     }
   }
 
   void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dt) override {
-    BlockingCall guard("allgather");
+    const CommView v = c();
+    BlockingCall guard("allgather", v.group);
     std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
-    TORCH_CHECK(bytes * env().size < std::numeric_limits<int>::max(), "fluxmpi_py: allgather of ",
+    TORCH_CHECK(bytes * v.size < std::numeric_limits<int>::max(), "fluxmpi_py: allgather of ",
                 bytes, " bytes per rank is too large");
     mpi_check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
-                            MPI_BYTE, env().comm),
+                            MPI_BYTE, v.comm),
               "MPI_Allgather");
   }
 
   void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
                   const std::vector<std::int64_t>& recv_bytes) override {
-    BlockingCall guard("allgather");
+    const CommView v = c();
+    BlockingCall guard("allgather", v.group);
     IntCounts r(recv_bytes);
     mpi_check(MPI_Allgatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
-                             r.displs.data(), MPI_BYTE, env().comm),
+                             r.displs.data(), MPI_BYTE, v.comm),
               "MPI_Allgatherv");
   }
 
   void gatherv(const void* send, std::int64_t send_bytes, void* recv,
                const std::vector<std::int64_t>& recv_bytes, int root) override {
-    BlockingCall guard("gather");
+    const CommView v = c();
+    BlockingCall guard("gather", v.group);
     IntCounts r(recv_bytes);
     mpi_check(MPI_Gatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
-                          r.displs.data(), MPI_BYTE, root, env().comm),
+                          r.displs.data(), MPI_BYTE, root, v.comm),
               "MPI_Gatherv");
   }
 
   void scatterv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
                 std::int64_t recv_bytes, int root) override {
-    BlockingCall guard("scatter");
+    const CommView v = c();
+    BlockingCall guard("scatter", v.group);
     IntCounts s(send_bytes);
     mpi_check(MPI_Scatterv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv,
-                           int_bytes(recv_bytes), MPI_BYTE, root, env().comm),
+                           int_bytes(recv_bytes), MPI_BYTE, root, v.comm),
               "MPI_Scatterv");
   }
 
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
                  const std::vector<std::int64_t>& recv_bytes) override {
-    BlockingCall guard("alltoall");
+    const CommView v = c();
+    BlockingCall guard("alltoall", v.group);
     IntCounts s(send_bytes), r(recv_bytes);
     mpi_check(MPI_Alltoallv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv, r.counts.data(),
-                            r.displs.data(), MPI_BYTE, env().comm),
+                            r.displs.data(), MPI_BYTE, v.comm),
               "MPI_Alltoallv");
   }
 
   void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                       c10::ScalarType dt, ReduceOp op) override {
-    BlockingCall guard("reduce_scatter");
-    std::vector<int> c;
-    for (std::int64_t n : counts) c.push_back(int_bytes(n));  // elements, within int as bytes
-    mpi_check(MPI_Reduce_scatter(send, recv, c.data(), mpi_type(dt), mpi_op(op, dt), env().comm),
+    const CommView v = c();
+    BlockingCall guard("reduce_scatter", v.group);
+    std::vector<int> parts;
+    for (std::int64_t n : counts) parts.push_back(int_bytes(n));  // elements, within int as bytes
+    mpi_check(MPI_Reduce_scatter(send, recv, parts.data(), mpi_type(dt), mpi_op(op, dt), v.comm),
               "MPI_Reduce_scatter");
   }
 
   void barrier() override {
-    BlockingCall guard("barrier");
-    mpi_check(MPI_Barrier(env().comm), "MPI_Barrier");
+    const CommView v = c();
+    BlockingCall guard("barrier", v.group);
+    mpi_check(MPI_Barrier(v.comm), "MPI_Barrier");
   }
 };
 
 }  // namespace
 
-Backend& mpi_backend() {
+Backend& world_mpi_backend() {
   static MpiBackend backend;
   return backend;
+}
+
+namespace {
+// The runtime's world group serves this backend (runtime/group.h cannot name the layer above).
+const bool kWorldBackendRegistered = (set_world_backend(&world_mpi_backend), true);
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend(MPI_Comm comm, int rank, int size, int group) {
+  return std::make_unique<MpiBackend>(comm, rank, size, group);
 }
 
 }  // namespace fluxmpi

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "runtime/group.h"
+
 namespace fluxmpi {
 
 namespace {
@@ -39,9 +41,20 @@ bool device_supported(const at::Tensor& t) {
   return t.is_cpu();
 }
 
+Backend& mpi_backend() { return current_group().backend(); }
+
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
-  if (t.is_cuda()) return nccl_backend(t.get_device());
+  if (t.is_cuda()) {
+    const Group& g = current_group();
+    TORCH_CHECK_NOT_IMPLEMENTED(g.is_world(),
+                                "fluxmpi_py: group= with CUDA tensors is not supported yet "
+                                "(group ",
+                                g.describe(),
+                                "); move the tensors to the CPU for "
+                                "calls on a group");
+    return nccl_backend(t.get_device());
+  }
 #endif
   TORCH_CHECK(t.is_cpu(), "fluxmpi_py: tensors on ", t.device(),
               " are not supported by this build (CPU and, when built with CUDA, CUDA)");

@@ -2,6 +2,7 @@
 
 #include "backend/backend.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -19,12 +20,12 @@ std::string broadcast_bytes(const char* data, std::int64_t len, std::int64_t roo
   std::string msg = err_text;
   Signature s = object_signature(ObjectStage::Skeleton, root, err, msg);
   agree(s, kSyncWhat, msg);
-  const auto& e = env();
+  const Group& e = current_group();
   std::string out;
-  if (e.size == 1) return out;  // the root's own bytes are the answer
+  if (e.size() == 1) return out;  // the root's own bytes are the answer
   mpi_backend().broadcast(&len, 1, c10::kLong, static_cast<int>(root));
   if (len == 0) return out;
-  if (e.rank == root) {
+  if (e.rank() == root) {
     // The backend's signature is not const: it writes on receivers only.
     mpi_backend().broadcast(const_cast<char*>(data), len, c10::kByte, static_cast<int>(root));
     return out;  // the caller keeps its own bytes

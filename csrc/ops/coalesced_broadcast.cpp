@@ -15,6 +15,7 @@
 #include "ops/collectives.h"
 #include "ops/flat_storage.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -147,9 +148,9 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
   // Parameters are leaves that require grad; writing the root's values is not a step of
   // any autograd graph, so any copy below runs without autograd.
   c10::AutoGradMode no_grad(false);
-  const auto& e = env();
-  if (e.size == 1) return;
-  bool is_root = e.rank == root;
+  const Group& e = current_group();
+  if (e.size() == 1) return;
+  bool is_root = e.rank() == root;
   std::vector<BroadcastStep> own;
   if (plan == nullptr) {
     own = plan_broadcast(tensors, opts.plan);

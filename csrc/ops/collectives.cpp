@@ -8,6 +8,7 @@
 
 #include "backend/select.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/hash.h"
 
 namespace fluxmpi {
@@ -192,7 +193,7 @@ void broadcast_data(Backend& b, const at::Tensor& t, int root) {
   c10::AutoGradMode no_grad(false);
   at::Tensor c = staging(t, t.scalar_type());
   b.broadcast(c.data_ptr(), c.numel(), c.scalar_type(), root);
-  if (env().rank != root) write_back(c, t);  // the root's values do not change
+  if (current_group().rank() != root) write_back(c, t);  // the root's values do not change
 }
 
 void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int rank, int world) {
@@ -242,17 +243,17 @@ void validate_into(const at::Tensor& t, const std::string& local_error, Signatur
 
 void allreduce_checked(const at::Tensor& t, const std::string& opname,
                        const std::string& local_error) {
-  const auto& e = env();
+  const Group& e = current_group();
   Signature s = signature_of(CallKind::Allreduce, t);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_into(t, local_error, s, msg);
   agree(s, "allreduce_()", msg, [&] { return describe(t); });
-  allreduce_data(backend_for(t), t, op, e.size);
+  allreduce_data(backend_for(t), t, op, e.size());
 }
 
 void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string& local_error) {
-  env();  // "call Init first"
+  current_group();  // "call Init first"
   Signature s = signature_of(CallKind::Broadcast, t);
   std::string msg;
   validate_into(t, local_error, s, msg);
@@ -263,14 +264,14 @@ void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string
 
 void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t root,
                     const std::string& local_error) {
-  const auto& e = env();
+  const Group& e = current_group();
   Signature s = signature_of(CallKind::Reduce, t);
   std::string msg;
   validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
   check_root(root, s, msg);
   agree(s, "reduce_()", msg, [&] { return describe(t); });
-  reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank, e.size);
+  reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank(), e.size());
 }
 
 void barrier_checked() {

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/user_call.h"
 
 namespace fluxmpi {
@@ -32,6 +33,7 @@ const char* kind_name(CallKind k) {
     case CallKind::GroupedBroadcast: return "grouped_bcast_";
     case CallKind::ObjectBcast: return "broadcast_object";
     case CallKind::ObjectAllgather: return "allgather_object";
+    case CallKind::NewGroup: return "new_group";
   }
   return "unknown collective";
 }
@@ -80,8 +82,10 @@ const char* field_name(int field) {
   return names[field];
 }
 
+// `names[r]`: the world rank of the group's rank r; `where`: "" on the world, else " (on
+// group [0, 2])", added to every message.
 [[noreturn]] void report(const std::vector<std::int64_t>& sigs, const std::vector<char>& texts,
-                         int size) {
+                         int size, const std::vector<int>& names, const std::string& where) {
   auto field_of = [&](int r, std::size_t offset, std::size_t len) {
     const char* t = texts.data() + r * kRankBytes + offset;
     return std::string(t, strnlen(t, len));
@@ -92,7 +96,8 @@ const char* field_name(int field) {
   bool same_call = true;
   for (int r = 1; r < size; ++r) same_call &= call_of(r) == call_of(0);
   std::ostringstream calls;
-  for (int r = 0; r < size; ++r) calls << (r ? "; " : "") << "rank " << r << " in " << call_of(r);
+  for (int r = 0; r < size; ++r)
+    calls << (r ? "; " : "") << "rank " << names[r] << " in " << call_of(r);
   std::ostringstream msg;
   // Local errors first: they explain the rest.
   ErrorClass cls = ErrorClass::None;
@@ -105,11 +110,11 @@ const char* field_name(int field) {
     } else {
       msg << "; ";
     }
-    msg << "rank " << r << ": " << text_of(r);
+    msg << "rank " << names[r] << ": " << text_of(r);
   }
   if (cls != ErrorClass::None) {
     if (!same_call) msg << " (the ranks were in different calls: " << calls.str() << ")";
-    raise_on_every_rank(cls, msg.str());
+    raise_on_every_rank(cls, msg.str() + where);
   }
   constexpr const char* kAdvice =
       " Every rank must make the same collective calls, in the same order, with tensors of the "
@@ -118,11 +123,11 @@ const char* field_name(int field) {
     // Ranks inside different calls: that is the story, whatever else differs.
     msg << "ranks are in different calls:";
     for (int r = 0; r < size; ++r) {
-      msg << (r ? ";" : "") << " rank " << r << " is in " << call_of(r);
+      msg << (r ? ";" : "") << " rank " << names[r] << " is in " << call_of(r);
       auto t = text_of(r);
       if (!t.empty()) msg << " (" << t << ")";
     }
-    msg << "." << kAdvice;
+    msg << where << "." << kAdvice;
     raise_on_every_rank(ErrorClass::Runtime, msg.str());
   }
   // Otherwise name the first field that differs, each rank's value, and the argument.
@@ -133,7 +138,7 @@ const char* field_name(int field) {
     if (!differs) continue;
     msg << call_of(0) << ": ranks disagree on " << field_name(f) << ":";
     for (int r = 0; r < size; ++r) {
-      msg << (r ? ";" : "") << " rank " << r << " has ";
+      msg << (r ? ";" : "") << " rank " << names[r] << " has ";
       if (f == 5) {
         msg << text_of(r);
       } else {
@@ -142,7 +147,7 @@ const char* field_name(int field) {
         if (!t.empty()) msg << " (" << t << ")";
       }
     }
-    msg << "." << kAdvice;
+    msg << where << "." << kAdvice;
     break;
   }
   raise_on_every_rank(ErrorClass::Runtime, msg.str());
@@ -152,7 +157,7 @@ const char* field_name(int field) {
 
 void check_root(std::int64_t root, Signature& s, std::string& msg) {
   s.root = root;
-  const int size = env().size;
+  const int size = current_group().size();
   if (s.error == ErrorClass::None && (root < 0 || root >= size)) {
     s.error = ErrorClass::Value;
     msg = "root_rank " + std::to_string(root) + " is out of range; expected 0 <= root_rank < " +
@@ -170,12 +175,13 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe, bool* vetoed) {
-  const auto& e = env();
+  const Group& e = current_group();
   if (vetoed != nullptr) *vetoed = false;
   const char* call = user_call_or(what.c_str());
-  if (e.size == 1) {
+  if (e.size() == 1) {
     if (sig.error != ErrorClass::None) {
-      raise_on_every_rank(sig.error, std::string(call) + ": rank 0: " + error_text);
+      raise_on_every_rank(sig.error, std::string(call) + ": rank " +
+                                         std::to_string(e.world_ranks()[0]) + ": " + error_text);
     }
     return sig.soft_flag == 0;
   }
@@ -196,15 +202,16 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   // Slow path, identical on every rank: gather signatures and texts, then raise everywhere.
   std::int64_t mine[kFields];
   pack(sig, mine);
-  std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size);
+  std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size());
   mpi_backend().allgather(mine, sigs.data(), kFields, c10::kLong);
   const std::string text = sig.error != ErrorClass::None ? error_text : describe();
   const std::string call_name = call;
-  std::vector<char> mine_text(kRankBytes, 0), texts(kRankBytes * e.size);
+  std::vector<char> mine_text(kRankBytes, 0), texts(kRankBytes * e.size());
   std::memcpy(mine_text.data(), call_name.data(), std::min(call_name.size(), kCallBytes - 1));
   std::memcpy(mine_text.data() + kCallBytes, text.data(), std::min(text.size(), kTextBytes - 1));
   mpi_backend().allgather(mine_text.data(), texts.data(), kRankBytes, c10::kByte);
-  report(sigs, texts, e.size);
+  report(sigs, texts, e.size(), e.world_ranks(),
+         e.is_world() ? std::string() : " (on group " + e.describe() + ")");
 }
 
 }  // namespace fluxmpi

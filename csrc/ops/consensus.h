@@ -35,6 +35,7 @@ enum class CallKind : std::int64_t {
   GroupedBroadcast = 15,
   ObjectBcast = 16,  // broadcast_object
   ObjectAllgather = 17,
+  NewGroup = 18,  // runtime/group.h; `numel` is the number of ranks, `detail` hashes them
 };
 
 const char* kind_name(CallKind k);

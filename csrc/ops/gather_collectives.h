@@ -11,12 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace fluxmpi {
+#include "ops/splits.h"
 
-// Row counts per rank for each tensor of a call: splits[i][r] rows of tensor i belong to rank
-// r (their sum is dim 0). An empty list, or an empty entry, means equal parts: dim 0 must
-// then divide by the world size.
-using Splits = std::vector<std::vector<std::int64_t>>;
+namespace fluxmpi {
 
 // Each of these agrees with the other ranks, then moves the data; all must run inline on the
 // engine or on its thread. `local_error`, when not empty, is a TypeError found by the caller

@@ -11,6 +11,7 @@
 #include "ops/collectives.h"
 #include "ops/consensus.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/user_call.h"
 
 namespace fluxmpi {
@@ -59,7 +60,7 @@ const char* compression_name(Compression c) {
 
 GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts)
     : params_(std::move(params)), opts_(opts) {
-  env();  // "call Init first"
+  current_group();  // "call Init first"
   std::vector<TensorMeta> metas;
   metas.reserve(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -74,7 +75,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   state_.resize(buckets_.size());
   // "average" pre-scales every contribution by 1/world in the bucket's pack, on every rank
   // alike, so a fused bucket is summed with no division pass afterwards.
-  const int world = env().size;
+  const int world = current_group().size();
   const double scale = opts_.op == ReduceOp::Average && world > 1 ? 1.0 / world : 1.0;
   const auto comp = compressed_dtype(opts_.compression);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -236,7 +237,7 @@ void GradientReducer::launch(std::int64_t b) {
   st.done = done;
   auto op = opts_.op;
   auto comp = compressed_dtype(opts_.compression);
-  int world = env().size;
+  int world = current_group().size();
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
@@ -281,6 +282,7 @@ constexpr const char* kUserCall = "DistributedOptimizer.step()";
 
 void GradientReducer::mark_ready(std::int64_t i) {
   UserCall named(kUserCall);
+  GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
   TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()), "parameter index ", i,
                     " out of range");
@@ -301,6 +303,7 @@ void GradientReducer::mark_ready(std::int64_t i) {
 
 bool GradientReducer::finalize(bool flag) {
   UserCall named(kUserCall);
+  GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
   if (params_.empty()) return flag;
   if (!step_open_) open_step();
@@ -344,7 +347,7 @@ bool GradientReducer::finalize(bool flag) {
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   std::vector<std::uint8_t> anywhere = present_;
   anywhere.push_back(flag ? 1 : 0);
-  if (env().size > 1) {
+  if (current_group().size() > 1) {
     Engine::get().run_inline([&] {
       mpi_backend().allreduce(anywhere.data(), static_cast<std::int64_t>(anywhere.size()),
                               c10::kByte, ReduceOp::Max);

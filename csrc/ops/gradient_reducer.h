@@ -30,6 +30,7 @@
 #include "fusion/pack_plan.h"
 #include "ops/stream_order.h"
 #include "runtime/engine.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -80,6 +81,8 @@ class GradientReducer {
   std::int64_t launched_early() const { return launched_early_; }
 
  private:
+  // The group current at construction (runtime/group.h): every step reduces over it.
+  std::shared_ptr<const Group> group_ = current_group_ptr();
   struct BucketState {
     at::Tensor flat;                // fused buckets: the flat buffer that grads view
     std::vector<at::Tensor> slots;  // fused: a view per member, shaped like the param

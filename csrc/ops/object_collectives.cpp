@@ -5,6 +5,7 @@
 #include "backend/backend.h"
 #include "ops/consensus.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/user_call.h"
 
 namespace fluxmpi {
@@ -29,9 +30,9 @@ std::string broadcast_object_bytes(const std::string& data, std::int64_t root,
   Signature s = object_call(CallKind::ObjectBcast, local_error, msg);
   check_root(root, s, msg);
   agree(s, "broadcast_object()", msg);
-  const auto& e = env();
-  if (e.size == 1) return {};
-  const bool is_root = e.rank == root;
+  const Group& e = current_group();
+  if (e.size() == 1) return {};
+  const bool is_root = e.rank() == root;
   std::int64_t len = is_root ? static_cast<std::int64_t>(data.size()) : 0;
   mpi_backend().broadcast(&len, 1, c10::kLong, static_cast<int>(root));
   if (len == 0) return {};
@@ -51,10 +52,10 @@ std::vector<std::string> allgather_object_bytes(const std::string& data,
   std::string msg;
   Signature s = object_call(CallKind::ObjectAllgather, local_error, msg);
   agree(s, "allgather_object()", msg);
-  const auto& e = env();
-  if (e.size == 1) return {data};
+  const Group& e = current_group();
+  if (e.size() == 1) return {data};
   std::int64_t mine = static_cast<std::int64_t>(data.size());
-  std::vector<std::int64_t> lens(e.size);
+  std::vector<std::int64_t> lens(e.size());
   mpi_backend().allgather(&mine, lens.data(), 1, c10::kLong);
   std::int64_t total = 0;
   for (auto n : lens) total += n;

@@ -6,6 +6,7 @@
 #include "ops/bytes_broadcast.h"
 #include "ops/flat_storage.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -29,7 +30,7 @@ bool sync_fast_path(const std::vector<at::Tensor>& tensors, std::int64_t root,
   // Shapes, dtypes, device types, paths and options in one number, compared in the same
   // allreduce as the call itself: equal everywhere means every rank's tensors line up with the
   // root's, so the data can move without a skeleton.
-  const bool moves = env().size > 1;  // a world of one moves no data: no probes
+  const bool moves = current_group().size() > 1;  // a world of one moves no data: no probes
   try {
     s.soft = tensors_hash(tensors, plan_options_hash(opts.plan, structure_hash),
                           moves ? &cache.probes : nullptr);

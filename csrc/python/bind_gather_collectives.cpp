@@ -9,6 +9,7 @@
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 #include "runtime/user_call.h"
 
 namespace py = pybind11;
@@ -149,7 +150,7 @@ void bind_gather_collectives(py::module_& m) {
           py::gil_scoped_release no_gil;
           env();
           UserCall named("broadcast_object()");
-          is_root = env().rank == root;
+          is_root = current_group().rank() == root;
           const std::string& mine = data ? *data : std::string();
           Engine::get().run_inline([&] { out = broadcast_object_bytes(mine, root, err); });
         }

@@ -16,6 +16,7 @@
 #include "python/dict_snapshot.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace py = pybind11;
 
@@ -130,7 +131,7 @@ void bind_sync(py::module_& m) {
         bool is_root = false;
         {
           py::gil_scoped_release no_gil;
-          is_root = initialized() && env().rank == root;
+          is_root = initialized() && current_group().rank() == root;
           Engine::get().run_inline([&] { out = broadcast_bytes(ptr, len, root, err, err_text); });
         }
         if (is_root) return data;  // no copy of the root's pickle

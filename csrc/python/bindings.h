@@ -20,7 +20,8 @@ void bind_consistency(pybind11::module_& m);  // bind_consistency.cpp: tensor co
 
 // bind_gather_collectives.cpp: allgather .. alltoall, grouped forms, objects
 void bind_gather_collectives(pybind11::module_& m);
-void bind_pack(pybind11::module_& m);  // bind_pack.cpp: pack plan, pack, unpack
+void bind_groups(pybind11::module_& m);  // bind_groups.cpp: new_group, current group
+void bind_pack(pybind11::module_& m);    // bind_pack.cpp: pack plan, pack, unpack
 void bind_hierarchical(
     pybind11::module_& m);             // bind_hierarchical.cpp: node-aware allreduce options
 void bind_c10d(pybind11::module_& m);  // bind_c10d.cpp: the torch.distributed backend

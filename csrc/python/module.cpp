@@ -46,4 +46,5 @@ PYBIND11_MODULE(_C, m) {
   fluxmpi::bind_pack(m);
   fluxmpi::bind_hierarchical(m);
   fluxmpi::bind_c10d(m);
+  fluxmpi::bind_groups(m);
 }

@@ -9,6 +9,7 @@ namespace {
 // for the very work it is part of.
 thread_local bool t_on_engine_thread = false;
 thread_local const char* t_work_label = "";
+SubmitContext g_submit_context = nullptr;
 
 std::exception_ptr run_catching(const std::function<void()>& fn) {
   try {
@@ -19,6 +20,8 @@ std::exception_ptr run_catching(const std::function<void()>& fn) {
   return nullptr;
 }
 }  // namespace
+
+void set_submit_context(SubmitContext wrap) { g_submit_context = wrap; }
 
 const char* running_work_label() { return t_work_label; }
 
@@ -62,6 +65,7 @@ void Engine::ensure_thread() {
 
 std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn) {
   auto work = std::make_shared<Work>(std::move(what));
+  if (g_submit_context != nullptr) fn = g_submit_context(std::move(fn));
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (!stopping_ && !synchronous_) {

@@ -43,6 +43,12 @@ class Work {
 // or "" outside engine work: the stall report names the collective by it.
 const char* running_work_label();
 
+// Wraps work when it is submitted, on the submitting thread, so that it runs in the submitter's
+// context: runtime/group.cpp registers one that makes the submitter's group current (the
+// engine does not name groups). Set once while the library loads.
+using SubmitContext = std::function<void()> (*)(std::function<void()>);
+void set_submit_context(SubmitContext wrap);
+
 class Engine {
  public:
   static Engine& get();

@@ -38,7 +38,17 @@ const char* g_wd_call = "";  // the user call it is part of (runtime/user_call.h
 // reads it) and when the current call began or the last one ended.
 char g_wd_label[160] = "";
 std::chrono::steady_clock::time_point g_wd_since = std::chrono::steady_clock::now();
-std::vector<std::int64_t> g_exit_count;  // per rank: the calls it completed before leaving
+// Per rank, its exit notice: the world calls it completed before leaving, then its count for
+// each group (index 1, 2, ...); empty until its notice arrives.
+std::vector<std::vector<std::int64_t>> g_exit_count;
+// The groups the watchdog knows (runtime/group.h), by index; entry 0 is the world, unused.
+struct CallGroup {
+  std::vector<int> world_ranks;
+  std::string label;
+  std::int64_t started = 0;  // calls this rank entered on the group
+};
+std::vector<CallGroup> g_groups(1);
+int g_wd_group = 0;  // the group of the call in flight (or the last one), 0 for the world
 bool g_wd_stop = false;
 std::thread g_wd_thread;
 
@@ -66,9 +76,12 @@ void receive_exit_notices() {
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, g_env.control, &flag, &st);
     if (!flag) return;
-    std::int64_t count = 0;
-    MPI_Recv(&count, 1, MPI_INT64_T, st.MPI_SOURCE, kExitTag, g_env.control, MPI_STATUS_IGNORE);
-    g_exit_count[st.MPI_SOURCE] = count;
+    int n = 0;
+    MPI_Get_count(&st, MPI_INT64_T, &n);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(std::max(n, 1)), 0);
+    MPI_Recv(counts.data(), n, MPI_INT64_T, st.MPI_SOURCE, kExitTag, g_env.control,
+             MPI_STATUS_IGNORE);
+    g_exit_count[st.MPI_SOURCE] = std::move(counts);
   }
 }
 
@@ -79,6 +92,7 @@ CallStatus call_status() {
   s.active = g_calls_active > 0;
   s.for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_wd_since).count();
   s.kind = g_wd_what;
+  if (g_wd_group != 0) s.kind += " on group " + g_groups[g_wd_group].label;
   s.call = g_wd_call;
   s.detail = g_wd_label;
   return s;
@@ -107,22 +121,35 @@ void watchdog_loop() {
     if (g_calls_active == 0) continue;
     // The call in flight is number g_calls_started - 1 (counting from 0) on every rank. A
     // rank that completed no more calls than that never entered it and never will.
-    const std::int64_t current = g_calls_started - 1;
-    for (int r = 0; r < g_env.size; ++r) {
-      std::int64_t done = g_exit_count[r];
-      if (done < 0 || done > current) continue;
+    // On a group: the same, counting the group's calls, among its members only.
+    const int g = g_wd_group;
+    const std::int64_t current = (g == 0 ? g_calls_started : g_groups[g].started) - 1;
+    std::vector<int> everyone;
+    if (g == 0) {
+      for (int r = 0; r < g_env.size; ++r) everyone.push_back(r);
+    }
+    const std::vector<int>& ranks = g == 0 ? everyone : g_groups[g].world_ranks;
+    for (int r : ranks) {
+      const auto& notice = g_exit_count[r];
+      if (notice.empty()) continue;
+      const std::int64_t done = static_cast<std::size_t>(g) < notice.size() ? notice[g] : 0;
+      if (done > current) continue;
       std::string what = *g_wd_call ? std::string(g_wd_call) + " (its " + g_wd_what + ", "
                                     : std::string(g_wd_what) + " (";
+      const std::string on = g == 0 ? std::string() : " on group " + g_groups[g].label;
       lk.unlock();
       abort_job("rank " + std::to_string(r) + " has exited (after " + std::to_string(done) +
-                " collective calls) while this rank waits in " + what + "collective call " +
-                std::to_string(current + 1) + "), which it can never join; aborting the job");
+                " collective calls" + on + ") while this rank waits in " + what +
+                "collective call " + std::to_string(current + 1) + on +
+                "), which it can never join; aborting the job");
     }
   }
 }
 
 void start_watchdog() {
-  g_exit_count.assign(g_env.size, -1);
+  g_exit_count.assign(g_env.size, {});
+  g_groups.assign(1, CallGroup{});
+  g_wd_group = 0;
   reset_stall_watch(g_env.size);
   g_calls_started = 0;
   g_calls_active = 0;
@@ -147,24 +174,31 @@ void stop_watchdog() {
 // than spinning in MPI_Waitall, so a rank that finished early does not take a core from the
 // ranks still working.
 void exchange_exit_notices() {
-  std::int64_t done = g_calls_started;
+  std::vector<std::int64_t> done{g_calls_started};
+  {
+    std::lock_guard<std::mutex> lk(g_wd_mu);
+    for (std::size_t g = 1; g < g_groups.size(); ++g) done.push_back(g_groups[g].started);
+  }
   std::vector<MPI_Request> reqs;
   for (int r = 0; r < g_env.size; ++r) {
     if (r == g_env.rank) continue;
     reqs.emplace_back();
-    MPI_Isend(&done, 1, MPI_INT64_T, r, kExitTag, g_env.control, &reqs.back());
+    MPI_Isend(done.data(), static_cast<int>(done.size()), MPI_INT64_T, r, kExitTag, g_env.control,
+              &reqs.back());
   }
-  std::vector<std::int64_t> in(g_env.size);
-  for (int r = 0; r < g_env.size; ++r) {
-    if (r == g_env.rank || g_exit_count[r] >= 0) continue;  // the watchdog already has it
-    reqs.emplace_back();
-    MPI_Irecv(&in[r], 1, MPI_INT64_T, r, kExitTag, g_env.control, &reqs.back());
-  }
+  // Notices differ in length (a rank that left early knew fewer groups): probed, not posted.
   auto nap = std::chrono::microseconds(50);
   for (;;) {
-    int all_done = 0;
-    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &all_done, MPI_STATUSES_IGNORE);
-    if (all_done) return;
+    int sent = 0;
+    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &sent, MPI_STATUSES_IGNORE);
+    bool all_in = true;
+    {
+      std::lock_guard<std::mutex> lk(g_wd_mu);
+      receive_exit_notices();
+      for (int r = 0; r < g_env.size; ++r)
+        all_in = all_in && (r == g_env.rank || !g_exit_count[r].empty());
+    }
+    if (sent && all_in) return;
     std::this_thread::sleep_for(nap);
     nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(20));
   }
@@ -172,10 +206,15 @@ void exchange_exit_notices() {
 
 }  // namespace
 
-BlockingCall::BlockingCall(const char* what) {
+BlockingCall::BlockingCall(const char* what, int group) {
   if (g_env.size <= 1) return;
   std::lock_guard<std::mutex> lk(g_wd_mu);
-  ++g_calls_started;
+  if (group == 0) {
+    ++g_calls_started;
+  } else {
+    ++g_groups[group].started;
+  }
+  g_wd_group = group;
   g_wd_what = what;
   g_wd_call = user_call();
   std::strncpy(g_wd_label, running_work_label(), sizeof g_wd_label - 1);
@@ -188,6 +227,12 @@ BlockingCall::~BlockingCall() {
   std::lock_guard<std::mutex> lk(g_wd_mu);
   --g_calls_active;
   g_wd_since = std::chrono::steady_clock::now();
+}
+
+int register_call_group(std::vector<int> world_ranks, std::string label) {
+  std::lock_guard<std::mutex> lk(g_wd_mu);
+  g_groups.push_back(CallGroup{std::move(world_ranks), std::move(label), 0});
+  return static_cast<int>(g_groups.size()) - 1;
 }
 
 bool initialized() { return g_initialized; }

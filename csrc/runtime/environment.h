@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace fluxmpi {
 
@@ -69,12 +70,20 @@ std::string mpi_standard_version();
 // job is aborted with a message naming it; a rank that left after finishing its part (a
 // broadcast root returns early) is no reason to abort. Entering a call only takes an
 // uncontended mutex; it never wakes another thread.
+//
+// A call on a sub-group (runtime/group.h) passes the group's index: it counts in that group's
+// count instead (entered by the group's members only, in the same order), the exit notice
+// carries every group's count, and the watchdog compares only the group's members.
 class BlockingCall {
  public:
-  explicit BlockingCall(const char* what);
+  explicit BlockingCall(const char* what, int group = 0);
   ~BlockingCall();
   BlockingCall(const BlockingCall&) = delete;
   BlockingCall& operator=(const BlockingCall&) = delete;
 };
+
+// Tell the watchdog about a new group (on every rank, members or not, in the same order) with
+// its world ranks and its label for messages ("[0, 2]"); returns its index: 1, 2, ...
+int register_call_group(std::vector<int> world_ranks, std::string label);
 
 }  // namespace fluxmpi

@@ -1,0 +1,150 @@
+// The grouped (fused) allreduce_ and bcast_ of a list of tensors: one buffer per dtype
+// (declared in ops/gather_collectives.h).
+#include "ops/gather_collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <c10/core/GradMode.h>
+
+#include "backend/select.h"
+#include "ops/collectives.h"
+#include "ops/consensus.h"
+#include "ops/row_lists.h"
+#include "runtime/environment.h"
+#include "runtime/group.h"
+#include "runtime/hash.h"
+#include "runtime/user_call.h"
+
+namespace fluxmpi {
+
+using namespace rows;  // NOLINT(build/namespaces): this file's vocabulary
+
+namespace {
+
+bool cpu_contiguous(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous(); }
+
+// Tensors idx of ts (one dtype) into one flat buffer of that dtype.
+at::Tensor pack_flat(const std::vector<at::Tensor>& ts, const std::vector<std::size_t>& idx) {
+  std::int64_t total = 0;
+  for (auto i : idx) total += ts[i].numel();
+  at::Tensor flat = at::empty({total}, ts[idx[0]].options());
+  const auto esz = static_cast<std::int64_t>(flat.element_size());
+  std::int64_t pos = 0;
+  for (auto i : idx) {
+    const auto& t = ts[i];
+    if (cpu_contiguous(t)) {
+      std::memcpy(static_cast<char*>(flat.data_ptr()) + pos * esz, t.data_ptr(),
+                  static_cast<std::size_t>(t.numel() * esz));
+    } else if (t.numel() > 0) {
+      flat.narrow(0, pos, t.numel()).view(t.sizes()).copy_(t);
+    }
+    pos += t.numel();
+  }
+  return flat;
+}
+
+void unpack_flat(const at::Tensor& flat, const std::vector<at::Tensor>& ts,
+                 const std::vector<std::size_t>& idx) {
+  const auto esz = static_cast<std::int64_t>(flat.element_size());
+  std::int64_t pos = 0;
+  for (auto i : idx) {
+    const auto& t = ts[i];
+    if (cpu_contiguous(t)) {
+      std::memcpy(t.data_ptr(), static_cast<const char*>(flat.data_ptr()) + pos * esz,
+                  static_cast<std::size_t>(t.numel() * esz));
+      bump_version(t);
+    } else if (t.numel() > 0) {
+      t.copy_(flat.narrow(0, pos, t.numel()).view(t.sizes()));
+    }
+    pos += t.numel();
+  }
+}
+
+// Indices of ts grouped by dtype, groups in the order of first appearance.
+std::vector<std::vector<std::size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
+  std::vector<std::vector<std::size_t>> groups;
+  std::vector<c10::ScalarType> seen;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    std::size_t g = 0;
+    while (g < seen.size() && seen[g] != ts[i].scalar_type()) ++g;
+    if (g == seen.size()) {
+      seen.push_back(ts[i].scalar_type());
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  return groups;
+}
+
+}  // namespace
+
+void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::string& opname,
+                               const std::string& local_error) {
+  const Group& e = current_group();
+  Signature s = list_signature(CallKind::GroupedAllreduce, ts, /*with_dim0=*/true, nullptr);
+  std::string msg;
+  ReduceOp op = parse_op_into(opname, s, msg);
+  validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
+  agree(s, "grouped_allreduce_()", msg, [&] { return describe_list(ts, nullptr); });
+  if (ts.empty()) return;
+  c10::AutoGradMode no_grad(false);
+  Backend& b = backend_for(ts[0]);
+  for (const auto& idx : by_dtype(ts)) {
+    if (idx.size() == 1) {
+      allreduce_data(b, ts[idx[0]], op, e.size());
+      continue;
+    }
+    at::Tensor flat = pack_flat(ts, idx);
+    allreduce_data(b, flat, op, e.size());
+    unpack_flat(flat, ts, idx);
+  }
+}
+
+void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
+                               const std::string& local_error) {
+  const Group& e = current_group();
+  Signature s = list_signature(CallKind::GroupedBroadcast, ts, /*with_dim0=*/true, nullptr);
+  std::string msg;
+  validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
+  check_root(root, s, msg);
+  agree(s, "grouped_bcast_()", msg, [&] { return describe_list(ts, nullptr); });
+  if (ts.empty()) return;
+  c10::AutoGradMode no_grad(false);
+  Backend& b = backend_for(ts[0]);
+  if (ts.size() == 1) {
+    broadcast_data(b, ts[0], static_cast<int>(root));
+    return;
+  }
+  // Every dtype as bytes, in one buffer.
+  std::int64_t total = 0;
+  for (const auto& t : ts) total += t.numel() * static_cast<std::int64_t>(t.element_size());
+  Bytes buf = byte_buffer(ts[0], total);
+  const bool is_root = e.rank() == root;
+  std::int64_t pos = 0;
+  if (is_root) {
+    for (const auto& t : ts) {
+      Bytes src(t);
+      copy_bytes(buf, pos, src, 0, src.n);
+      pos += src.n;
+    }
+  }
+  if (total == 0) return;
+  b.broadcast(buf.data(), total, at::kByte, static_cast<int>(root));
+  if (is_root) return;
+  pos = 0;
+  for (const auto& t : ts) {
+    const std::int64_t nb = t.numel() * static_cast<std::int64_t>(t.element_size());
+    if (nb > 0) {
+      if (cpu_contiguous(t)) {
+        std::memcpy(t.data_ptr(), buf.ptr + pos, static_cast<std::size_t>(nb));
+        bump_version(t);
+      } else {
+        // a copy: the bytes at `pos` need not be aligned for t's dtype
+        t.copy_(buf.flat().narrow(0, pos, nb).clone().view(t.scalar_type()).view(t.sizes()));
+      }
+    }
+    pos += nb;
+  }
+}
+
+}  // namespace fluxmpi

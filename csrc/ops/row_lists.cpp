@@ -1,0 +1,225 @@
+#include "ops/row_lists.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "backend/select.h"
+#include "ops/collectives.h"
+#include "runtime/environment.h"
+#include "runtime/group.h"
+#include "runtime/hash.h"
+#include "runtime/user_call.h"
+
+namespace fluxmpi {
+namespace rows {
+
+std::int64_t row_elems(const at::Tensor& t) {
+  std::int64_t n = 1;
+  for (std::int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+std::int64_t row_bytes(const at::Tensor& t) {
+  return row_elems(t) * static_cast<std::int64_t>(c10::elementSize(t.scalar_type()));
+}
+
+// A new tensor like t with `rows` rows.
+at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
+  auto sizes = t.sizes().vec();
+  sizes[0] = rows;
+  return at::empty(sizes, t.options());
+}
+
+Bytes byte_buffer(const at::Tensor& like, std::int64_t n) {
+  return Bytes(at::empty({n}, like.options().dtype(at::kByte)));
+}
+
+// n bytes from src[soff] to dst[doff].
+void copy_bytes(const Bytes& dst, std::int64_t doff, const Bytes& src, std::int64_t soff,
+                std::int64_t n) {
+  if (n == 0) return;
+  if (dst.ptr != nullptr && src.ptr != nullptr) {
+    std::memcpy(dst.ptr + doff, src.ptr + soff, static_cast<std::size_t>(n));
+  } else {
+    dst.flat().narrow(0, doff, n).copy_(src.flat().narrow(0, soff, n));
+  }
+}
+
+// Dtypes, device types and shapes of the list (dim 0 left out where it may differ by rank),
+// and the splits when they must agree: Signature::detail.
+std::int64_t list_hash(const std::vector<at::Tensor>& ts, bool with_dim0, const Splits* splits) {
+  std::vector<std::int64_t> v;
+  for (const auto& t : ts) {
+    if (!t.defined()) {
+      v.push_back(-1);
+      continue;
+    }
+    v.push_back(static_cast<std::int64_t>(t.scalar_type()));
+    v.push_back(static_cast<std::int64_t>(t.device().type()));
+    v.push_back(t.dim());
+    for (std::int64_t d = 0; d < t.dim(); ++d) v.push_back(d == 0 && !with_dim0 ? -1 : t.size(d));
+  }
+  if (splits != nullptr) {
+    for (const auto& s : *splits) {
+      v.push_back(-2);
+      v.insert(v.end(), s.begin(), s.end());
+    }
+  }
+  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t),
+                    static_cast<std::int64_t>(ts.size()));
+}
+
+std::string describe_list(const std::vector<at::Tensor>& ts, const Splits* splits) {
+  std::ostringstream s;
+  if (ts.size() == 1) {
+    s << describe(ts[0]);
+  } else {
+    s << ts.size() << " tensors";
+    for (std::size_t i = 0; i < ts.size() && s.tellp() < 300; ++i) {
+      s << (i ? "; " : ": ") << "[" << i << "] " << describe(ts[i]);
+    }
+  }
+  if (splits != nullptr) {
+    for (std::size_t i = 0; i < splits->size() && s.tellp() < 420; ++i) {
+      s << (i ? ", " : "; splits ") << c10::IntArrayRef((*splits)[i]);
+    }
+  }
+  return s.str();
+}
+
+Signature list_signature(CallKind kind, const std::vector<at::Tensor>& ts, bool with_dim0,
+                         const Splits* splits) {
+  Signature s;
+  s.kind = kind;
+  s.numel = static_cast<std::int64_t>(ts.size());
+  if (!ts.empty() && ts[0].defined()) s.dtype = static_cast<std::int64_t>(ts[0].scalar_type());
+  s.detail = list_hash(ts, with_dim0, splits);
+  return s;
+}
+
+// This rank's local error, if any: the caller's, then each tensor's (named by its index when
+// there are several). `in_place`: the results go into the tensors themselves. `rows`: the call
+// splits or concatenates along dim 0, so a 0-dim tensor is an error.
+void validate_list(const std::vector<at::Tensor>& ts, bool in_place, bool rows,
+                   const std::string& local_error, Signature& s, std::string& msg) {
+  if (s.error != ErrorClass::None) return;
+  if (!local_error.empty()) {
+    s.error = ErrorClass::Type;
+    msg = local_error;
+    return;
+  }
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    std::string m;
+    ErrorClass c = validate_tensor(ts[i], m);
+    // validate_tensor's only ValueError is memory overlap, which matters only for results
+    // written in place; an expand()ed input is copied like any other.
+    if (c == ErrorClass::Value && !in_place) c = ErrorClass::None;
+    if (c == ErrorClass::None && rows && ts[i].dim() == 0) {
+      c = ErrorClass::Value;
+      m = "a 0-dim tensor has no rows (dim 0) to split or concatenate; pass t.reshape(1)";
+    }
+    if (c == ErrorClass::None && ts[i].device().type() != ts[0].device().type()) {
+      c = ErrorClass::Type;
+      m = "tensor is on " + ts[i].device().str() + " but tensor 0 is on " + ts[0].device().str() +
+          ": one call takes tensors of one device type";
+    }
+    if (c != ErrorClass::None) {
+      s.error = c;
+      msg = ts.size() > 1 ? "tensor " + std::to_string(i) + ": " + m : m;
+      return;
+    }
+  }
+}
+
+// Row counts per rank for each tensor: `given` checked, or equal parts. Returns the error
+// text ("" when fine).
+std::string resolve_splits(const Splits& given, const std::vector<at::Tensor>& ts, int world,
+                           Splits& out) {
+  if (!given.empty() && given.size() != ts.size()) {
+    return "splits has " + std::to_string(given.size()) + " entries for " +
+           std::to_string(ts.size()) + " tensors; expected one list of row counts per tensor";
+  }
+  out.assign(ts.size(), {});
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const std::string name = ts.size() > 1 ? "tensor " + std::to_string(i) : "tensor";
+    const std::int64_t rows = ts[i].size(0);
+    if (given.empty() || given[i].empty()) {
+      if (rows % world != 0) {
+        return name + " has " + std::to_string(rows) + " rows (dim 0), which do not split into " +
+               std::to_string(world) + " equal parts; pass splits= (rows per rank)";
+      }
+      out[i].assign(static_cast<std::size_t>(world), rows / world);
+      continue;
+    }
+    const auto& g = given[i];
+    std::int64_t sum = 0;
+    bool negative = false;
+    for (std::int64_t v : g) {
+      sum += v;
+      negative |= v < 0;
+    }
+    if (static_cast<int>(g.size()) != world || negative || sum != rows) {
+      std::ostringstream m;
+      m << "splits " << c10::IntArrayRef(g) << " for " << name << " of " << rows
+        << " rows (dim 0): expected " << world << " row counts >= 0, one per rank, that sum to "
+        << rows;
+      return m.str();
+    }
+    out[i] = g;
+  }
+  return {};
+}
+
+// Raise on every rank when one rank's part of a call is past MPI's int counts. `bytes[r]` is
+// rank r's total; every rank passes the same values.
+void check_bytes(const std::vector<std::int64_t>& bytes, const char* what) {
+  for (std::size_t r = 0; r < bytes.size(); ++r) {
+    if (bytes[r] > kMaxBytes) {
+      raise_on_every_rank(ErrorClass::Value,
+                          std::string(user_call_or(what)) + ": rank " + std::to_string(r) +
+                              " would move " + std::to_string(bytes[r]) +
+                              " bytes in one call; the MPI backend moves at most 2 GiB - 1 per "
+                              "rank and call; split the tensors over several calls");
+    }
+  }
+}
+
+std::int64_t sum_of(const std::vector<std::int64_t>& v) {
+  std::int64_t s = 0;
+  for (auto x : v) s += x;
+  return s;
+}
+
+// Hash of this rank's dim 0 sizes: Signature::soft, so equal sizes everywhere skip the
+// exchange of row counts.
+std::int64_t rows_hash(const std::vector<at::Tensor>& ts) {
+  std::vector<std::int64_t> v;
+  for (const auto& t : ts) v.push_back(t.defined() && t.dim() > 0 ? t.size(0) : -1);
+  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t));
+}
+
+// rows[r * k + i]: dim 0 of rank r's tensor i.
+std::vector<std::int64_t> rows_of_every_rank(const std::vector<at::Tensor>& ts, bool same) {
+  const int n = current_group().size();
+  const std::size_t k = ts.size();
+  std::vector<std::int64_t> mine(k), all(k * n);
+  for (std::size_t i = 0; i < k; ++i) mine[i] = ts[i].size(0);
+  if (same) {
+    for (int r = 0; r < n; ++r) std::copy(mine.begin(), mine.end(), all.begin() + r * k);
+  } else {
+    mpi_backend().allgather(mine.data(), all.data(), static_cast<std::int64_t>(k), c10::kLong);
+  }
+  return all;
+}
+
+// Byte offsets of each rank's rows in tensor i: offsets[r] for splits sp.
+std::vector<std::int64_t> row_offsets(const std::vector<std::int64_t>& sp, std::int64_t rb) {
+  std::vector<std::int64_t> off(sp.size() + 1, 0);
+  for (std::size_t r = 0; r < sp.size(); ++r) off[r + 1] = off[r] + sp[r] * rb;
+  return off;
+}
+
+}  // namespace rows
+}  // namespace fluxmpi

@@ -215,8 +215,8 @@ def join(device=-1) -> int:
 
 
 _NO_PROCESS_SETS = (
-    "hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of"
-    " the ranks to hvd.init(comm=...)"
+    "hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on"
+    " fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)"
 )
 
 
@@ -225,12 +225,12 @@ def _process_sets_unsupported():
 
 
 class ProcessSet:
-    """Not supported: fluxmpi_py has no sub-groups yet (``hvd.global_process_set`` is accepted
+    """Not supported; see fluxmpi_py.new_group (``hvd.global_process_set`` is accepted
     wherever Horovod takes ``process_set=``).
 
     >>> import fluxmpi_py.horovod as hvd; hvd.ProcessSet([0])
     Traceback (most recent call last):
-    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
     """
 
     def __init__(self, ranks_or_comm):
@@ -238,11 +238,11 @@ class ProcessSet:
 
 
 def add_process_set(process_set):
-    """Not supported: fluxmpi_py has no sub-groups yet.
+    """Not supported; see fluxmpi_py.new_group.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.add_process_set([0])
     Traceback (most recent call last):
-    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
     """
     _process_sets_unsupported()
 
@@ -252,7 +252,7 @@ def remove_process_set(process_set):
 
     >>> import fluxmpi_py.horovod as hvd; hvd.remove_process_set(None)
     Traceback (most recent call last):
-    NotImplementedError: hvd process sets: fluxmpi_py has no sub-groups yet; pass an mpi4py communicator of the ranks to hvd.init(comm=...)
+    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
     """
     _process_sets_unsupported()
 

@@ -56,10 +56,13 @@ $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
 	MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) -m pip install -v --no-build-isolation --no-deps -e .
 	touch $@ && touch -r $@ $(VENV)/.built  # same mtime: no second build
 
+# make decides to remake this target whenever .installed was remade in the same run, even
+# though .installed's recipe already built everything: the find skips that second full build.
 $(VENV)/.built: $(VENV)/.installed $(CSRC)
-	@echo "rebuilding fluxmpi_py._C (C++ sources changed), one line per file:"
-	MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace
-	touch $@
+	@if [ -f $@ ] && [ -z "$$(find csrc -type f -newer $@ | head -n 1)" ]; then touch $@; else \
+	  echo "rebuilding fluxmpi_py._C (C++ sources changed), one line per file:"; \
+	  MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace && touch $@; \
+	fi
 
 build: mpi $(VENV)/.built
 

@@ -36,6 +36,7 @@ _MODULES = (
     "buffers",
     "sync",
     "data",
+    "sampler",
     "launch",
     "checkpoint",
     "logs",

@@ -97,14 +97,14 @@ def synchronize_(
     >>> fm.synchronize_({"step": 3, "w": torch.ones(2)})["step"]
     3
 
-    ``group=`` raises NotImplementedError for now (a non-member gets its ValueError first).
+    ``group=`` (:func:`new_group`) brings the group's members to the value of ``root_rank``,
+    a rank in the group; a rank outside it gets a ValueError.
     """
-    if group is not None:
-        on_group(group, "synchronize_()")  # a rank outside the group raises here
-        raise NotImplementedError(
-            "synchronize_(group=) is not supported yet; use bcast_(tensor, group=...) per "
-            "tensor, or broadcast_object(obj, group=...)"
-        )
+    with on_group(group, "synchronize_()"):  # a rank outside the group raises here
+        return _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate)
+
+
+def _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate):
     rank = C.current_group().rank
     root, err = _root_index(root_rank)
     try:

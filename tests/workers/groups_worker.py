@@ -107,10 +107,63 @@ def _optimizer(group):
     return fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), group=group)
 
 
-def case_synchronize_on_a_group_is_not_implemented_yet():
-    pair, one, _ = groups()
-    mine = pair if rank() in pair else one
-    raises(NotImplementedError, lambda: fm.synchronize_({"a": 1}, group=mine), "group=")
+def _state(seed):
+    """A model with a parameter above direct_bytes (broadcast alone) and small ones (packed),
+    an optimizer whose state only some ranks have, and plain values: all from `seed`."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 40000))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if seed % 3 == 2:  # these seeds have taken a step: Adam state exists only there
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    return {"model": model, "opt": opt, "step": seed, "w": torch.full((5,), float(seed))}
+
+
+def _values(state):
+    return (
+        [t.detach().clone() for t in state["model"].state_dict().values()],
+        state["opt"].state_dict(),
+        state["step"],
+        state["w"].clone(),
+    )
+
+
+def _assert_same(got, want):
+    for a, b in zip(got[0], want[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert got[1]["param_groups"] == want[1]["param_groups"]
+    assert sorted(got[1]["state"]) == sorted(want[1]["state"]), (got[1]["state"], want[1])
+    for k, st in want[1]["state"].items():
+        for name, v in st.items():
+            torch.testing.assert_close(got[1]["state"][k][name], v, rtol=0, atol=0)
+    assert got[2] == want[2], (got[2], want[2])
+    torch.testing.assert_close(got[3], want[3], rtol=0, atol=0)
+
+
+def case_synchronize_on_a_group_takes_the_group_roots_values():
+    """On [0, 2] with root_rank=1 (world rank 2) while rank 1 syncs alone on [1]; twice (the
+    second call takes the cached fast path), then the same objects on the world."""
+    pair, one, everyone = groups()
+    r = rank()
+    mine, root_world = (pair, 2) if r in pair else (one, 1)
+    root = mine.ranks.index(root_world)
+    for rnd in range(2):
+        state = _state(10 * rnd + r)
+        want = _values(_state(10 * rnd + root_world))
+        state = fm.synchronize_(state, root_rank=root, group=mine)
+        _assert_same(_values(state), want)
+        # The objects keep their identity (updated in place), so a second sync is a fast path.
+        state["w"].add_(r)
+        state = fm.synchronize_(state, root_rank=root, group=mine)
+        want[3].add_(root_world)
+        _assert_same(_values(state), want)
+    # The same objects, now on every rank through the group of all three, then on the world:
+    # rank 1's values (it has Adam state, the others have none) reach everyone.
+    for group in (everyone, None):
+        before = _values(state) if r == 1 else None
+        want = fm.broadcast_object(before, root_rank=1)
+        state = fm.synchronize_(state, root_rank=1, group=group)
+        _assert_same(_values(state), want)
 
 
 def case_data_container_shards_over_the_group():

@@ -33,6 +33,7 @@ _MODULES = (
     "gather_collectives",
     "object_collectives",
     "optimizer",
+    "gradients",
     "buffers",
     "sync",
     "data",

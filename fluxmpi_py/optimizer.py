@@ -1,4 +1,5 @@
-"""DistributedOptimizer and allreduce_gradients: data-parallel gradient averaging.
+"""DistributedOptimizer: data-parallel gradient averaging (allreduce_gradients, for loops
+without it, is in :mod:`fluxmpi_py.gradients`).
 
 N ranks with local batch B train like one process with batch N*B: during backward, each
 parameter's post-accumulate hook hands its gradient to the C++ reducer, which reduces
@@ -9,7 +10,6 @@ rest and then runs the wrapped optimizer.
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Iterable
 from typing import Callable
 
@@ -17,13 +17,14 @@ import torch
 
 from ._agreement import user_call
 from ._loader import C
+from ._optimizer_args import check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
 from .collectives import allreduce_
 from .consistency import _check as _check_consistency
 from .groups import on_group
 
-__all__ = ["DistributedOptimizer", "allreduce_gradients"]
+__all__ = ["DistributedOptimizer"]
 
 _MiB = 1 << 20
 _NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent fused buffer
@@ -94,38 +95,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         check_every: int | None = None,
         group=None,
     ):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
-            )
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("the optimizer is already a DistributedOptimizer")
-        if op not in ("sum", "average", "avg", "mean"):
-            raise ValueError(f"DistributedOptimizer(op={op!r}): expected 'average' or 'sum'")
-        # Parsed where the reducer reads it (ValueError for an unknown name), before any collective.
-        compression = C.ReducerOptions(compression=compression).compression
-        if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
-            raise ValueError(
-                f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
-            )
-        if check_every is not None and not (
-            isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1
-        ):
-            raise ValueError(f"check_every must be None or an int >= 1, got {check_every!r}")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
-        if buffers not in (None, "average", "broadcast"):
-            raise ValueError(
-                f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None"
-            )
-        if module is None and buffers == "broadcast":
-            raise ValueError(
-                "DistributedOptimizer(buffers='broadcast') syncs the buffers of module=: pass module=model"
-            )
-        if module is not None and not isinstance(module, torch.nn.Module):
-            raise TypeError(
-                f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}"
-            )
+        compression = check_optimizer_args(
+            optimizer,
+            op,
+            compression,
+            backward_passes_per_step,
+            check_every,
+            bucket_cap_mb,
+            buffers,
+            module,
+        )
         if not C.initialized():
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
         on_group(group, "DistributedOptimizer()")  # a rank outside the group raises here
@@ -415,59 +396,3 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def buckets(self) -> list:
         """The bucket plan, in issue order (for inspection): dicts with members, direct, numel."""
         return self._reducer.plan()
-
-
-_plan_cache: dict = {}
-
-
-@user_call.of("allreduce_gradients()")
-def allreduce_gradients(
-    model_or_params: torch.nn.Module | Iterable[torch.Tensor],
-    op: str = "average",
-    *,
-    bucket_cap_mb: float = 25,
-    direct_min_bytes: int | None = DEFAULT_DIRECT_MIN_BYTES,
-) -> None:
-    """Reduce the ``.grad`` of every parameter over all ranks in one fused call (FluxMPI's
-    ``allreduce_gradients``), for training loops without DistributedOptimizer.
-
-    A gradient missing on some ranks counts as zeros there; missing on every rank stays None.
-    Parameters with ``requires_grad=False`` are left out; a call after some rank froze or
-    unfroze a parameter re-plans on every rank (or raises ValueError naming the parameter
-    where the ranks differ). Small gradients may afterwards be views of a fused buffer (as
-    DDP's gradient_as_bucket_view).
-
-    >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> m = torch.nn.Linear(3, 1); m(torch.ones(2, 3)).sum().backward()
-    >>> fm.allreduce_gradients(m)
-    """
-    if op not in ("sum", "average", "avg", "mean"):
-        raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
-    direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
-    is_module = isinstance(model_or_params, torch.nn.Module)
-    given = list(model_or_params.parameters()) if is_module else list(model_or_params)
-
-    def named():
-        if is_module:
-            return list(model_or_params.named_parameters())
-        return [(f"params[{i}]", p) for i, p in enumerate(given)]
-
-    # The same parameters as last time (checked by identity, at C speed): reuse the plan, its
-    # reducer and its buffers; per call that leaves the requires_grad check and the reduction.
-    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
-    hit = _plan_cache.get(key)
-    if hit is None or not all(map(operator.is_, hit[0], given)):
-        if not is_module and not all(isinstance(p, torch.Tensor) for p in given):
-            raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
-        if len(_plan_cache) > 8:
-            _plan_cache.clear()
-        plan = ReductionPlan(
-            named(),
-            "allreduce_gradients()",
-            op=op,
-            cap_bytes=int(bucket_cap_mb * _MiB),
-            direct_min_bytes=direct,
-        )
-        hit = _plan_cache[key] = (given, plan)
-    plan = hit[1]
-    replan_if_changed(plan, plan.requires_grad_changed(), named)

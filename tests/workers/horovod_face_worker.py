@@ -8,6 +8,7 @@ Run by tests/test_horovod_face.py under mpiexec at 1, 2 and 3 ranks.
 
 import os
 import sys
+import warnings
 
 import torch
 
@@ -92,6 +93,30 @@ def case_allreduce_and_broadcast_are_differentiable():
     assert b.tolist() == [n - 1.0] * 3
     b.sum().backward()
     assert y.grad.tolist() == [float(n) if r == n - 1 else 0.0] * 3
+
+    a = torch.full((2,), float(r), requires_grad=True)
+    b = torch.ones(1, 3, dtype=torch.float64, requires_grad=True)
+    ga, gb = hvd.grouped_allreduce([a, b], op=hvd.Sum, postscale_factor=2.0)
+    assert ga.tolist() == [float(n * (n - 1))] * 2
+    (ga.sum() + 3 * gb.sum()).backward()
+    assert a.grad.tolist() == [2.0 * n] * 2 and b.grad.tolist() == [[6.0 * n] * 3]
+
+
+def case_horovod_errors_and_warnings():
+    n = hvd.size()
+    # a splits tensor of floats: Horovod's ValueError (still a TypeError, as in fluxmpi_py)
+    bad = torch.ones(n, dtype=torch.float32)
+    raises(ValueError, lambda: hvd.alltoall(torch.ones(n), bad), "splits must be")
+    raises(TypeError, lambda: hvd.alltoall(torch.ones(n), bad), "splits must be")
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))
+    w.sum().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        opt.step()  # after synchronize(), outside skip_synchronize(): Horovod warns
+    assert [str(x.message) for x in ws if "skip_synchronize" in str(x.message)], ws
+    assert w.tolist() == [0.0, 0.0]  # reduced once: the average of ones
 
 
 def case_integer_allreduce_scales_in_float64():

@@ -7,10 +7,12 @@
 # fluxmpi_py.horovod; every rank runs the same pytest session (same tests, same order) and
 # writes its own log and JUnit file. Prints, per world size, rank 0's pytest summary and the
 # tests that failed on any rank. Horovod's code is only read from the checkout given.
-# Environment: ISOLATE=1 (one mpiexec per test, see below), PYTHON (default: .venv/bin/python, else python3), TIMEOUT (seconds per mpiexec,
-# default 1200, or 120 per test with ISOLATE=1), SUITE (default test/parallel/test_torch.py), PYTEST_ARGS (extra pytest
-# arguments, e.g. "-k allreduce"), KEEP=1 keeps the temporary directory (its path is printed),
-# FLUXMPI_PY_ROOT (the directory holding the fluxmpi_py package to test; default: this checkout).
+# Environment: PYTHON (default: .venv/bin/python, else python3); TIMEOUT (seconds per
+# mpiexec: default 1200, or 120 per test with ISOLATE=1); ISOLATE=1 runs one mpiexec per test
+# (slow: a test that leaves the ranks out of step cannot derail the ones after it); SUITE
+# (default test/parallel/test_torch.py); PYTEST_ARGS (extra pytest arguments, e.g.
+# "-k allreduce"; split at spaces); KEEP=1 keeps the temporary directory (its path is printed); FLUXMPI_PY_ROOT
+# (the directory holding the fluxmpi_py package to test; default: this checkout).
 set -euo pipefail
 
 if [[ $# -lt 1 || ! -d "$1" ]]; then
@@ -85,6 +87,7 @@ if [[ "${ISOLATE:-0}" == 1 ]]; then
     # shellcheck disable=SC2086
     mapfile -t tests < <("$python" -m pytest -p no:cacheprovider -p hvd_suite_compat -q \
         --collect-only "$suite" ${PYTEST_ARGS:-} 2>/dev/null | grep '::')
+    [[ ${#tests[@]} -gt 0 ]] || { echo "no tests collected from $suite" >&2; exit 2; }
 fi
 # Each rank: its own log and JUnit file (the rank from Open MPI's or MPICH's variable).
 # shellcheck disable=SC2016
@@ -101,13 +104,13 @@ for np in "${sizes[@]}"; do
         trc=0
         # shellcheck disable=SC2086
         OUT="$out" TEST="${t##*::}" timeout "$limit" "$mpiexec" -n "$np" --oversubscribe \
-            -x OUT -x TEST -x PYTHONPATH bash -c "$rank_cmd" "$python" "${t:-$suite}" \
+            -x OUT -x TEST -x PYTHONPATH bash -c "$rank_cmd" "$python" "$suite${t:+::${t#*::}}" \
             ${PYTEST_ARGS:-} >>"$out/mpiexec.log" 2>&1 || trc=$?
         [[ $trc == 124 ]] && echo "np=$np ${t:-all}: timed out after ${limit}s"
         [[ $trc == 0 ]] || rc=$trc
     done
     echo "== np=$np (mpiexec exit $rc)"
-    [[ -n "${tests[0]}" ]] || tail -n 1 "$out/rank0.log" 2>/dev/null | sed 's/^/rank 0: /'
+    [[ -n "${tests[0]:-}" ]] || tail -n 1 "$out/rank0.log" 2>/dev/null | sed 's/^/rank 0: /'
     "$python" - "$out" "$np" <<'EOF'
 import glob, os, sys
 import xml.etree.ElementTree as ET

@@ -228,10 +228,10 @@ def barrier(process_set=None) -> None:
 def join(device=-1) -> int:
     """This rank ran out of data: until every rank has joined, take part in the others'
     ``hvd.DistributedOptimizer`` steps with zero gradients (applying the reduced steps too,
-    so all ranks end with the same weights); return the last rank to join. The average
-    divides by the world size (a joined rank counts as zeros). Collectives other than those
-    steps, issued while some rank has joined, raise on every rank (see
-    :mod:`fluxmpi_py.join`).
+    so all ranks end with the same weights) and in their world ``hvd.allreduce`` calls (all
+    forms) with zeros; return the last rank to join. Averages divide by the world size (a
+    joined rank counts as zeros). Other collectives, issued while some rank has joined, raise
+    on the ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
     True

@@ -43,6 +43,12 @@ class JoinState:
         self.divide_by_initial_world_size = divide_by_initial_world_size
         self.what = what
         self.active_rounds = 0  # rounds this rank took part in as active
+        # hvd.join's extensions: a round with a negative index is another collective, which
+        # on_other(index, count) shadows on a joined rank; with keep_waiting, a joined rank
+        # whose round met a different collective (which then raised on the active ranks too)
+        # keeps waiting instead of raising.
+        self.on_other = None
+        self.keep_waiting = False
 
     def register(self, opt) -> None:
         if getattr(opt, "_join", None) is not None:
@@ -92,6 +98,8 @@ def wait_for_all(state: JoinState, who: str) -> int:
         try:
             count, index = round_(state, -1, active=False)
         except (ValueError, RuntimeError, TypeError) as e:
+            if state.keep_waiting:
+                continue
             raise RuntimeError(
                 f"{who}: rank {C.rank()} had joined and a rank still training issued a "
                 "collective other than a step of the joined DistributedOptimizers; inside a "
@@ -99,6 +107,9 @@ def wait_for_all(state: JoinState, who: str) -> int:
             ) from e
         if count == 0:
             break
+        if index < 0 and state.on_other is not None:
+            state.on_other(index, count)
+            continue
         opt = state.optimizers[index]()
         if opt is None:
             raise RuntimeError(

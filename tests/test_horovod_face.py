@@ -1,5 +1,5 @@
 """fluxmpi_py.horovod at world sizes 1, 2 and 3. The cases live in
-tests/workers/horovod_face_worker.py."""
+tests/workers/horovod_face_worker.py and (process sets) tests/workers/horovod_sets_worker.py."""
 
 import os
 import sys
@@ -14,4 +14,9 @@ WORKER = "horovod_face_worker.py"
 
 @pytest.mark.parametrize("case", worker_params(WORKER, [1, 2, 3], timeout=180))
 def test_horovod_face_under_mpiexec(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("horovod_sets_worker.py", [1, 2, 3], timeout=180))
+def test_horovod_process_sets_under_mpiexec(case):
     case.check_passed()

@@ -4,7 +4,8 @@ Covers the world process set: init, topology and build predicates; allreduce (op
 averaging, pre/post scaling), allgather, broadcast, alltoall, reducescatter, their async and
 grouped forms with ``synchronize``/``poll``; the object collectives; ``DistributedOptimizer``,
 ``Compression``, ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``SyncBatchNorm``.
-Process sets and Adasum raise a clear error naming the alternative.
+Process sets (``hvd.ProcessSet``, ``add_process_set``, ``process_set=``) run on
+:func:`fluxmpi_py.new_group` sub-groups. Adasum raises a clear error naming the alternative.
 
 >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
 >>> hvd.allreduce(torch.ones(2)).tolist()
@@ -13,18 +14,29 @@ Process sets and Adasum raise a clear error naming the alternative.
 
 from __future__ import annotations
 
+import torch
+
 import fluxmpi_py as _fm
 
-from . import _collectives, _optimizer, _topology
+from .. import differentiable as _diff
+from .._loader import C as _C
+from ..groups import on_group as _on_group
+from . import _collectives, _join, _optimizer, _process_sets, _topology
 from ._collectives import *  # noqa: F403
-from ._collectives import _Handle, global_process_set
+from ._collectives import _Handle, _in_set
 from ._optimizer import *  # noqa: F403
+from ._process_sets import *  # noqa: F403
 from ._topology import *  # noqa: F403
 
 SyncBatchNorm = _fm.SyncBatchNorm
 
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
-__test__ = {n: getattr(m, n) for m in (_collectives, _optimizer, _topology) for n in m.__all__}
+__test__ = {
+    n: getattr(m, n)
+    for m in (_collectives, _optimizer, _process_sets, _topology)
+    for n in m.__all__
+    if callable(getattr(m, n))  # not hvd.global_process_set
+}
 
 __all__ = [
     "Sum",
@@ -53,13 +65,10 @@ __all__ = [
     "join",
     "broadcast_object",
     "allgather_object",
-    "add_process_set",
-    "remove_process_set",
-    "ProcessSet",
-    "global_process_set",
     "SyncBatchNorm",
     *_collectives.__all__,
     *_optimizer.__all__,
+    *_process_sets.__all__,
     *_topology.__all__,
 ]
 
@@ -75,14 +84,16 @@ class HorovodInternalError(RuntimeError):
     """
 
 
-def init(comm=None) -> None:
-    """Start the runtime (idempotent). ``comm``: an mpi4py communicator, as in Horovod.
+def init(comm=None, process_sets=None) -> None:
+    """Start the runtime (idempotent). ``comm``: an mpi4py communicator, as in Horovod;
+    ``process_sets``: ProcessSets (or lists of ranks) to register, as ``add_process_set``.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
     True
     """
     _fm.Init(comm=comm)
     _topology.learn()
+    _process_sets._on_init(process_sets)
 
 
 def shutdown() -> None:
@@ -144,6 +155,16 @@ def _op(average, op) -> str:
     return op
 
 
+def _scale_(tensor, factor):
+    """Horovod's pre/post scaling, in place: integer tensors are scaled in float64 and cast
+    back (truncating), floating ones in their own dtype."""
+    if factor == 1.0:
+        return tensor
+    if tensor.is_floating_point() or tensor.is_complex():
+        return tensor.mul_(factor)
+    return tensor.copy_(tensor.double().mul_(factor).to(tensor.dtype))
+
+
 def allreduce_(
     tensor,
     average=None,
@@ -153,20 +174,18 @@ def allreduce_(
     postscale_factor=1.0,
     process_set=None,
 ):
-    """Reduce ``tensor`` in place over every rank (default: average) and return it.
+    """Reduce ``tensor`` in place over every rank of ``process_set`` (default: the world;
+    default op: average) and return it. Integer tensors are scaled in float64.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
     True
     """
-    _collectives._no_process_set(process_set)
-    op = _op(average, op)
-    if prescale_factor != 1.0:
-        tensor.mul_(prescale_factor)
-    _fm.allreduce_(tensor, op)
-    if postscale_factor != 1.0:
-        tensor.mul_(postscale_factor)
-    return tensor
+    with _in_set(process_set, "hvd.allreduce_()"):
+        op = _op(average, op)
+        _join.before_allreduce([tensor], op, grouped=False)
+        _fm.allreduce_(_scale_(tensor, prescale_factor), op)
+        return _scale_(tensor, postscale_factor)
 
 
 def allreduce(
@@ -179,32 +198,40 @@ def allreduce(
     process_set=None,
 ):
     """The reduction of ``tensor`` over every rank, in a new tensor (default: average).
+    Differentiable, as Horovod's: the gradient is the same reduction of the output's.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allreduce(torch.ones(2)).tolist()
     [1.0, 1.0]
     """
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        with _in_set(process_set, "hvd.allreduce()"):
+            x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+            op = _op(average, op)
+            _join.before_allreduce([tensor], op, grouped=False)
+            out = _diff.allreduce(x, op)
+            return out * postscale_factor if postscale_factor != 1.0 else out
     return allreduce_(
         tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
     )
 
 
 def barrier(process_set=None) -> None:
-    """Wait until every rank gets here.
+    """Wait until every rank of ``process_set`` (default: the world) gets here.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
     """
-    _collectives._no_process_set(process_set)
-    _fm.barrier()
+    with _in_set(process_set, "hvd.barrier()"):
+        _fm.barrier()
 
 
 def join(device=-1) -> int:
     """This rank ran out of data: until every rank has joined, take part in the others'
     ``hvd.DistributedOptimizer`` steps with zero gradients (applying the reduced steps too,
-    so all ranks end with the same weights); return the last rank to join. The average
-    divides by the world size (a joined rank counts as zeros). Collectives other than those
-    steps, issued while some rank has joined, raise on every rank (see
-    :mod:`fluxmpi_py.join`).
+    so all ranks end with the same weights) and in their world ``hvd.allreduce`` calls (all
+    forms) with zeros; return the last rank to join. Averages divide by the world size (a
+    joined rank counts as zeros). Other collectives, issued while some rank has joined, raise
+    on the ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
     True
@@ -214,58 +241,26 @@ def join(device=-1) -> int:
     return wait_for_all(_optimizer.JOIN, "hvd.join")
 
 
-_NO_PROCESS_SETS = (
-    "hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on"
-    " fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)"
-)
-
-
-def _process_sets_unsupported():
-    raise NotImplementedError(_NO_PROCESS_SETS)
-
-
-class ProcessSet:
-    """Not supported; see fluxmpi_py.new_group (``hvd.global_process_set`` is accepted
-    wherever Horovod takes ``process_set=``).
-
-    >>> import fluxmpi_py.horovod as hvd; hvd.ProcessSet([0])
-    Traceback (most recent call last):
-    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
-    """
-
-    def __init__(self, ranks_or_comm):
-        _process_sets_unsupported()
-
-
-def add_process_set(process_set):
-    """Not supported; see fluxmpi_py.new_group.
-
-    >>> import fluxmpi_py.horovod as hvd; hvd.add_process_set([0])
-    Traceback (most recent call last):
-    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
-    """
-    _process_sets_unsupported()
-
-
-def remove_process_set(process_set):
-    """Not supported, as :func:`add_process_set`.
-
-    >>> import fluxmpi_py.horovod as hvd; hvd.remove_process_set(None)
-    Traceback (most recent call last):
-    NotImplementedError: hvd process sets are not provided; use fluxmpi_py.new_group(ranks) and group= on fluxmpi_py's own calls, or an mpi4py communicator of the ranks in hvd.init(comm=...)
-    """
-    _process_sets_unsupported()
+def _root(process_set, root_rank, call, tensor=None):
+    """(group, the world ``root_rank`` as a rank in the group). A root outside the set raises
+    a ValueError-like error on every member together (before any data moves)."""
+    group = _process_sets.group_of(process_set, call)
+    root, error = _process_sets.group_root(group, root_rank, call)
+    if error:
+        with _on_group(group, call):
+            _C.bcast_(torch.zeros(1) if tensor is None else tensor, 0, error)  # raises
+    return group, root
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """root_rank's ``obj`` (pickled) on every rank.
+    """root_rank's ``obj`` (pickled) on every rank of ``process_set``.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
     {'epoch': 3}
     """
-    _collectives._no_process_set(process_set)
-    return _fm.broadcast_object(obj, root_rank)
+    group, root = _root(process_set, root_rank, "hvd.broadcast_object()")
+    return _fm.broadcast_object(obj, root, group=group)
 
 
 def allgather_object(obj, name=None, process_set=None):
@@ -275,40 +270,46 @@ def allgather_object(obj, name=None, process_set=None):
     >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
     True
     """
-    _collectives._no_process_set(process_set)
-    return _fm.allgather_object(obj)
+    group = _process_sets.group_of(process_set, "hvd.allgather_object()")
+    return _fm.allgather_object(obj, group=group)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
-    """Overwrite ``tensor`` with root_rank's, in place, and return it.
+    """Overwrite ``tensor`` with root_rank's (a world rank, also with ``process_set``), in
+    place, and return it.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast_(torch.full((2,), float(hvd.rank())), 0).tolist()
     [0.0, 0.0]
     """
-    _collectives._no_process_set(process_set)
-    return _fm.bcast_(tensor, root_rank)
+    group, root = _root(process_set, root_rank, "hvd.broadcast_()", tensor)
+    return _fm.bcast_(tensor, root, group=group)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """root_rank's ``tensor``, in a new tensor.
+    """root_rank's ``tensor``, in a new tensor. Differentiable, as Horovod's (the root's
+    gradient is the sum of every rank's output gradient; the others' is zero).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast(torch.full((2,), float(hvd.rank())), 0).tolist()
     [0.0, 0.0]
     """
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        group, root = _root(process_set, root_rank, "hvd.broadcast()", tensor)
+        return _diff.broadcast(tensor, root, group=group)
     return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def allgather(tensor, name=None, process_set=None):
     """Every rank's ``tensor`` concatenated along dim 0 (which may differ by rank).
+    Differentiable.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
     True
     """
-    _collectives._no_process_set(process_set)
-    return _fm.allgather(tensor)
+    group = _process_sets.group_of(process_set, "hvd.allgather()")
+    return _fm.allgather(tensor, group=group)
 
 
 def allreduce_async_(
@@ -326,15 +327,11 @@ def allreduce_async_(
     >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
     [1.0, 1.0]
     """
-    _collectives._no_process_set(process_set)
-    op = _op(average, op)
-    if prescale_factor != 1.0:
-        tensor.mul_(prescale_factor)
-
-    def finish(t):
-        return t.mul_(postscale_factor) if postscale_factor != 1.0 else t
-
-    return _Handle(_fm.Iallreduce(tensor, op), finish)
+    with _in_set(process_set, "hvd.allreduce_async_()"):
+        op = _op(average, op)
+        _join.before_allreduce([tensor], op, grouped=False)
+        req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
+    return _Handle(req, lambda t: _scale_(t, postscale_factor))
 
 
 def allreduce_async(

@@ -1,7 +1,8 @@
 """Horovod's alltoall, reducescatter and grouped collectives on fluxmpi_py's row collectives
 (one fused data collective per grouped call), with their ``_async`` forms.
 
-Handles are :class:`_Handle` objects, finished by ``hvd.synchronize``.
+Handles are :class:`_Handle` objects, finished by ``hvd.synchronize``. ``process_set=``
+runs a call on that set's group (:mod:`._process_sets`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import torch
 
 from .. import _row_calls as rows
 from .. import gather_collectives as _gc
+from .._loader import C
+from ..groups import on_group, on_handle
+from ._process_sets import group_of
 
 __all__ = [
     "alltoall",
@@ -61,12 +65,16 @@ def _scale_op(op, prescale_factor, postscale_factor, tensors):
     return op, finish
 
 
-def _horovod_splits(tensor: torch.Tensor) -> list[int]:
-    """Horovod's reducescatter parts: dim 0 in world-size parts, the first ranks one row more
-    when it does not divide."""
-    from .. import total_workers
+def _in_set(process_set, call: str) -> on_group:
+    """Context: the compiled calls inside run on ``process_set``'s group (None or
+    ``hvd.global_process_set``: the world)."""
+    return on_group(group_of(process_set, call), call)
 
-    n = total_workers()
+
+def _horovod_splits(tensor: torch.Tensor) -> list[int]:
+    """Horovod's reducescatter parts: dim 0 in as many parts as the (current group's) ranks,
+    the first ranks one row more when it does not divide."""
+    n = C.current_group().size
     q, rem = divmod(tensor.shape[0] if tensor.dim() else 0, n)
     return [q + (1 if r < rem else 0) for r in range(n)]
 
@@ -94,6 +102,32 @@ class _AlltoallWithSplits(torch.autograd.Function):
         return p.wait()[0], None
 
 
+class _GroupedAllreduce(torch.autograd.Function):
+    """grouped allreduce (sum or average) of copies; backward: the same grouped allreduce of
+    the outputs' gradients, on the forward's group."""
+
+    @staticmethod
+    def forward(ctx, op, *tensors):
+        ctx.op, ctx.group = op, C.current_group()
+        outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+        return tuple(_gc.grouped_allreduce_(outs, op))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with on_handle(ctx.group):
+            gs = [g.clone(memory_format=torch.contiguous_format) for g in grads]
+            return (None, *_gc.grouped_allreduce_(gs, ctx.op))
+
+
+class SplitsError(TypeError, ValueError):
+    """A bad ``splits`` of hvd.alltoall: a TypeError as in fluxmpi_py, and the ValueError
+    Horovod raises."""
+
+
+def _splits_error(e: TypeError) -> TypeError:
+    return SplitsError(str(e)) if "splits must be" in str(e) else e
+
+
 def _with_received(tensors, pending):
     return tensors[0], torch.tensor(pending.received_splits[0], dtype=torch.int32)
 
@@ -107,15 +141,19 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     >>> out, got = hvd.alltoall(torch.ones(n, 2), splits=[1] * n); out.shape[0] == n, got.tolist() == [1] * n
     (True, True)
     """
-    _no_process_set(process_set)
-    if splits is None:
-        return _gc.alltoall(tensor)
-    if tensor.requires_grad and torch.is_grad_enabled():
-        return _AlltoallWithSplits.apply(tensor, splits)
-    p = rows.start(
-        "alltoall", tensor, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
-    )
-    return _with_received(p.wait(), p)
+    with _in_set(process_set, "hvd.alltoall()"):
+        if splits is None:
+            return _gc.alltoall(tensor)
+        try:
+            if tensor.requires_grad and torch.is_grad_enabled():
+                return _AlltoallWithSplits.apply(tensor, splits)
+            p = rows.start(
+                "alltoall", tensor, grouped=False, async_op=False, call="hvd.alltoall()",
+                splits=splits,
+            )  # fmt: skip
+        except TypeError as e:  # raised on every rank together
+            raise _splits_error(e) from None
+        return _with_received(p.wait(), p)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
@@ -125,11 +163,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     >>> hvd.synchronize(hvd.alltoall_async(torch.ones(n))).tolist() == [1.0] * n
     True
     """
-    _no_process_set(process_set)
-    p = rows.start(
-        "alltoall", tensor, grouped=False, async_op=True, call="hvd.alltoall_async()",
-        splits=splits,
-    )  # fmt: skip
+    with _in_set(process_set, "hvd.alltoall_async()"):
+        p = rows.start(
+            "alltoall", tensor, grouped=False, async_op=True, call="hvd.alltoall_async()",
+            splits=splits,
+        )  # fmt: skip
     return _Handle(rows.finish(p, True, rows.first if splits is None else _with_received))
 
 
@@ -162,10 +200,10 @@ def reducescatter_async(
     >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(n))).tolist()
     [1.0]
     """
-    _no_process_set(process_set)
-    tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
-    op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
-    req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
+    with _in_set(process_set, "hvd.reducescatter_async()"):
+        tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
+        op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
+        req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
     return _Handle(req, finish)
 
 
@@ -196,13 +234,14 @@ def grouped_reducescatter_async(
     >>> len(hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(n)])))
     1
     """
-    _no_process_set(process_set)
-    tensors = list(tensors)
-    if prescale_factor != 1.0:
-        tensors = [t.detach().clone() for t in tensors]
-    op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
-    splits = [_horovod_splits(t) for t in tensors]
-    return _Handle(_gc.grouped_reduce_scatter(tensors, op, splits, async_op=True), finish)
+    with _in_set(process_set, "hvd.grouped_reducescatter_async()"):
+        tensors = list(tensors)
+        if prescale_factor != 1.0:
+            tensors = [t.detach().clone() for t in tensors]
+        op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
+        splits = [_horovod_splits(t) for t in tensors]
+        req = _gc.grouped_reduce_scatter(tensors, op, splits, async_op=True)
+    return _Handle(req, finish)
 
 
 def grouped_allreduce_async_(
@@ -215,22 +254,15 @@ def grouped_allreduce_async_(
     >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async_([torch.ones(1)]))]
     [[1.0]]
     """
-    from . import _op
+    from . import _join, _op, _scale_
 
-    _no_process_set(process_set)
-    op = _op(average, op)
-    tensors = list(tensors)
-    if prescale_factor != 1.0:
-        for t in tensors:
-            t.mul_(prescale_factor)
-
-    def finish(out):
-        if postscale_factor != 1.0:
-            for t in out:
-                t.mul_(postscale_factor)
-        return out
-
-    return _Handle(_gc.grouped_allreduce_(tensors, op, async_op=True), finish)
+    with _in_set(process_set, "hvd.grouped_allreduce_async_()"):
+        op = _op(average, op)
+        tensors = list(tensors)
+        _join.before_allreduce(tensors, op, grouped=True)
+        tensors = [_scale_(t, prescale_factor) for t in tensors]
+        req = _gc.grouped_allreduce_(tensors, op, async_op=True)
+    return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out])
 
 
 def grouped_allreduce_async(
@@ -271,12 +303,26 @@ def grouped_allreduce(
     tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
     process_set=None,
 ):  # fmt: skip
-    """:func:`grouped_allreduce_` into new tensors.
+    """:func:`grouped_allreduce_` into new tensors. Differentiable for sum and average (the
+    gradients are the same grouped allreduce of the outputs' gradients).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> [t.tolist() for t in hvd.grouped_allreduce([torch.ones(1)], op=hvd.Sum)] == [[hvd.size()]]
     True
     """
+    tensors = list(tensors)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    ):
+        from . import _join, _op
+
+        with _in_set(process_set, "hvd.grouped_allreduce()"):
+            op = _op(average, op)
+            if op in ("sum", "average"):
+                _join.before_allreduce(tensors, op, grouped=True)
+                xs = [t * prescale_factor if prescale_factor != 1.0 else t for t in tensors]
+                outs = _GroupedAllreduce.apply(op, *xs)
+                return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
     return synchronize_now(
         grouped_allreduce_async(
             tensors, average, name, op, prescale_factor, postscale_factor, process_set
@@ -292,8 +338,9 @@ def grouped_allgather(tensors, name=None, process_set=None):
     >>> [t.shape[0] for t in hvd.grouped_allgather([torch.ones(1), torch.ones(2)])] == [hvd.size(), 2 * hvd.size()]
     True
     """
-    _no_process_set(process_set)
-    return _gc.grouped_allgather(list(tensors))
+    return _gc.grouped_allgather(
+        list(tensors), group=group_of(process_set, "hvd.grouped_allgather()")
+    )
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
@@ -303,8 +350,8 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     >>> len(hvd.synchronize(hvd.grouped_allgather_async([torch.ones(1)])))
     1
     """
-    _no_process_set(process_set)
-    return _Handle(_gc.grouped_allgather(list(tensors), async_op=True))
+    group = group_of(process_set, "hvd.grouped_allgather_async()")
+    return _Handle(_gc.grouped_allgather(list(tensors), async_op=True, group=group))
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -314,8 +361,8 @@ def allgather_async(tensor, name=None, process_set=None):
     >>> hvd.synchronize(hvd.allgather_async(torch.ones(1))).shape[0] == hvd.size()
     True
     """
-    _no_process_set(process_set)
-    return _Handle(_gc.allgather(tensor, async_op=True))
+    group = group_of(process_set, "hvd.allgather_async()")
+    return _Handle(_gc.allgather(tensor, async_op=True, group=group))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
@@ -326,9 +373,10 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     [0.0]
     """
     from ..collectives import Ibcast
+    from . import _root
 
-    _no_process_set(process_set)
-    return _Handle(Ibcast(tensor, root_rank))
+    group, root = _root(process_set, root_rank, "hvd.broadcast_async_()", tensor)
+    return _Handle(Ibcast(tensor, root, group=group))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
@@ -345,20 +393,3 @@ def synchronize_now(handle):
     """Wait for ``handle`` and apply its finishing step."""
     out = handle.request.wait()
     return handle.finish(out) if handle.finish is not None else out
-
-
-class _GlobalProcessSet:
-    """Horovod's ``hvd.global_process_set``: every rank (the only process set here)."""
-
-    def __repr__(self) -> str:
-        return "hvd.global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
-
-
-def _no_process_set(process_set):
-    if process_set is not None and process_set is not global_process_set:
-        from . import _process_sets_unsupported
-
-        _process_sets_unsupported()

@@ -8,6 +8,7 @@ built from Horovod's arguments and checks; ``broadcast_optimizer_state`` is
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import torch
@@ -16,7 +17,7 @@ from .. import gather_collectives as _gc
 from ..join import JoinState
 from ..optimizer import DistributedOptimizer as _FluxDistributedOptimizer
 from ..sync import synchronize_
-from ._collectives import _no_process_set
+from ._process_sets import group_of
 
 __all__ = [
     "Compression",
@@ -158,6 +159,21 @@ def _check_groups(groups, num_groups):
     )
 
 
+class _HorovodOptimizer(_FluxDistributedOptimizer):
+    """fluxmpi_py's DistributedOptimizer with Horovod's warning for ``step()`` after
+    ``synchronize()`` outside ``skip_synchronize()`` (the gradients are not reduced twice)."""
+
+    def step(self, closure=None):
+        if self._synchronized and not self._skip_sync:
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(); the gradients already reduced are used (wrap step() "
+                "in optimizer.skip_synchronize() to say so)",
+                stacklevel=2,
+            )
+        return super().step(closure)
+
+
 def DistributedOptimizer(
     optimizer,
     named_parameters=None,
@@ -183,14 +199,15 @@ def DistributedOptimizer(
     out of data can ``hvd.join()``. ``compression=hvd.Compression.fp16`` sends the buckets as
     float16. ``named_parameters`` names the parameters in errors; Horovod's checks apply
     (ValueError for duplicate names or an unnamed parameter). Sparse gradients are not
-    supported (``sparse_as_dense`` is accepted for dense ones).
+    supported (``sparse_as_dense`` is accepted for dense ones). ``process_set=`` averages
+    over that set's ranks only (its optimizers do not take part in ``hvd.join()``).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1)
     >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
     >>> m(torch.ones(3, 2)).sum().backward(); opt.step()
     """
-    _no_process_set(process_set)
+    group = group_of(process_set, "hvd.DistributedOptimizer()")
     if op == _ADASUM:
         raise NotImplementedError(
             "hvd.DistributedOptimizer(op=hvd.Adasum) is not supported by fluxmpi_py; use "
@@ -210,14 +227,16 @@ def DistributedOptimizer(
         )
     _check_groups(groups, num_groups)
     named = _checked_names(optimizer, named_parameters)
-    opt = _FluxDistributedOptimizer(
+    opt = _HorovodOptimizer(
         optimizer,
         op=op,
         compression=_wire(compression),
         backward_passes_per_step=backward_passes_per_step,
         named_parameters=named,
+        group=group,
     )
-    JOIN.register(opt)  # so that hvd.join() can take part in its steps
+    if group is None:
+        JOIN.register(opt)  # so that hvd.join() can take part in its steps
     return opt
 
 

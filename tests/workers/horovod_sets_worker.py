@@ -1,0 +1,103 @@
+"""fluxmpi_py.horovod process sets (hvd.ProcessSet, add/remove_process_set, process_set=)
+against closed forms: a set of the first and last rank (two ranks at 3), the others outside.
+
+Run by tests/test_horovod_face.py under mpiexec at 1, 2 and 3 ranks.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import raises, run_cases  # noqa: E402
+
+import fluxmpi_py.horovod as hvd  # noqa: E402
+
+
+def _edge_set():
+    """The registered set {0, n-1}, its ranks, and whether this rank is in it."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    ranks = sorted({0, n - 1})
+    ps = hvd.add_process_set(hvd.ProcessSet(list(reversed(ranks))))
+    return ps, ranks, r in ranks
+
+
+def case_registration_and_queries():
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    gps = hvd.global_process_set
+    assert gps.process_set_id == 0 and gps.ranks == list(range(n)) and gps.size() == n
+    loose = hvd.ProcessSet(sorted({n - 1, 0}, reverse=True))
+    assert loose.ranks == sorted({0, n - 1}) and loose.size() is None and loose.rank() is None
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=loose), "not registered")
+    ps, ranks, member = _edge_set()
+    assert (ps.process_set_id != 0) == (ranks != list(range(n)))
+    assert ps.size() == len(ranks) and ps.included() == member
+    assert ps.rank() == (ranks.index(r) if member else None)
+    assert hvd.get_process_sets()[ps.process_set_id] == ranks
+    raises(ValueError, lambda: hvd.add_process_set(ps), "already registered")
+    again = hvd.add_process_set(ranks)  # same ranks: the same id
+    assert again.process_set_id == ps.process_set_id
+    sub = ranks != list(range(n))  # a set of all ranks is the global set (id 0)
+    assert hvd.remove_process_set(ps) is sub
+    assert hvd.remove_process_set(gps) is False
+    if sub:
+        assert again.process_set_id is None and again.size() is None  # removed with its id
+        raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=again),
+               "not registered")  # fmt: skip
+    hvd.init(process_sets=[[0], list(range(n))])  # init registers sets too
+    sets = hvd.get_process_sets()
+    assert [0] in sets.values() and sets[0] == list(range(n))
+
+
+def case_collectives_on_a_set():
+    n, r = hvd.size(), hvd.rank()
+    ps, ranks, member = _edge_set()
+    if not member:
+        raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=ps), f"rank {r}")
+        raises(ValueError, lambda: hvd.allgather_object(r, process_set=ps), f"rank {r}")
+        hvd.barrier()
+        return
+    k, root = len(ranks), ranks[-1]  # root_rank is a world rank, as in Horovod
+    t = torch.full((2,), float(r + 1))
+    total = sum(q + 1.0 for q in ranks)
+    assert hvd.allreduce(t, op=hvd.Sum, process_set=ps).tolist() == [total] * 2
+    assert hvd.allreduce(t, process_set=ps).tolist() == [total / k] * 2  # average over the set
+    assert hvd.synchronize(hvd.allreduce_async(t, op=hvd.Sum, process_set=ps))[0] == total
+    g = hvd.grouped_allreduce([t, t.double()], op=hvd.Max, process_set=ps)
+    assert [o[0].item() for o in g] == [root + 1.0] * 2
+    assert hvd.broadcast(t, root, process_set=ps).tolist() == [root + 1.0] * 2
+    assert hvd.synchronize(hvd.broadcast_async(t, root, process_set=ps))[0] == root + 1
+    gathered = hvd.allgather(torch.full((r + 1, 1), float(r)), process_set=ps)
+    assert gathered[:, 0].tolist() == [float(q) for q in ranks for _ in range(q + 1)]
+    assert hvd.allgather_object(r, process_set=ps) == ranks
+    assert hvd.broadcast_object({"r": r}, root_rank=root, process_set=ps) == {"r": root}
+    out = hvd.alltoall(torch.full((k, 1), float(r)), process_set=ps)
+    assert out[:, 0].tolist() == [float(q) for q in ranks]
+    part = hvd.reducescatter(torch.ones(k, 2), op=hvd.Sum, process_set=ps)
+    assert part.tolist() == [[float(k)] * 2]
+    hvd.barrier(process_set=ps)
+    if n > 2:  # a root outside the set raises on every member, before data moves
+        raises(Exception, lambda: hvd.broadcast(t, 1, process_set=ps), "not in the process set")
+    hvd.barrier()  # the others wait here
+
+
+def case_distributed_optimizer_on_a_set():
+    r = hvd.rank()
+    ps, ranks, member = _edge_set()
+    w = torch.nn.Parameter(torch.zeros(2))
+    if not member:
+        raises(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0),
+               process_set=ps), f"rank {r}")  # fmt: skip
+        return
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
+    (w * (r + 1)).sum().backward()
+    opt.step()
+    mean = sum(q + 1.0 for q in ranks) / len(ranks)  # averaged over the set's ranks only
+    assert w.tolist() == [-mean] * 2
+
+
+if __name__ == "__main__":
+    run_cases(globals())

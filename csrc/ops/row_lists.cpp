@@ -51,6 +51,7 @@ void copy_bytes(const Bytes& dst, std::int64_t doff, const Bytes& src, std::int6
 // and the splits when they must agree: Signature::detail.
 std::int64_t list_hash(const std::vector<at::Tensor>& ts, bool with_dim0, const Splits* splits) {
   std::vector<std::int64_t> v;
+  v.reserve(ts.size() * 5 + (splits != nullptr ? splits->size() * 3 : 0));
   for (const auto& t : ts) {
     if (!t.defined()) {
       v.push_back(-1);
@@ -67,8 +68,8 @@ std::int64_t list_hash(const std::vector<at::Tensor>& ts, bool with_dim0, const 
       v.insert(v.end(), s.begin(), s.end());
     }
   }
-  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t),
-                    static_cast<std::int64_t>(ts.size()));
+  // hash_bulk: a grouped call of 1000 tensors hashes 32 KB here, ~50 us with hash_bytes
+  return hash_bulk(v.data(), v.size() * sizeof(std::int64_t), static_cast<std::int64_t>(ts.size()));
 }
 
 std::string describe_list(const std::vector<at::Tensor>& ts, const Splits* splits) {
@@ -196,8 +197,9 @@ std::int64_t sum_of(const std::vector<std::int64_t>& v) {
 // exchange of row counts.
 std::int64_t rows_hash(const std::vector<at::Tensor>& ts) {
   std::vector<std::int64_t> v;
+  v.reserve(ts.size());
   for (const auto& t : ts) v.push_back(t.defined() && t.dim() > 0 ? t.size(0) : -1);
-  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t));
+  return hash_bulk(v.data(), v.size() * sizeof(std::int64_t));
 }
 
 // rows[r * k + i]: dim 0 of rank r's tensor i.

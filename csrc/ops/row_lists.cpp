@@ -2,8 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <cstring>
 #include <sstream>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "backend/select.h"
 #include "ops/collectives.h"
@@ -25,15 +31,36 @@ std::int64_t row_bytes(const at::Tensor& t) {
   return row_elems(t) * static_cast<std::int64_t>(c10::elementSize(t.scalar_type()));
 }
 
+namespace {
+
+// A large host buffer asks for transparent huge pages before its first touch, as numpy does
+// for arrays of 4 MB and more. glibc maps a buffer of 32 MB or more anew on every call, and
+// its first write then takes a page fault per 4 KiB: 31 ms for 32 MB here against 3.7 ms with
+// huge pages, 3x mpi4py's allgather time at 16 MiB per rank. Best effort: a refusal is
+// ignored.
+at::Tensor with_huge_pages(at::Tensor t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const auto n = static_cast<std::uintptr_t>(t.nbytes());
+  if (!t.is_cpu() || n < (std::uintptr_t(4) << 20)) return t;
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  const auto first = start & ~(page - 1);  // the page that holds the first byte
+  madvise(reinterpret_cast<void*>(first), n + (start - first), MADV_HUGEPAGE);
+#endif
+  return t;
+}
+
+}  // namespace
+
 // A new tensor like t with `rows` rows.
 at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
   auto sizes = t.sizes().vec();
   sizes[0] = rows;
-  return at::empty(sizes, t.options());
+  return with_huge_pages(at::empty(sizes, t.options()));
 }
 
 Bytes byte_buffer(const at::Tensor& like, std::int64_t n) {
-  return Bytes(at::empty({n}, like.options().dtype(at::kByte)));
+  return Bytes(with_huge_pages(at::empty({n}, like.options().dtype(at::kByte))));
 }
 
 // n bytes from src[soff] to dst[doff].

@@ -261,6 +261,9 @@ def main():
         "--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)"
     )
     ap.add_argument("--op", choices=sorted(WHAT), default="allreduce", help="what to measure")
+    ap.add_argument(
+        "--sizes", type=int, nargs="+", default=None, help="bytes per rank (default: powers of 4)"
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -276,6 +279,7 @@ def main():
     while b <= max_bytes:
         sizes.append(b)
         b *= 4
+    sizes = args.sizes or sizes
 
     result = {
         "benchmark": "bench_collectives",
@@ -307,6 +311,8 @@ def main():
         os.makedirs(out_dir, exist_ok=True)
         stem = "bench_collectives" if args.op == "allreduce" else f"bench_collectives.{args.op}"
         name = f"{stem}.quick.json" if args.quick else f"{stem}.json"
+        if args.sizes:
+            name = f"{stem}.sizes.json"
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(line + "\n")
 

@@ -3,7 +3,8 @@
     mpiexec -n 2 python benchmarks/bench_collectives.py           # 4 KiB .. 64 MiB, powers of 4
     mpiexec -n 2 python benchmarks/bench_collectives.py --quick   # 4 KiB .. 1 MiB, fewer reps
     mpiexec -n 2 python benchmarks/bench_collectives.py --op allgather   # or reduce_scatter,
-        alltoall (4 KiB .. 16 MiB per rank), grouped (1000 tensors of 1024 floats)
+        alltoall (4 KiB .. 16 MiB per rank), grouped (1000 tensors of 1024 floats: also
+        hvd.grouped_allreduce_, allreduce_gradients and a pack + unpack alone)
 
 --op allreduce (the default): allreduce_ against the in-place Allreduce.
 
@@ -11,7 +12,9 @@ float32, op sum, one buffer per size used by both. Repetitions alternate between
 (ours, theirs, ours, ...) so that a change in machine load hits both alike; each repetition
 times a loop of calls between barriers and takes the slowest rank's time. Reported: the
 median over repetitions of the time per call (microseconds), ours / mpi4py, and the fastest
-repetition of each (a hint of the noise on a shared machine). Rank 0 prints
+repetition of each (a hint of the noise on a shared machine). "ratio_paired": the ratios of
+the times taken next to each other in each repetition, their median, quartiles and range: the
+spread that the machine's load puts on the ratio. Rank 0 prints
 one JSON line and writes it to benchmarks/results/bench_collectives.json (other ops:
 bench_collectives.<op>.json; --quick: .quick.json).
 """
@@ -30,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpi4py import MPI  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+import fluxmpi_py._C as _C  # noqa: E402
 
 
 def timed(fn, iters, comm):
@@ -93,13 +97,27 @@ def calibrate(fns, comm):
     return comm.bcast(max(2, min(4096, int(iters * 0.02 / max(elapsed, 1e-9)))), root=0)
 
 
-def alternate(fns, iters, reps, comm):
-    """Median and fastest time per call of each function, repetitions interleaved."""
-    times = [[] for _ in fns]
+def alternate(fns, iters, reps, comm, times=None):
+    """Median and fastest time per call of each function, repetitions interleaved. `times`,
+    when given, gets each function's list of times (one per repetition)."""
+    times = [[] for _ in fns] if times is None else times
+    times[:] = [[] for _ in fns]
     for _ in range(reps):
         for t, fn in zip(times, fns):
             t.append(timed(fn, iters, comm))
     return [statistics.median(t) for t in times], [min(t) for t in times]
+
+
+def paired(ours, theirs):
+    """Ratios of the times taken next to each other in one repetition: the median and the
+    range over repetitions, the spread that machine load puts on the ratio."""
+    r = sorted(a / b for a, b in zip(ours, theirs))
+    q = len(r) // 4
+    return {
+        "median": round(statistics.median(r), 3),
+        "quartiles": [round(r[q], 3), round(r[-1 - q], 3)],
+        "range": [round(r[0], 3), round(r[-1], 3)],
+    }
 
 
 def bench_rows(op, sizes, reps, comm):
@@ -110,7 +128,8 @@ def bench_rows(op, sizes, reps, comm):
         ours, theirs, prealloc, check = row_ops(comm, size)[op](n)
         assert check(), f"{op} gave a wrong result"
         iters = calibrate([ours, prealloc, theirs], comm)
-        (mo, mt, mp), (lo, lt, _) = alternate([ours, theirs, prealloc], iters, reps, comm)
+        times = []
+        (mo, mt, mp), (lo, lt, _) = alternate([ours, theirs, prealloc], iters, reps, comm, times)
         rows.append(
             {
                 "bytes": n * 4,
@@ -120,6 +139,8 @@ def bench_rows(op, sizes, reps, comm):
                 "mpi4py_prealloc_us": round(mp * 1e6, 2),
                 "ratio": round(mo / mt, 3),
                 "ratio_prealloc": round(mo / mp, 3),
+                "ratio_paired": paired(times[0], times[1]),
+                "ratio_of_mins": round(lo / lt, 3),
                 "ours_min_us": round(lo * 1e6, 2),
                 "mpi4py_min_us": round(lt * 1e6, 2),
             }
@@ -128,33 +149,59 @@ def bench_rows(op, sizes, reps, comm):
 
 
 def bench_grouped(reps, comm):
-    """grouped_allreduce_ of 1000 tensors of 1024 floats against one allreduce_ of the same
-    bytes (ours and mpi4py's)."""
+    """grouped_allreduce_ of 1000 tensors of 1024 floats, and the same list through
+    hvd.grouped_allreduce_ and allreduce_gradients (as .grad of 1000 parameters), against one
+    allreduce_ of the same bytes (ours and mpi4py's), op sum."""
     from mpi4py import MPI as _MPI
 
+    import fluxmpi_py.horovod as hvd
+
     tensors = [torch.zeros(1024) for _ in range(1000)]
+    params = [torch.nn.Parameter(torch.zeros(1024)) for _ in range(1000)]
+    for p in params:
+        p.grad = torch.zeros(1024)
     flat = torch.zeros(1024 * 1000)
     arr = flat.numpy()
     check = [torch.ones(1024) for _ in range(1000)]
     fm.grouped_allreduce_(check)
     assert all(float(t[0]) == comm.Get_size() for t in check), "grouped_allreduce_ is wrong"
-    grouped = functools.partial(fm.grouped_allreduce_, tensors)
-    ours_flat = functools.partial(fm.allreduce_, flat)
-    theirs_flat = functools.partial(comm.Allreduce, _MPI.IN_PLACE, arr, op=_MPI.SUM)
-    iters = calibrate([grouped, ours_flat, theirs_flat], comm)
-    (g, f, t), (gl, fl, tl) = alternate([grouped, ours_flat, theirs_flat], iters, reps, comm)
-    return {
-        "tensors": 1000,
-        "floats_each": 1024,
-        "iters": iters,
-        "grouped_us": round(g * 1e6, 1),
-        "flat_allreduce_us": round(f * 1e6, 1),
-        "mpi4py_flat_us": round(t * 1e6, 1),
-        "ratio_to_flat": round(g / f, 3),
-        "ratio_to_mpi4py_flat": round(g / t, 3),
-        "grouped_min_us": round(gl * 1e6, 1),
-        "flat_min_us": round(fl * 1e6, 1),
+    for p in params:
+        p.grad.fill_(1.0)
+    fm.allreduce_gradients(params, op="sum")
+    assert all(float(p.grad[-1]) == comm.Get_size() for p in params), "allreduce_gradients"
+    for p in params:
+        p.grad.zero_()  # zeros stay zeros: repeated sums never overflow
+    # The floor of any call that packs: one pack and one unpack of the list by the compiled
+    # host loop (csrc/fusion/pack_cpu.*), no communication.
+    plan = _C.plan_pack(tensors, torch.float32)
+    staging = torch.empty(plan.numel)
+
+    def pack_unpack():
+        _C.pack(plan, tensors, staging)
+        _C.unpack(plan, staging, tensors)
+
+    fns = {
+        "grouped": functools.partial(fm.grouped_allreduce_, tensors),
+        "pack_unpack": pack_unpack,
+        "flat": functools.partial(fm.allreduce_, flat),
+        "mpi4py_flat": functools.partial(comm.Allreduce, _MPI.IN_PLACE, arr, op=_MPI.SUM),
+        "hvd_grouped": functools.partial(hvd.grouped_allreduce_, tensors, op=hvd.Sum),
+        "allreduce_gradients": functools.partial(fm.allreduce_gradients, params, op="sum"),
     }
+    names = list(fns)
+    iters = calibrate(list(fns.values()), comm)
+    times = []
+    med, low = alternate(list(fns.values()), iters, reps, comm, times)
+    t = dict(zip(names, times))
+    out = {"tensors": 1000, "floats_each": 1024, "iters": iters}
+    for name, m, lo in zip(names, med, low):
+        out[f"{name}_us"] = round(m * 1e6, 1)
+        out[f"{name}_min_us"] = round(lo * 1e6, 1)
+    for name in ("grouped", "hvd_grouped", "allreduce_gradients", "pack_unpack"):
+        key = "ratio_to_flat" if name == "grouped" else f"{name}_ratio_to_flat"
+        out[key] = paired(t[name], t["flat"])
+    out["ratio_to_mpi4py_flat"] = paired(t["grouped"], t["mpi4py_flat"])
+    return out
 
 
 def bench_allreduce(sizes, reps, comm):
@@ -201,8 +248,9 @@ WHAT = {
     "prealloc: one output), float32 sum, bytes = each rank's input",
     "alltoall": "alltoall vs mpi4py Alltoall (new output per call; prealloc: one output), "
     "float32, bytes = each rank's input",
-    "grouped": "grouped_allreduce_ of 1000 x 1024 float32 vs one allreduce_ (and mpi4py "
-    "Allreduce) of the same 4 MB",
+    "grouped": "grouped_allreduce_ (and hvd.grouped_allreduce_, allreduce_gradients) of 1000 x "
+    "1024 float32 vs one allreduce_ (and mpi4py Allreduce) of the same 4 MB, op sum; "
+    "pack_unpack: one pack and unpack of the list alone",
 }
 
 
@@ -213,6 +261,9 @@ def main():
         "--reps", type=int, default=None, help="repetitions per size (default 11, quick 5)"
     )
     ap.add_argument("--op", choices=sorted(WHAT), default="allreduce", help="what to measure")
+    ap.add_argument(
+        "--sizes", type=int, nargs="+", default=None, help="bytes per rank (default: powers of 4)"
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -228,6 +279,7 @@ def main():
     while b <= max_bytes:
         sizes.append(b)
         b *= 4
+    sizes = args.sizes or sizes
 
     result = {
         "benchmark": "bench_collectives",
@@ -259,6 +311,8 @@ def main():
         os.makedirs(out_dir, exist_ok=True)
         stem = "bench_collectives" if args.op == "allreduce" else f"bench_collectives.{args.op}"
         name = f"{stem}.quick.json" if args.quick else f"{stem}.json"
+        if args.sizes:
+            name = f"{stem}.sizes.json"
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(line + "\n")
 

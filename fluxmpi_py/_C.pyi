@@ -116,11 +116,22 @@ def alltoall(
     local_error: str = "",
 ) -> PendingTensors: ...
 def grouped_allreduce_(
-    tensors: list[torch.Tensor], op: str, call: str, async_op: bool, local_error: str = ""
-) -> PendingTensors: ...
+    tensors: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    op: str,
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+) -> PendingTensors: ...  # in place; its wait() returns []
 def grouped_bcast_(
-    tensors: list[torch.Tensor], root_rank: int, call: str, async_op: bool, local_error: str = ""
-) -> PendingTensors: ...
+    tensors: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    root_rank: int,
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+) -> PendingTensors: ...  # in place; its wait() returns []
+def allgather_tensor(tensor: torch.Tensor) -> torch.Tensor: ...
+def reduce_scatter_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor: ...
+def alltoall_tensor(tensor: torch.Tensor) -> torch.Tensor: ...
 def broadcast_object_bytes(
     data: bytes | None, root_rank: int, local_error: str = ""
 ) -> bytes | None: ...

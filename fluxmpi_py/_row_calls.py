@@ -34,7 +34,12 @@ class PendingRequest(Request):
         return self._finish(self._work.wait(), self._work)
 
 
-def _tensors(tensors, grouped: bool, errors: list) -> list:
+# The kinds whose compiled call takes the list as it is and checks its items itself (at C
+# speed; a Python loop over a thousand tensors costs more than the collective's checks).
+_CHECKS_ITEMS = frozenset({"grouped_allreduce_", "grouped_bcast_"})
+
+
+def _tensors(tensors, grouped: bool, errors: list):
     if not grouped:
         if isinstance(tensors, torch.Tensor):
             return [tensors]
@@ -85,7 +90,10 @@ def start(kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error
     errors: list[str] = [error] if error else []
     if async_op and not grouped:
         call = "I" + call  # the name the user called: Iallgather()
-    ts = _tensors(tensors, grouped, errors)
+    if kind in _CHECKS_ITEMS and type(tensors) in (list, tuple):
+        ts = tensors
+    else:
+        ts = _tensors(tensors, grouped, errors)
     pos = [ts]
     if "op" in args:
         pos.append(args["op"] if type(args["op"]) is str else str(args["op"]))

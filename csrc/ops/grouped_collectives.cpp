@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <c10/core/GradMode.h>
 
 #include "backend/select.h"
@@ -23,11 +25,28 @@ namespace {
 
 bool cpu_contiguous(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous(); }
 
+// Packing buffers up to this size are kept for the next call, one per thread (the caller's
+// and the engine's). A fresh 4 MB buffer cost 0.3-0.4 ms a call here (2 ranks: 2.7x one flat
+// allreduce_ against 2.1x with a kept one), more than the checks of 1000 tensors.
+constexpr std::int64_t kKeptBytes = std::int64_t(64) << 20;
+
+// A flat buffer of `n` elements like `like`: a view of this thread's kept bytes when small
+// enough, else a new tensor. Valid until the next call on this thread.
+at::Tensor flat_buffer(const at::Tensor& like, std::int64_t n) {
+  const std::int64_t bytes = n * static_cast<std::int64_t>(like.element_size());
+  if (!like.is_cpu() || bytes > kKeptBytes) return at::empty({n}, like.options());
+  thread_local at::Tensor kept;
+  if (!kept.defined() || kept.numel() < bytes) {
+    kept = at::empty({std::max<std::int64_t>(bytes, 1)}, like.options().dtype(at::kByte));
+  }
+  return kept.narrow(0, 0, bytes).view(like.scalar_type());
+}
+
 // Tensors idx of ts (one dtype) into one flat buffer of that dtype.
 at::Tensor pack_flat(const std::vector<at::Tensor>& ts, const std::vector<std::size_t>& idx) {
   std::int64_t total = 0;
   for (auto i : idx) total += ts[i].numel();
-  at::Tensor flat = at::empty({total}, ts[idx[0]].options());
+  at::Tensor flat = flat_buffer(ts[idx[0]], total);
   const auto esz = static_cast<std::int64_t>(flat.element_size());
   std::int64_t pos = 0;
   for (auto i : idx) {

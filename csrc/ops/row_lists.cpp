@@ -2,8 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <cstring>
 #include <sstream>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "backend/select.h"
 #include "ops/collectives.h"
@@ -25,15 +31,36 @@ std::int64_t row_bytes(const at::Tensor& t) {
   return row_elems(t) * static_cast<std::int64_t>(c10::elementSize(t.scalar_type()));
 }
 
+namespace {
+
+// A large host buffer asks for transparent huge pages before its first touch, as numpy does
+// for arrays of 4 MB and more. glibc maps a buffer of 32 MB or more anew on every call, and
+// its first write then takes a page fault per 4 KiB: 31 ms for 32 MB here against 3.7 ms with
+// huge pages, 3x mpi4py's allgather time at 16 MiB per rank. Best effort: a refusal is
+// ignored.
+at::Tensor with_huge_pages(at::Tensor t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const auto n = static_cast<std::uintptr_t>(t.nbytes());
+  if (!t.is_cpu() || n < (std::uintptr_t(4) << 20)) return t;
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  const auto first = start & ~(page - 1);  // the page that holds the first byte
+  madvise(reinterpret_cast<void*>(first), n + (start - first), MADV_HUGEPAGE);
+#endif
+  return t;
+}
+
+}  // namespace
+
 // A new tensor like t with `rows` rows.
 at::Tensor with_rows(const at::Tensor& t, std::int64_t rows) {
   auto sizes = t.sizes().vec();
   sizes[0] = rows;
-  return at::empty(sizes, t.options());
+  return with_huge_pages(at::empty(sizes, t.options()));
 }
 
 Bytes byte_buffer(const at::Tensor& like, std::int64_t n) {
-  return Bytes(at::empty({n}, like.options().dtype(at::kByte)));
+  return Bytes(with_huge_pages(at::empty({n}, like.options().dtype(at::kByte))));
 }
 
 // n bytes from src[soff] to dst[doff].
@@ -51,6 +78,7 @@ void copy_bytes(const Bytes& dst, std::int64_t doff, const Bytes& src, std::int6
 // and the splits when they must agree: Signature::detail.
 std::int64_t list_hash(const std::vector<at::Tensor>& ts, bool with_dim0, const Splits* splits) {
   std::vector<std::int64_t> v;
+  v.reserve(ts.size() * 5 + (splits != nullptr ? splits->size() * 3 : 0));
   for (const auto& t : ts) {
     if (!t.defined()) {
       v.push_back(-1);
@@ -67,8 +95,8 @@ std::int64_t list_hash(const std::vector<at::Tensor>& ts, bool with_dim0, const 
       v.insert(v.end(), s.begin(), s.end());
     }
   }
-  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t),
-                    static_cast<std::int64_t>(ts.size()));
+  // hash_bulk: a grouped call of 1000 tensors hashes 32 KB here, ~50 us with hash_bytes
+  return hash_bulk(v.data(), v.size() * sizeof(std::int64_t), static_cast<std::int64_t>(ts.size()));
 }
 
 std::string describe_list(const std::vector<at::Tensor>& ts, const Splits* splits) {
@@ -196,8 +224,9 @@ std::int64_t sum_of(const std::vector<std::int64_t>& v) {
 // exchange of row counts.
 std::int64_t rows_hash(const std::vector<at::Tensor>& ts) {
   std::vector<std::int64_t> v;
+  v.reserve(ts.size());
   for (const auto& t : ts) v.push_back(t.defined() && t.dim() > 0 ? t.size(0) : -1);
-  return hash_bytes(v.data(), v.size() * sizeof(std::int64_t));
+  return hash_bulk(v.data(), v.size() * sizeof(std::int64_t));
 }
 
 // rows[r * k + i]: dim 0 of rank r's tensor i.

@@ -292,6 +292,13 @@ def grouped_allreduce_(
     >>> [t.tolist() for t in hvd.grouped_allreduce_([torch.ones(1), torch.ones(2)])]
     [[1.0], [1.0, 1.0]]
     """
+    if prescale_factor == 1.0 and postscale_factor == 1.0:
+        # blocking on this thread: no hand-off to the engine thread and back (with a thousand
+        # tensors that hand-off cost more than the call's checks)
+        from . import _op
+
+        _no_process_set(process_set)
+        return _gc.grouped_allreduce_(list(tensors), _op(average, op))
     return synchronize_now(
         grouped_allreduce_async_(
             tensors, average, name, op, prescale_factor, postscale_factor, process_set

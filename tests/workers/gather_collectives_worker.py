@@ -214,6 +214,23 @@ def case_async_forms_wait_and_test():
     check_equal(results[3], torch.tensor([float(n)]), "Ireduce_scatter")
     check_equal(results[4], torch.arange(float(n)), "Ialltoall")
     check_equal(results[5][0], torch.full((2,), float(n)), "grouped async")
+    # the blocking single-tensor calls take a shorter path than the async ones: the same
+    # collective all the same, so ranks may mix them
+    x = torch.full((2,), float(r))
+    got = fm.Iallgather(x).wait() if r == 0 else fm.allgather(x)
+    check_equal(got, torch.arange(float(n)).repeat_interleave(2), "allgather, mixed paths")
+    got = fm.Ialltoall(x.repeat(n)).wait() if r == 0 else fm.alltoall(x.repeat(n))
+    check_equal(got, torch.arange(float(n)).repeat_interleave(2), "alltoall, mixed paths")
+    got = (
+        fm.Ireduce_scatter(torch.ones(2 * n)).wait()
+        if r == 0
+        else fm.reduce_scatter(torch.ones(2 * n))
+    )
+    check_equal(got, torch.full((2,), float(n)), "reduce_scatter, mixed paths")
+    ts = (torch.ones(3), torch.ones(1, dtype=torch.int64))
+    out = fm.grouped_allreduce_(ts, async_op=True).wait()
+    assert [o is t for o, t in zip(out, ts)] == [True, True] and isinstance(out, list)
+    check_equal(ts[1], torch.full((1,), n, dtype=torch.int64), "grouped tuple")
 
 
 # ---------------------------------------------------------------- gradients
@@ -302,6 +319,12 @@ def case_bad_input_raises_on_every_rank():
         TypeError, lambda: fm.allgather(t), "allgather()", f"rank {bad}", "must be a torch.Tensor"
     )
     raises(TypeError, lambda: fm.grouped_allgather([torch.ones(1), "x"]), "tensors[1]")
+    # grouped_allreduce_ / grouped_bcast_ check their items in C++: one rank's bad item
+    # still raises on every rank, naming it
+    items = [torch.ones(1), "x" if r == bad else torch.ones(1)]
+    raises(TypeError, lambda: fm.grouped_allreduce_(items), f"rank {bad}", "tensors[1]", "str")
+    raises(TypeError, lambda: fm.grouped_bcast_(tuple(items)), f"rank {bad}", "tensors[1]")
+    raises(TypeError, lambda: fm.grouped_allreduce_(torch.ones(2)), "must be a list")
     if n > 1:
         raises(
             ValueError, lambda: fm.reduce_scatter(torch.ones(n + 1)), "rows (dim 0)", "equal parts"

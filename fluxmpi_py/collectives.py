@@ -22,7 +22,7 @@ from .groups import on_group
 __all__ = ["allreduce_", "bcast_", "reduce_", "Iallreduce", "Ibcast", "Request", "OPS"]
 
 #: The reduction ops every reducing collective accepts.
-OPS = ("sum", "average", "min", "max", "prod")
+OPS = ("sum", "average", "min", "max", "prod", "band", "bor", "bxor")
 
 
 _NO_ROOT = object()
@@ -55,7 +55,8 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
 def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
-    ``op`` is one of "sum", "average", "min", "max", "prod". float16 and bfloat16 sums,
+    ``op`` is one of "sum", "average", "min", "max", "prod", or the bitwise "band", "bor",
+    "bxor" (integer and bool CPU tensors; a float tensor is a TypeError). float16 and bfloat16 sums,
     products and averages are computed in fp32 and rounded once (so 4 ranks averaging
     40000.0 in float16 get 40000.0, not inf). Integer "average" is the floor of the mean,
     summed in int64 so that it cannot wrap.

@@ -1,7 +1,8 @@
 """torch.distributed on the "fluxmpi" backend (fluxmpi_py/c10d.py, csrc/c10d/): collectives,
 Work and futures, send/recv, object collectives, agreement errors on every rank, and DDP /
 ZeroRedundancyOptimizer / FSDP against gloo or one process, at 1, 2 and 3 ranks and without
-mpiexec. The cases live in tests/workers/c10d_worker.py."""
+mpiexec; sub-groups, a 2-D DeviceMesh and HSDP also at 4; bitwise ops and PREMUL_SUM. The cases
+live in tests/workers/c10d_worker.py, c10d_groups_worker.py and c10d_reduce_ops_worker.py."""
 
 import os
 import sys
@@ -16,6 +17,16 @@ WORKER = "c10d_worker.py"
 
 @pytest.mark.parametrize("case", worker_params(WORKER, [None, 1, 2, 3], timeout=400))
 def test_c10d_backend_under_mpiexec(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("c10d_groups_worker.py", [1, 2, 3, 4], timeout=400))
+def test_c10d_subgroups_and_device_mesh(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("c10d_reduce_ops_worker.py", [1, 2, 3], timeout=300))
+def test_c10d_bitwise_and_premul_sum(case):
     case.check_passed()
 
 

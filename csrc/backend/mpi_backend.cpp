@@ -84,6 +84,14 @@ MPI_Datatype mpi_type(c10::ScalarType t) {
 
 MPI_Op mpi_op(ReduceOp op, c10::ScalarType t) {
   TORCH_INTERNAL_ASSERT(op != ReduceOp::Average, "average must be lowered to sum by the caller");
+  if (is_bitwise(op)) {
+    TORCH_INTERNAL_ASSERT(c10::isIntegralType(t, /*includeBool=*/true),
+                          "bitwise reductions of floats must be refused by the ops layer");
+    if (t == c10::kBool) {
+      return op == ReduceOp::BAnd ? MPI_LAND : op == ReduceOp::BOr ? MPI_LOR : MPI_LXOR;
+    }
+    return op == ReduceOp::BAnd ? MPI_BAND : op == ReduceOp::BOr ? MPI_BOR : MPI_BXOR;
+  }
   int i = static_cast<int>(op);
   if (t == c10::kHalf) return user_ops().half[i];
   if (t == c10::kBFloat16) return user_ops().bf16[i];

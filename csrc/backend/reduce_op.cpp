@@ -11,6 +11,9 @@ const char* op_name(ReduceOp op) {
     case ReduceOp::Max: return "max";
     case ReduceOp::Prod: return "prod";
     case ReduceOp::Average: return "average";
+    case ReduceOp::BAnd: return "band";
+    case ReduceOp::BOr: return "bor";
+    case ReduceOp::BXor: return "bxor";
   }
   return "?";
 }
@@ -21,8 +24,11 @@ ReduceOp parse_op(const std::string& name) {
   if (name == "min") return ReduceOp::Min;
   if (name == "max") return ReduceOp::Max;
   if (name == "prod" || name == "product" || name == "*") return ReduceOp::Prod;
+  if (name == "band") return ReduceOp::BAnd;
+  if (name == "bor") return ReduceOp::BOr;
+  if (name == "bxor") return ReduceOp::BXor;
   TORCH_CHECK_VALUE(false, "fluxmpi_py: unknown reduction op '", name,
-                    "'; expected one of sum, average, min, max, prod");
+                    "'; expected one of sum, average, min, max, prod, band, bor, bxor");
 }
 
 }  // namespace fluxmpi

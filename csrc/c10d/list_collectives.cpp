@@ -7,29 +7,9 @@
 
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
-#include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
-
-std::string reduce_op_name(const c10d::ReduceOp& op, std::string& error) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return "sum";
-    case c10d::ReduceOp::AVG: return "average";
-    case c10d::ReduceOp::PRODUCT: return "prod";
-    case c10d::ReduceOp::MIN: return "min";
-    case c10d::ReduceOp::MAX: return "max";
-    default: break;
-  }
-  if (error.empty()) {
-    const char* name = op.op_ == c10d::ReduceOp::BAND   ? "BAND"
-                       : op.op_ == c10d::ReduceOp::BOR  ? "BOR"
-                       : op.op_ == c10d::ReduceOp::BXOR ? "BXOR"
-                                                        : "PREMUL_SUM";
-    error = std::string("ReduceOp.") + name +
-            " is not supported by the fluxmpi backend; use SUM, AVG, PRODUCT, MIN or MAX";
-  }
-  return "sum";
-}
 
 namespace {
 
@@ -72,7 +52,7 @@ void set_once(std::string& err, const std::string& e) {
 
 void allgather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
                      const std::vector<at::Tensor>& inputs) {
-  const auto world = static_cast<std::size_t>(env().size);
+  const auto world = static_cast<std::size_t>(current_group().size());
   std::string err;
   if (outputs.size() != inputs.size())
     set_once(err, count_error("output lists", outputs.size(), inputs.size()));
@@ -96,7 +76,7 @@ void allgather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
 
 void allgather_into_tensors(const std::vector<at::Tensor>& outputs,
                             const std::vector<at::Tensor>& inputs) {
-  const int world = env().size;
+  const int world = current_group().size();
   std::string err;
   if (outputs.size() != inputs.size())
     set_once(err, count_error("outputs", outputs.size(), inputs.size()));
@@ -113,13 +93,13 @@ void allgather_into_tensors(const std::vector<at::Tensor>& outputs,
 
 void gather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
                   const std::vector<at::Tensor>& inputs, std::int64_t root) {
-  const auto& e = env();
+  const Group& e = current_group();
   std::string err;
   if (inputs.size() != 1) set_once(err, count_error("the input list", inputs.size(), 1));
-  const bool is_root = e.rank == root;
+  const bool is_root = e.rank() == root;
   if (err.empty() && is_root) {
-    if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(e.size)) {
-      set_once(err, "on the root, gather_list must hold " + std::to_string(e.size) +
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(e.size())) {
+      set_once(err, "on the root, gather_list must hold " + std::to_string(e.size()) +
                         " tensors (one per rank)");
     }
     for (std::size_t r = 0; err.empty() && r < outputs[0].size(); ++r) {
@@ -132,19 +112,19 @@ void gather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
   auto got = gather_checked(rows, root, err);
   if (!is_root || got.empty()) return;
   c10::AutoGradMode no_grad(false);
-  for (int r = 0; r < e.size; ++r) copy_flat(outputs[0][r], got[0][r]);
+  for (int r = 0; r < e.size(); ++r) copy_flat(outputs[0][r], got[0][r]);
 }
 
 void scatter_lists(const std::vector<at::Tensor>& outputs,
                    const std::vector<std::vector<at::Tensor>>& inputs, std::int64_t root) {
-  const auto& e = env();
+  const Group& e = current_group();
   std::string err;
   at::Tensor out = outputs.size() == 1 ? outputs[0] : at::Tensor();
   if (!out.defined()) set_once(err, count_error("the output list", outputs.size(), 1));
-  const bool is_root = e.rank == root;
+  const bool is_root = e.rank() == root;
   if (err.empty() && is_root) {
-    if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(e.size)) {
-      set_once(err, "on the root, scatter_list must hold " + std::to_string(e.size) +
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(e.size())) {
+      set_once(err, "on the root, scatter_list must hold " + std::to_string(e.size()) +
                         " tensors (one per rank)");
     }
     for (std::size_t r = 0; err.empty() && r < inputs[0].size(); ++r) {
@@ -156,13 +136,13 @@ void scatter_lists(const std::vector<at::Tensor>& outputs,
   {
     c10::AutoGradMode no_grad(false);
     if (!out.defined()) {
-      buf = at::empty({e.size, 0}, at::kFloat);
+      buf = at::empty({e.size(), 0}, at::kFloat);
     } else if (is_root && err.empty()) {
       std::vector<at::Tensor> flat;
       for (const auto& t : inputs[0]) flat.push_back(t.reshape(-1));
       buf = at::stack(flat);
     } else {
-      buf = at::empty({e.size, out.numel()}, out.options());
+      buf = at::empty({e.size(), out.numel()}, out.options());
     }
   }
   auto got = scatter_checked({buf}, {}, root, err);
@@ -173,12 +153,13 @@ void scatter_lists(const std::vector<at::Tensor>& outputs,
 void reduce_scatter_lists(const std::vector<at::Tensor>& outputs,
                           const std::vector<std::vector<at::Tensor>>& inputs, const std::string& op,
                           const std::string& local_error) {
-  const auto& e = env();
+  const Group& e = current_group();
   std::string err = local_error;
   at::Tensor out = outputs.size() == 1 ? outputs[0] : at::Tensor();
   if (!out.defined()) set_once(err, count_error("the output list", outputs.size(), 1));
-  if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(e.size)) {
-    set_once(err, "the input list must hold " + std::to_string(e.size) + " tensors (one per rank)");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(e.size())) {
+    set_once(err,
+             "the input list must hold " + std::to_string(e.size()) + " tensors (one per rank)");
   }
   for (std::size_t r = 0; err.empty() && r < inputs[0].size(); ++r) {
     set_once(err, check_output(inputs[0][r], out.numel(), out, "input " + std::to_string(r)));
@@ -191,7 +172,7 @@ void reduce_scatter_lists(const std::vector<at::Tensor>& outputs,
       for (const auto& t : inputs[0]) flat.push_back(t.reshape(-1));
       buf = at::stack(flat);
     } else {
-      buf = at::empty({e.size, out.defined() ? out.numel() : 0},
+      buf = at::empty({e.size(), out.defined() ? out.numel() : 0},
                       out.defined() ? out.options() : at::TensorOptions(at::kFloat));
     }
   }
@@ -203,7 +184,7 @@ void reduce_scatter_lists(const std::vector<at::Tensor>& outputs,
 void reduce_scatter_tensors(const std::vector<at::Tensor>& outputs,
                             const std::vector<at::Tensor>& inputs, const std::string& op,
                             const std::string& local_error) {
-  const int world = env().size;
+  const int world = current_group().size();
   std::string err = local_error;
   if (outputs.size() != inputs.size())
     set_once(err, count_error("outputs", outputs.size(), inputs.size()));
@@ -246,16 +227,17 @@ void alltoall_single(const at::Tensor& output, const at::Tensor& input,
   if (!output_splits.empty()) {
     TORCH_CHECK_VALUE(output_splits == rows, "fluxmpi: output_split_sizes ",
                       c10::IntArrayRef(output_splits), " differ from the rows sent to rank ",
-                      env().rank, ": ", c10::IntArrayRef(rows));
+                      current_group().rank(), ": ", c10::IntArrayRef(rows));
   }
   TORCH_CHECK_VALUE(output.size(0) == got[0].size(0), "fluxmpi: all_to_all_single output has ",
-                    output.size(0), " rows, but rank ", env().rank, " received ", got[0].size(0));
+                    output.size(0), " rows, but rank ", current_group().rank(), " received ",
+                    got[0].size(0));
   c10::AutoGradMode no_grad(false);
   output.copy_(got[0]);
 }
 
 void alltoall_lists(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs) {
-  const auto world = static_cast<std::size_t>(env().size);
+  const auto world = static_cast<std::size_t>(current_group().size());
   std::string err;
   if (inputs.size() != world) set_once(err, count_error("the input list", inputs.size(), world));
   if (outputs.size() != world) set_once(err, count_error("the output list", outputs.size(), world));

@@ -3,21 +3,17 @@
 // (ops/gather_collectives.h): each tensor travels as one row of its flattened elements, and
 // the results are copied into the caller's output tensors. Shapes and dtypes of the outputs
 // are checked on each rank and join the agreement, so a bad output raises on every rank.
-// Each runs on the engine thread (or inline on it).
+// Each runs on the engine thread (or inline on it), over the current group (runtime/group.h):
+// ranks and sizes are the group's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace fluxmpi {
-
-// fluxmpi's name for a c10d reduction ("sum", "average", ...). An op fluxmpi does not have
-// (bitwise ops, PREMUL_SUM) returns "sum" and sets `error` (when empty) to say so.
-std::string reduce_op_name(const c10d::ReduceOp& op, std::string& error);
 
 // outputs[i][r] = rank r's inputs[i].
 void allgather_lists(const std::vector<std::vector<at::Tensor>>& outputs,

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -16,7 +17,9 @@ namespace fluxmpi {
 
 namespace {
 
-MPI_Comm g_p2p = MPI_COMM_NULL;
+// Each group's point-to-point communicator, by group index; freed at shutdown.
+std::mutex g_p2p_mu;
+std::map<int, MPI_Comm> g_p2p;
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -30,8 +33,9 @@ void check_mpi(int rc, const char* what) {
 // contiguous host tensor, else a copy that a receive writes back when it completes.
 class P2PWork : public c10d::Work {
  public:
-  P2PWork(c10d::OpType type, at::Tensor target, at::Tensor buffer)
-      : c10d::Work(env().rank, type),
+  P2PWork(MPI_Comm comm, int rank, c10d::OpType type, at::Tensor target, at::Tensor buffer)
+      : c10d::Work(rank, type),
+        comm_(comm),
         target_(std::move(target)),
         buffer_(std::move(buffer)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
@@ -45,10 +49,10 @@ class P2PWork : public c10d::Work {
     const int src = peer == kAnySource ? MPI_ANY_SOURCE : peer;
     Engine::get().run_inline([&] {
       if (retrieveOpType() == c10d::OpType::SEND) {
-        check_mpi(MPI_Isend(buffer_.data_ptr(), count, MPI_BYTE, peer, tag, g_p2p, &request_),
+        check_mpi(MPI_Isend(buffer_.data_ptr(), count, MPI_BYTE, peer, tag, comm_, &request_),
                   "MPI_Isend");
       } else {
-        check_mpi(MPI_Irecv(buffer_.data_ptr(), count, MPI_BYTE, src, tag, g_p2p, &request_),
+        check_mpi(MPI_Irecv(buffer_.data_ptr(), count, MPI_BYTE, src, tag, comm_, &request_),
                   "MPI_Irecv");
       }
     });
@@ -104,6 +108,7 @@ class P2PWork : public c10d::Work {
     return true;
   }
 
+  MPI_Comm comm_;
   at::Tensor target_;
   at::Tensor buffer_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -113,11 +118,10 @@ class P2PWork : public c10d::Work {
   int source_ = -1;
 };
 
-void check_peer(int peer, bool any_allowed) {
-  const auto& e = env();
+void check_peer(int peer, int size, bool any_allowed) {
   if (any_allowed && peer == kAnySource) return;
-  TORCH_CHECK_VALUE(peer >= 0 && peer < e.size, "fluxmpi: rank ", peer,
-                    " is not a rank of this group of ", e.size);
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size, "fluxmpi: rank ", peer,
+                    " is not a rank of this group of ", size);
 }
 
 void check_host_tensor(const at::Tensor& t) {
@@ -127,32 +131,45 @@ void check_host_tensor(const at::Tensor& t) {
 
 }  // namespace
 
-void ensure_p2p_comm() {
-  if (g_p2p != MPI_COMM_NULL) return;
-  Engine::get().run_inline([] {
-    BlockingCall guard("point-to-point communicator");
-    check_mpi(MPI_Comm_dup(env().comm, &g_p2p), "MPI_Comm_dup");
+MPI_Comm ensure_p2p_comm(const Group& g) {
+  std::lock_guard<std::mutex> lock(g_p2p_mu);
+  if (auto it = g_p2p.find(g.index()); it != g_p2p.end()) return it->second;
+  MPI_Comm comm = MPI_COMM_NULL;
+  Engine::get().run_inline([&] {
+    BlockingCall guard("point-to-point communicator", g.index());
+    check_mpi(MPI_Comm_dup(g.comm(), &comm), "MPI_Comm_dup");
   });
-  add_shutdown_hook([] {
-    if (g_p2p != MPI_COMM_NULL) MPI_Comm_free(&g_p2p);
-  });
+  if (g_p2p.empty()) {
+    add_shutdown_hook([] {
+      std::lock_guard<std::mutex> lock(g_p2p_mu);
+      // A sub-group's is left to MPI_Finalize, like the group's own communicator
+      // (runtime/group.h): its members may not all reach this hook.
+      auto world = g_p2p.find(0);
+      if (world != g_p2p.end() && world->second != MPI_COMM_NULL) MPI_Comm_free(&world->second);
+      g_p2p.clear();
+    });
+  }
+  g_p2p[g.index()] = comm;
+  return comm;
 }
 
-c10::intrusive_ptr<c10d::Work> start_send(const at::Tensor& t, int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> start_send(MPI_Comm comm, int rank, int size, const at::Tensor& t,
+                                          int dst, int tag) {
   check_host_tensor(t);
-  check_peer(dst, false);
+  check_peer(dst, size, false);
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  auto work = c10::make_intrusive<P2PWork>(c10d::OpType::SEND, t, buf);
+  auto work = c10::make_intrusive<P2PWork>(comm, rank, c10d::OpType::SEND, t, buf);
   work->start(dst, tag);
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> start_recv(const at::Tensor& t, int src, int tag) {
+c10::intrusive_ptr<c10d::Work> start_recv(MPI_Comm comm, int rank, int size, const at::Tensor& t,
+                                          int src, int tag) {
   check_host_tensor(t);
-  check_peer(src, true);
+  check_peer(src, size, true);
   at::Tensor buf = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
   auto work = c10::make_intrusive<P2PWork>(
-      src == kAnySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, t, buf);
+      comm, rank, src == kAnySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, t, buf);
   work->start(src, tag);
   return work;
 }

@@ -9,6 +9,7 @@
 
 #include "c10d/list_collectives.h"
 #include "c10d/point_to_point.h"
+#include "c10d/reduction.h"
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
 #include "runtime/environment.h"
@@ -73,21 +74,34 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
   return ts.size() == 1 ? ts[0] : at::Tensor();
 }
 
+// reduce_scatter_tensors with `r`: PREMUL_SUM scales copies of the inputs, then sums.
+void reduce_scatter_scaled(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
+                           const C10dReduction& r, const std::string& err) {
+  if (!r.premul) return reduce_scatter_tensors(outs, ins, r.op, err);
+  std::vector<at::Tensor> scaled;
+  for (const auto& t : ins) scaled.push_back(premultiplied(r, t));
+  reduce_scatter_tensors(outs, scaled, "sum", err);
+}
+
 }  // namespace
 
-C10dBackend::C10dBackend(int rank, int size) : c10d::Backend(rank, size) {
-  const auto& e = env();
-  TORCH_CHECK(rank == e.rank && size == e.size,
+C10dBackend::C10dBackend(int rank, int size, std::shared_ptr<const Group> group)
+    : c10d::Backend(rank, size), group_(group ? std::move(group) : world_group()) {
+  const Group& g = *group_;
+  TORCH_CHECK(rank == g.rank() && size == g.size(),
               "fluxmpi_py: the fluxmpi backend was asked for rank ", rank, " of ", size,
-              ", but MPI says this process is rank ", e.rank, " of ", e.size,
-              "; let init_process_group take rank and world_size from MPI");
-  ensure_p2p_comm();
+              " in the group of ranks ", g.describe(), ", but this process is rank ", g.rank(),
+              " of ", g.size(), " there (world rank ", env().rank,
+              "); let init_process_group take rank and world_size from MPI");
+  p2p_ = ensure_p2p_comm(g);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::launch(c10d::OpType type, const char* call,
                                                    std::vector<at::Tensor> outputs,
                                                    std::function<void()> body) {
   UserCall named(call);
+  // The engine runs the job in the group current here (runtime/group.h).
+  GroupScope in_group(group_->is_world() ? nullptr : group_);
   std::vector<c10::Device> devices;
   for (const auto& t : outputs) {
     if (t.defined() && !t.is_cpu() &&
@@ -117,28 +131,44 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
                                                       const c10d::AllreduceOptions& opts) {
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
-  const std::string op = reduce_op_name(opts.reduceOp, err);
-  return launch(c10d::OpType::ALLREDUCE, "torch.distributed.all_reduce()", tensors,
-                [t, op, err] { allreduce_checked(t, op, err); });
+  const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
+  return launch(c10d::OpType::ALLREDUCE, "torch.distributed.all_reduce()", tensors, [t, r, err] {
+    if (!r.premul) return allreduce_checked(t, r.op, err);
+    at::Tensor scaled = premultiplied(r, t);
+    allreduce_checked(scaled, "sum", err);
+    t.copy_(scaled);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   std::string err;
-  const std::string op = reduce_op_name(opts.reduceOp, err);
+  const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
   std::vector<at::Tensor> ts = tensors;
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "torch.distributed.all_reduce_coalesced()",
-                tensors, [ts, op, err] { grouped_allreduce_checked(ts, op, err); });
+                tensors, [ts, r, err] {
+                  if (!r.premul) return grouped_allreduce_checked(ts, r.op, err);
+                  std::vector<at::Tensor> scaled;
+                  for (const auto& t : ts) scaled.push_back(premultiplied(r, t));
+                  grouped_allreduce_checked(scaled, "sum", err);
+                  for (std::size_t i = 0; i < ts.size(); ++i) ts[i].copy_(scaled[i]);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
-  const std::string op = reduce_op_name(opts.reduceOp, err);
+  const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
   const std::int64_t root = opts.rootRank;
+  const bool is_root = root == getRank();
   return launch(c10d::OpType::REDUCE, "torch.distributed.reduce()", tensors,
-                [t, op, root, err] { reduce_checked(t, op, root, err); });
+                [t, r, root, is_root, err] {
+                  if (!r.premul) return reduce_checked(t, r.op, root, err);
+                  at::Tensor scaled = premultiplied(r, t);  // other ranks' tensors stay as they are
+                  reduce_checked(scaled, "sum", root, err);
+                  if (is_root) t.copy_(scaled);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -206,32 +236,39 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
-  const std::string op = reduce_op_name(opts.reduceOp, err);
+  const C10dReduction r = parse_reduction(opts.reduceOp, inputs.empty() ? outputs : inputs[0], err);
   auto outs = outputs;
   auto ins = inputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "torch.distributed.reduce_scatter()", outs,
-                [outs, ins, op, err] { reduce_scatter_lists(outs, ins, op, err); });
+                [outs, ins, r, err] {
+                  if (!r.premul) return reduce_scatter_lists(outs, ins, r.op, err);
+                  auto scaled = ins;
+                  for (auto& list : scaled) {
+                    for (auto& t : list) t = premultiplied(r, t);
+                  }
+                  reduce_scatter_lists(outs, scaled, "sum", err);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   std::string err;
-  const std::string op = reduce_op_name(opts.reduceOp, err);
   std::vector<at::Tensor> outs{output};
   std::vector<at::Tensor> ins{input};
+  const C10dReduction r = parse_reduction(opts.reduceOp, ins, err);
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "torch.distributed.reduce_scatter_tensor()",
-                outs, [outs, ins, op, err] { reduce_scatter_tensors(outs, ins, op, err); });
+                outs, [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
-  const std::string op = reduce_op_name(opts.reduceOp, err);
+  const C10dReduction r = parse_reduction(opts.reduceOp, inputs, err);
   auto outs = outputs;
   auto ins = inputs;
   return launch(c10d::OpType::COALESCED, "torch.distributed.reduce_scatter_tensor()", outs,
-                [outs, ins, op, err] { reduce_scatter_tensors(outs, ins, op, err); });
+                [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -263,19 +300,19 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::barrier(const c10d::BarrierOptions&)
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_send(tensors[0], dst, tag);
+  return start_send(p2p_, getRank(), getSize(), tensors[0], dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(tensors[0], src, tag);
+  return start_recv(p2p_, getRank(), getSize(), tensors[0], src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(tensors[0], kAnySource, tag);
+  return start_recv(p2p_, getRank(), getSize(), tensors[0], kAnySource, tag);
 }
 
 }  // namespace fluxmpi

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -39,13 +40,16 @@ class C10dWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// The communication of one process group. It holds the group it communicates over; only the
-// world (every rank of fluxmpi's communicator) exists today, so every collective goes to the
-// world's backends. A sub-group would hand its own communicator and backend here.
+// The communication of one process group, over the fluxmpi group it holds (runtime/group.h):
+// the world for the default group, or the sub-group made for torch's new_group (ranks and
+// roots are then ranks in the group, as torch passes them). Every collective is queued with
+// that group current, so it agrees and moves data on the group's communicator only.
 class C10dBackend : public c10d::Backend {
  public:
-  // Raises unless `rank`/`size` are fluxmpi's rank and world size (Init must have run).
-  C10dBackend(int rank, int size);
+  // Raises unless `rank`/`size` are this process's rank in `group` and its size (Init must
+  // have run); `group` null is the world. A collective over the group's members: it makes the
+  // group's point-to-point communicator the first time.
+  C10dBackend(int rank, int size, std::shared_ptr<const Group> group);
 
   const std::string getBackendName() const override { return "fluxmpi"; }
 
@@ -100,6 +104,9 @@ class C10dBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* call,
                                         std::vector<at::Tensor> outputs,
                                         std::function<void()> body);
+
+  std::shared_ptr<const Group> group_;
+  MPI_Comm p2p_ = MPI_COMM_NULL;  // the group's point-to-point communicator
 };
 
 }  // namespace fluxmpi

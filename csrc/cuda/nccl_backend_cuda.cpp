@@ -50,9 +50,14 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::Min: return ncclMin;
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Prod: return ncclProd;
-    case ReduceOp::Average: break;
+    case ReduceOp::Average:
+    case ReduceOp::BAnd:
+    case ReduceOp::BOr:
+    case ReduceOp::BXor: break;
   }
-  TORCH_INTERNAL_ASSERT(false, "average must be lowered to sum by the ops layer");
+  TORCH_INTERNAL_ASSERT(false,
+                        "average is lowered to sum and bitwise ops refused on CUDA by the "
+                        "ops layer");
 }
 
 nccl::WirePlan plan_or_throw(c10::ScalarType dt, ReduceOp op) {

@@ -54,6 +54,9 @@ constexpr bool nccl_native(c10::ScalarType t) {
 // backend cannot reduce this dtype or op (Average must be lowered by the ops layer first).
 constexpr std::optional<WirePlan> reduction_plan(c10::ScalarType t, ReduceOp op) {
   if (op == ReduceOp::Average) return std::nullopt;
+  if (op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor) {
+    return std::nullopt;  // NCCL has no bitwise reductions (the ops layer refuses them first)
+  }
   switch (t) {
     case c10::ScalarType::Half:
     case c10::ScalarType::BFloat16:

@@ -224,6 +224,20 @@ ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) 
   }
 }
 
+void check_op_dtype(ReduceOp op, const at::Tensor& t, Signature& s, std::string& msg) {
+  if (s.error != ErrorClass::None || !is_bitwise(op) || !t.defined()) return;
+  if (!c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+    s.error = ErrorClass::Type;
+    msg = std::string("op '") + op_name(op) +
+          "' is bitwise: it takes integer or bool tensors, got " + describe(t) +
+          "; use sum, min, max, prod or average for floating-point tensors";
+  } else if (!t.is_cpu()) {
+    s.error = ErrorClass::Value;
+    msg = std::string("op '") + op_name(op) + "' runs on CPU tensors only (NCCL has no bitwise " +
+          "reductions), got " + describe(t) + "; move the tensor to the CPU for this call";
+  }
+}
+
 namespace {
 
 // This rank's part of the agreement for tensor `t`: a local error (the caller's first, then
@@ -248,6 +262,7 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_into(t, local_error, s, msg);
+  check_op_dtype(op, t, s, msg);
   agree(s, "allreduce_()", msg, [&] { return describe(t); });
   allreduce_data(backend_for(t), t, op, e.size());
 }
@@ -269,6 +284,7 @@ void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t
   std::string msg;
   validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
+  check_op_dtype(op, t, s, msg);
   check_root(root, s, msg);
   agree(s, "reduce_()", msg, [&] { return describe(t); });
   reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank(), e.size());

@@ -40,6 +40,9 @@ void divide_by(const at::Tensor& x, int world);
 void bump_version(const at::Tensor& t);
 // Parse `name` into s.op; a bad name becomes this rank's ValueError (s.error, `msg`).
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg);
+// A bitwise op (band, bor, bxor) on a floating-point tensor becomes this rank's TypeError, on
+// a CUDA tensor its ValueError (NCCL has no bitwise reductions); no-op when `s` has an error.
+void check_op_dtype(ReduceOp op, const at::Tensor& t, Signature& s, std::string& msg);
 
 // Data movement only, no agreement: `t` any strided layout of a supported dtype; in place,
 // without autograd (the version counter is bumped as for any in-place op). Average is a sum

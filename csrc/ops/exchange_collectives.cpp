@@ -31,6 +31,7 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
     Signature local;
     op = parse_op_into(opname, local, msg);
     validate_list(ts, false, true, local_error, local, msg);
+    for (const auto& t : ts) check_op_dtype(op, t, local, msg);
     if (local.error == ErrorClass::None) msg = resolve_splits(splits, ts, n, sp);
     s = list_signature(CallKind::ReduceScatter, ts, /*with_dim0=*/true, &sp);
     s.op = local.op;

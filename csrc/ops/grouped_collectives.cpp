@@ -104,6 +104,7 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
+  for (const auto& t : ts) check_op_dtype(op, t, s, msg);
   agree(s, "grouped_allreduce_()", msg, [&] { return describe_list(ts, nullptr); });
   if (ts.empty()) return;
   c10::AutoGradMode no_grad(false);

@@ -38,6 +38,14 @@ py::object compression_to_python(Compression c) {
   return py::str(compression_name(c));
 }
 
+// Gradients are floating point: the bitwise ops that parse_op also knows do not apply.
+ReduceOp gradient_op(const std::string& name) {
+  const ReduceOp op = parse_op(name);
+  TORCH_CHECK_VALUE(!is_bitwise(op), "fluxmpi_py: op '", name,
+                    "' is bitwise; gradients are reduced with sum, average, min, max or prod");
+  return op;
+}
+
 }  // namespace
 
 void bind_gradients(py::module_& m) {
@@ -63,7 +71,7 @@ void bind_gradients(py::module_& m) {
                        std::int64_t plan_hash) {
              ReducerOptions o;
              o.plan = plan;
-             o.op = parse_op(op);
+             o.op = gradient_op(op);
              o.compression = compression_from_python(comp);
              o.plan_hash = plan_hash;
              return o;
@@ -73,7 +81,7 @@ void bind_gradients(py::module_& m) {
       .def_readwrite("plan", &ReducerOptions::plan)
       .def_property(
           "op", [](const ReducerOptions& o) { return std::string(op_name(o.op)); },
-          [](ReducerOptions& o, const std::string& op) { o.op = parse_op(op); },
+          [](ReducerOptions& o, const std::string& op) { o.op = gradient_op(op); },
           "'sum' or 'average' (also 'avg', 'mean'; 'min', 'max', 'prod')")
       .def_property(
           "compression",

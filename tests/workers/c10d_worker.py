@@ -1,6 +1,7 @@
 """torch.distributed on the "fluxmpi" backend: collectives against closed forms, Work and
 futures, point-to-point, object collectives, agreement errors on every rank, and DDP /
-ZeroRedundancyOptimizer / FSDP against gloo or a single process.
+ZeroRedundancyOptimizer / FSDP against gloo or a single process. Sub-groups and DeviceMesh are
+in c10d_groups_worker.py, bitwise ops and PREMUL_SUM in c10d_reduce_ops_worker.py.
 
 Run by tests/test_c10d.py at 1, 2 and 3 ranks (and without mpiexec).
 """
@@ -331,22 +332,6 @@ def case_different_collectives_raise_on_every_rank():
         raises(RuntimeError, lambda: dist.broadcast(t, src=0), "different calls", "all_reduce")
     else:
         raises(RuntimeError, lambda: dist.all_reduce(t), "different calls", "broadcast")
-
-
-def case_unsupported_op_raises_on_every_rank():
-    raises(RuntimeError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
-                                                 op=dist.ReduceOp.BXOR), "BXOR")  # fmt: skip
-
-
-def case_new_group_of_a_subset_is_refused():
-    if world() == 1:
-        return
-    try:
-        g = dist.new_group([0])
-    except NotImplementedError as e:
-        assert rank() == 0 and "not supported yet" in str(e), e
-    else:
-        assert rank() != 0 and g == dist.GroupMember.NON_GROUP_MEMBER, g
 
 
 # ---------------------------------------------------------------- DDP, ZeRO, FSDP

@@ -21,9 +21,10 @@ import fluxmpi_py as _fm
 from .. import differentiable as _diff
 from .._loader import C as _C
 from ..groups import on_group as _on_group
-from . import _collectives, _join, _optimizer, _process_sets, _topology
+from . import _collectives, _extras, _join, _optimizer, _process_sets, _topology
 from ._collectives import *  # noqa: F403
 from ._collectives import _Handle, _in_set
+from ._extras import *  # noqa: F403
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._topology import *  # noqa: F403
@@ -33,9 +34,9 @@ SyncBatchNorm = _fm.SyncBatchNorm
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
 __test__ = {
     n: getattr(m, n)
-    for m in (_collectives, _optimizer, _process_sets, _topology)
+    for m in (_collectives, _extras, _optimizer, _process_sets, _topology)
     for n in m.__all__
-    if callable(getattr(m, n))  # not hvd.global_process_set
+    if callable(getattr(m, n)) and n != "elastic"  # not hvd.global_process_set
 }
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "allgather_object",
     "SyncBatchNorm",
     *_collectives.__all__,
+    *_extras.__all__,
     *_optimizer.__all__,
     *_process_sets.__all__,
     *_topology.__all__,

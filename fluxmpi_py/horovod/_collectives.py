@@ -292,18 +292,16 @@ def grouped_allreduce_(
     >>> [t.tolist() for t in hvd.grouped_allreduce_([torch.ones(1), torch.ones(2)])]
     [[1.0], [1.0, 1.0]]
     """
-    if prescale_factor == 1.0 and postscale_factor == 1.0:
-        # blocking on this thread: no hand-off to the engine thread and back (with a thousand
-        # tensors that hand-off cost more than the call's checks)
-        from . import _op
+    from . import _join, _op, _scale_
 
-        _no_process_set(process_set)
-        return _gc.grouped_allreduce_(list(tensors), _op(average, op))
-    return synchronize_now(
-        grouped_allreduce_async_(
-            tensors, average, name, op, prescale_factor, postscale_factor, process_set
-        )
-    )
+    # Blocking on this thread: no hand-off to the engine thread and back (with a thousand
+    # tensors that hand-off cost more than the call's checks).
+    with _in_set(process_set, "hvd.grouped_allreduce_()"):
+        op = _op(average, op)
+        tensors = list(tensors)
+        _join.before_allreduce(tensors, op, grouped=True)
+        out = _gc.grouped_allreduce_([_scale_(t, prescale_factor) for t in tensors], op)
+    return [_scale_(t, postscale_factor) for t in out]
 
 
 def grouped_allreduce(

@@ -25,9 +25,10 @@ __all__ = [
     "cuda_built",
     "rocm_built",
     "mpi_threads_supported",
+    "is_homogeneous",
 ]
 
-_cross = None  # (cross_rank, cross_size) once hvd.init() has run
+_cross = None  # (cross_rank, cross_size, homogeneous) once hvd.init() has run
 
 
 def learn() -> None:
@@ -38,13 +39,24 @@ def learn() -> None:
     local = _fm.allgather_object(C.node_rank())
     me = C.rank()
     peers = [r for r, lr in enumerate(local) if lr == local[me]]
-    _cross = (peers.index(me), len(peers))
+    # Every node runs as many ranks when each local rank occurs as often as local rank 0.
+    homogeneous = all(local.count(lr) == local.count(0) for lr in local)
+    _cross = (peers.index(me), len(peers), homogeneous)
 
 
 def _learned():
     if _cross is None:
         raise ValueError("Horovod has not been initialized; use hvd.init().")
     return _cross
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of ranks.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_homogeneous()
+    True
+    """
+    return _learned()[2]
 
 
 def local_size() -> int:

@@ -79,6 +79,25 @@ def case_unsupported_raise_naming_the_alternative():
     raises(ValueError, lambda: hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum), "not both")
 
 
+def case_sparse_allreduce_and_the_rest_of_horovods_names():
+    n, r = hvd.size(), hvd.rank()
+    # rank r holds r+1 at index r and 1 at index n: the sum is 1..n on the diagonal, n at n
+    t = torch.sparse_coo_tensor([[r, n], [0, 1]], [float(r + 1), 1.0], (n + 1, 2))
+    out = hvd.synchronize(hvd.sparse_allreduce_async(t, op=hvd.Sum))
+    want = torch.zeros(n + 1, 2)
+    want[:n, 0] = torch.arange(1.0, n + 1)
+    want[n, 1] = float(n)
+    assert out.is_sparse and torch.equal(out.to_dense(), want), out
+    avg = hvd.synchronize(hvd.sparse_allreduce_async(t, op=hvd.Average))
+    assert torch.allclose(avg.to_dense(), want / n)
+    raises(TypeError, lambda: hvd.sparse_allreduce_async(torch.ones(2)), "sparse COO")
+    assert hvd.is_homogeneous() is True  # every rank on this one host
+    raises(NotImplementedError, lambda: hvd.start_timeline("t.json"), "torch.profiler")
+    raises(NotImplementedError, lambda: hvd.PartialDistributedOptimizer(None), "plain optimizer")
+    raises(NotImplementedError, lambda: hvd.elastic.run, "save_checkpoint")
+    assert issubclass(hvd.HostsUpdatedInterrupt, Exception)
+
+
 def case_allreduce_and_broadcast_are_differentiable():
     # Horovod's allreduce/broadcast carry gradients (its suite's *_grad tests)
     n, r = hvd.size(), hvd.rank()

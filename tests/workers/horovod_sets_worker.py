@@ -68,6 +68,8 @@ def case_collectives_on_a_set():
     assert hvd.synchronize(hvd.allreduce_async(t, op=hvd.Sum, process_set=ps))[0] == total
     g = hvd.grouped_allreduce([t, t.double()], op=hvd.Max, process_set=ps)
     assert [o[0].item() for o in g] == [root + 1.0] * 2
+    g = hvd.grouped_allreduce_([t.clone(), t.clone()], op=hvd.Sum, process_set=ps)
+    assert [o.tolist() for o in g] == [[total] * 2] * 2
     assert hvd.broadcast(t, root, process_set=ps).tolist() == [root + 1.0] * 2
     assert hvd.synchronize(hvd.broadcast_async(t, root, process_set=ps))[0] == root + 1
     gathered = hvd.allgather(torch.full((r + 1, 1), float(r)), process_set=ps)

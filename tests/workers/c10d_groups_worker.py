@@ -12,21 +12,18 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from c10d_worker import (  # noqa: E402
-    Net,
     check_equal,
-    full_batches,
+    fully_shard_matches_one_process,
     rank,
     same_params,
     setup,
-    single_process,
     train_ddp,
     world,
 )
-from harness import labelled, raises, run_cases  # noqa: E402
+from harness import raises, run_cases  # noqa: E402
 
 
 def subset():
@@ -150,23 +147,10 @@ def case_device_mesh_2d_collectives_per_dimension():
 
 def case_hsdp_on_a_2d_mesh_equals_single_process():
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    steps = 3
-    torch.manual_seed(0)
-    model = Net()
+    # replicate over dim 0, shard over dim 1
     mesh = init_device_mesh("cpu", mesh_shape(), mesh_dim_names=("replicate", "shard"))
-    fully_shard(model.a, mesh=mesh)  # a 2-D mesh: replicate over dim 0, shard over dim 1
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for xs, ys in full_batches(steps):
-        nn.functional.mse_loss(model(xs[rank()]), ys[rank()]).backward()
-        opt.step()
-        opt.zero_grad()
-    got = [p.full_tensor().detach() for p in model.parameters()]
-    want = single_process(steps, lambda ps: torch.optim.SGD(ps, lr=0.1))
-    for i, (a, b) in enumerate(zip(got, want)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"param {i}"))
+    fully_shard_matches_one_process(mesh)
 
 
 def case_mixed_device_string_sends_cpu_tensors_to_fluxmpi():

@@ -450,14 +450,14 @@ def case_zero_redundancy_optimizer_equals_single_process():
         assert len(opt.state_dict()["state"]) == len(want)
 
 
-def case_fsdp_fully_shard_equals_single_process():
-    from torch.distributed.device_mesh import init_device_mesh
+def fully_shard_matches_one_process(mesh):
+    """fully_shard on ``mesh`` (a replicate dimension too when it is 2-D), 3 SGD steps on each
+    rank's batch: the full parameters equal one process on every rank's batch."""
     from torch.distributed.fsdp import fully_shard
 
     steps = 3
     torch.manual_seed(0)
     model = Net()
-    mesh = init_device_mesh("cpu", (world(),))
     fully_shard(model.a, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -469,6 +469,12 @@ def case_fsdp_fully_shard_equals_single_process():
     want = single_process(steps, lambda ps: torch.optim.SGD(ps, lr=0.1))
     for i, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(f"param {i}"))
+
+
+def case_fsdp_fully_shard_equals_single_process():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard_matches_one_process(init_device_mesh("cpu", (world(),)))
 
 
 if __name__ == "__main__":

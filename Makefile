@@ -53,21 +53,23 @@ $(VENV)/.deps: requirements-dev.txt | mpi
 # changes rebuild incrementally in place (ninja keeps the objects in build/).
 $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
 	@echo "building fluxmpi_py._C, the C++ extension (a few minutes on 2 cores), one line per file:"
+	touch $(VENV)/.build-start  # the stamps take the start time: a file edited during the build is newer
 	MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) -m pip install -v --no-build-isolation --no-deps -e .
-	touch $@ && touch -r $@ $(VENV)/.built  # same mtime: no second build
+	touch -r $(VENV)/.build-start $@ $(VENV)/.built  # same mtime: no second build
 
 # make decides to remake this target whenever .installed was remade in the same run, even
 # though .installed's recipe already built everything: the find skips that second full build.
 $(VENV)/.built: $(VENV)/.installed $(CSRC)
 	@if [ -f $@ ] && [ -z "$$(find csrc -type f -newer $@ | head -n 1)" ]; then touch $@; else \
 	  echo "rebuilding fluxmpi_py._C (C++ sources changed), one line per file:"; \
-	  MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace && touch $@; \
+	  touch $(VENV)/.build-start; \
+	  MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace && touch -r $(VENV)/.build-start $@; \
 	fi
 
 build: mpi $(VENV)/.built
 
 test: build
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests  # the slowest 15 are listed at the end
 
 # Every linter runs, even after one fails, so that one call shows all findings.
 lint: $(VENV)/.deps

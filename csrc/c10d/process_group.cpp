@@ -80,6 +80,7 @@ void reduce_scatter_scaled(const std::vector<at::Tensor>& outs, const std::vecto
   if (!r.premul) return reduce_scatter_tensors(outs, ins, r.op, err);
   std::vector<at::Tensor> scaled;
   for (const auto& t : ins) scaled.push_back(premultiplied(r, t));
+  PremulSumScope premul;
   reduce_scatter_tensors(outs, scaled, "sum", err);
 }
 
@@ -135,6 +136,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
   return launch(c10d::OpType::ALLREDUCE, "torch.distributed.all_reduce()", tensors, [t, r, err] {
     if (!r.premul) return allreduce_checked(t, r.op, err);
     at::Tensor scaled = premultiplied(r, t);
+    PremulSumScope premul;
     allreduce_checked(scaled, "sum", err);
     t.copy_(scaled);
   });
@@ -150,6 +152,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
                   if (!r.premul) return grouped_allreduce_checked(ts, r.op, err);
                   std::vector<at::Tensor> scaled;
                   for (const auto& t : ts) scaled.push_back(premultiplied(r, t));
+                  PremulSumScope premul;
                   grouped_allreduce_checked(scaled, "sum", err);
                   for (std::size_t i = 0; i < ts.size(); ++i) ts[i].copy_(scaled[i]);
                 });
@@ -166,6 +169,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
                 [t, r, root, is_root, err] {
                   if (!r.premul) return reduce_checked(t, r.op, root, err);
                   at::Tensor scaled = premultiplied(r, t);  // other ranks' tensors stay as they are
+                  PremulSumScope premul;
                   reduce_checked(scaled, "sum", root, err);
                   if (is_root) t.copy_(scaled);
                 });
@@ -246,6 +250,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
                   for (auto& list : scaled) {
                     for (auto& t : list) t = premultiplied(r, t);
                   }
+                  PremulSumScope premul;
                   reduce_scatter_lists(outs, scaled, "sum", err);
                 });
 }

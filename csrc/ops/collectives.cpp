@@ -211,11 +211,19 @@ void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int ran
   write_back(c, t);
 }
 
+namespace {
+thread_local bool premul_sum_signature = false;
+}  // namespace
+
+PremulSumScope::PremulSumScope() { premul_sum_signature = true; }
+PremulSumScope::~PremulSumScope() { premul_sum_signature = false; }
+
 // Parse op/root without throwing: errors become this rank's part of the agreement.
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) {
   try {
     auto op = parse_op(name);
     s.op = static_cast<std::int64_t>(op);
+    if (premul_sum_signature && op == ReduceOp::Sum) s.op = kPremulSumSignatureOp;
     return op;
   } catch (const c10::Error& e) {
     s.error = ErrorClass::Value;

@@ -40,6 +40,18 @@ void divide_by(const at::Tensor& x, int world);
 void bump_version(const at::Tensor& t);
 // Parse `name` into s.op; a bad name becomes this rank's ValueError (s.error, `msg`).
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg);
+
+// While one is alive on this thread, parse_op_into's "sum" signs the agreement as PREMUL_SUM
+// (kPremulSumSignatureOp): the c10d backend scales its copies, then runs a sum inside one, so
+// that a PREMUL_SUM on one rank and a SUM on another disagree instead of mixing scaled and
+// unscaled tensors. The data still moves as a sum. Not nestable.
+class PremulSumScope {
+ public:
+  PremulSumScope();
+  ~PremulSumScope();
+  PremulSumScope(const PremulSumScope&) = delete;
+  PremulSumScope& operator=(const PremulSumScope&) = delete;
+};
 // A bitwise op (band, bor, bxor) on a floating-point tensor becomes this rank's TypeError, on
 // a CUDA tensor its ValueError (NCCL has no bitwise reductions); no-op when `s` has an error.
 void check_op_dtype(ReduceOp op, const at::Tensor& t, Signature& s, std::string& msg);

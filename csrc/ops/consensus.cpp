@@ -70,7 +70,9 @@ void pack(const Signature& s, std::int64_t* v) {
 std::string field_value(int field, std::int64_t v) {
   switch (field) {
     case 0: return kind_name(static_cast<CallKind>(v));
-    case 1: return v < 0 ? "none" : op_name(static_cast<ReduceOp>(v));
+    case 1:
+      if (v == kPremulSumSignatureOp) return "premul_sum";
+      return v < 0 ? "none" : op_name(static_cast<ReduceOp>(v));
     case 3: return v < 0 ? "none" : dtype_name(static_cast<c10::ScalarType>(v));
     default: return std::to_string(v);
   }

@@ -43,9 +43,13 @@ const char* kind_name(CallKind k);
 // Exception class that a local error should become on every rank.
 enum class ErrorClass : std::int64_t { None = 0, Value = 1, Type = 2, Runtime = 3 };
 
+// Signature::op of torch's PREMUL_SUM (a sum of premultiplied copies; ops/collectives.h
+// PremulSumScope): past the last ReduceOp, so that it differs from a plain sum.
+constexpr std::int64_t kPremulSumSignatureOp = 100;
+
 struct Signature {
   CallKind kind = CallKind::Allreduce;
-  std::int64_t op = -1;     // ReduceOp, or -1 when not a reduction
+  std::int64_t op = -1;     // ReduceOp (or kPremulSumSignatureOp), or -1 when not a reduction
   std::int64_t root = -1;   // root rank, or -1
   std::int64_t dtype = -1;  // c10::ScalarType, or -1
   std::int64_t numel = 0;   // elements (or bytes, or tensors: whatever the call compares)

@@ -1,7 +1,8 @@
 """The "fluxmpi" torch.distributed backend's bitwise reductions (BAND, BOR, BXOR on integer and
 bool tensors) and PREMUL_SUM (torch.distributed._make_nccl_premul_sum: each rank's tensor
 times the factor, then summed), in all_reduce, reduce and the reduce_scatter forms, against
-closed forms; floats with a bitwise op and integers with PREMUL_SUM raise on every rank.
+closed forms; floats with a bitwise op, integers with PREMUL_SUM, and PREMUL_SUM on one rank
+against SUM on another raise on every rank.
 
 Run by tests/test_c10d.py at 1, 2 and 3 ranks.
 """
@@ -139,6 +140,28 @@ def case_premul_sum_reduce_scatter_forms():
     out2 = torch.empty(2)
     dist.reduce_scatter(out2, list(inp.chunk(n)), op=op)
     check_equal(out2, want, "reduce_scatter premul")
+
+
+def case_premul_sum_on_one_rank_and_sum_on_the_others_raises_on_every_rank():
+    """Both run a sum of rank-local tensors underneath; only the agreement can tell them apart."""
+    if world() == 1:
+        return
+    n = world()
+    op = dist._make_nccl_premul_sum(0.5) if rank() == 0 else dist.ReduceOp.SUM
+    t = torch.ones(4)
+    raises(RuntimeError, lambda: dist.all_reduce(t, op=op), "op", "premul_sum", "sum")
+    check_equal(t, torch.ones(4), "all_reduce left the tensor as it was")
+    raises(RuntimeError, lambda: dist.reduce(t, dst=n - 1, op=op), "premul_sum")
+    out = torch.empty(2)
+    raises(
+        RuntimeError,
+        lambda: dist.reduce_scatter_tensor(out, torch.ones(2 * n), op=op),
+        "premul_sum",
+    )
+    same = dist._make_nccl_premul_sum(0.5 + rank())  # factors may differ: each rank scales its own
+    t = torch.ones(4)
+    dist.all_reduce(t, op=same)
+    check_equal(t, torch.full((4,), sum(0.5 + r for r in range(n))), "per-rank factors")
 
 
 def case_premul_sum_of_integers_raises_on_every_rank():

@@ -10,7 +10,9 @@ takes rank and world size from MPI (a plain ``python`` is a world of one) and ma
 store from them; with ``MASTER_ADDR`` set (torchrun) torch's own rendezvous runs.
 ``new_group(ranks)`` over a subset (also DeviceMesh's groups) makes a fluxmpi sub-group, an
 MPI sub-communicator: every rank calls it in the same order, as torch requires; the backend
-then runs on the members, with ranks in the group.
+then runs on the members, with ranks in the group (in the list's order with
+``sort_ranks=False``). With ``use_local_synchronization=True`` only the members call it
+(MPI_Comm_create_group); ``split_group`` makes one such group per split.
 
 >>> import fluxmpi_py, torch.distributed as dist
 >>> "fluxmpi" in dist.Backend.backend_list
@@ -106,9 +108,17 @@ def _uses_fluxmpi(backend) -> bool:
     return any(p.split(":")[-1].strip().lower() == BACKEND for p in str(backend).split(","))
 
 
+def _timeout_s(timeout) -> float:
+    """Seconds of a new_group timeout (None: torch's default for groups off NCCL)."""
+    if timeout is None:
+        timeout = getattr(dist.constants, "default_pg_timeout", timedelta(minutes=30))
+    return timeout.total_seconds()
+
+
 def _subgroup_for(args) -> object | None:
     """The fluxmpi group that a torch new_group call with ``args`` (its bound arguments) needs,
-    made here on every rank; None where it needs none (the world, another backend)."""
+    made here; None where it needs none (the world, another backend, a non-member of a group
+    the members make alone)."""
     if not dist.is_initialized() or not _uses_fluxmpi(args["backend"] or dist.get_backend()):
         return None
     ranks = args["ranks"]
@@ -118,28 +128,21 @@ def _subgroup_for(args) -> object | None:
     if C.size() != dist.get_world_size():
         return None  # the world, or a world the creator refuses with its own message
     ranks = [int(r) for r in ranks]
-    if sorted(set(ranks)) == list(range(C.size())) and len(ranks) == C.size():
-        if args.get("sort_ranks", True) or ranks == sorted(ranks):
-            return None  # every rank, in order: the world serves
+    sort = bool(args.get("sort_ranks", True))
     if args.get("use_local_synchronization"):
         if C.rank() not in ranks:
-            return None  # torch returns without making anything
-        raise NotImplementedError(
-            "new_group(use_local_synchronization=True) on the fluxmpi backend: its "
-            "sub-communicators are made collectively by every rank; call new_group on every "
-            "rank without use_local_synchronization"
-        )
-    if not args.get("sort_ranks", True) and ranks != sorted(ranks):
-        raise NotImplementedError(
-            f"new_group(ranks={ranks}, sort_ranks=False) on the fluxmpi backend: ranks in its "
-            "groups follow the world's order; pass the ranks ascending"
-        )
-    return C.new_group(ranks)  # a collective over the world: raises on every rank when bad
+            return None  # torch returns None without making anything
+        # made by the members alone (MPI_Comm_create_group), even of every rank: they agree
+        return C.new_local_group(ranks, sort, _timeout_s(args.get("timeout")))
+    # A collective over the world that raises on every rank when the lists differ, even where
+    # this rank's list is the world's (the creator then takes the world's backend).
+    return C.new_group(ranks, sort)
 
 
 def _wrap_new_group() -> None:
-    """Make a fluxmpi sub-group (MPI_Comm_split over every rank) inside torch's new_group,
-    which every rank calls in the same order, before torch asks the members for a backend."""
+    """Make a fluxmpi sub-group inside torch's new_group, before torch asks the members for a
+    backend: MPI_Comm_split over every rank (which all call new_group in the same order), or
+    MPI_Comm_create_group over the members with use_local_synchronization=True."""
     c10d = importlib.import_module("torch.distributed.distributed_c10d")
     original = getattr(c10d, "_new_group_with_tag", None)
     if original is None or getattr(original, "_fluxmpi", False):
@@ -163,6 +166,72 @@ def _wrap_new_group() -> None:
     c10d._new_group_with_tag = new_group_with_tag
 
 
+def _fluxmpi_split(parent, split_ranks, timeout, pg_options, group_desc, backend):
+    """split_group on a fluxmpi parent: this rank's split (ranks in the parent, sorted, as
+    torch's) becomes a group its members make alone, as new_group(use_local_synchronization=
+    True) does; None outside every split. torch's own path would refuse: it needs an
+    accelerator device bound to the default group and a Backend.split (NCCL's comm split)."""
+    if not split_ranks:
+        raise ValueError("split_group: split_ranks cannot be None or empty")
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    to_global = {g: r for r, g in c10d._world.pg_group_ranks[parent].items()}
+    me, size = parent.rank(), parent.size()
+    mine, seen = None, {}
+    for split in split_ranks:
+        split = sorted(int(r) for r in split)
+        bad = [r for r in split if not 0 <= r < size]
+        if not split or bad or len(set(split)) != len(split):
+            raise ValueError(
+                f"split_group: the split {split} must name distinct ranks of the parent group, "
+                f"0 .. {size - 1}, at least one (rank {me} of the parent group)"
+            )
+        for r in split:  # every rank checks every split: all raise together
+            if r in seen:
+                raise ValueError(
+                    f"split_group: rank {r} of the parent group is in two splits, {seen[r]} "
+                    f"and {split}; splits must not overlap"
+                )
+            seen[r] = split
+        if me in split:
+            mine = split
+    if mine is None:
+        return None
+    return dist.new_group(
+        [to_global[r] for r in mine],
+        timeout=timeout,
+        backend=backend or c10d._world.pg_map[parent][0],
+        pg_options=pg_options,
+        use_local_synchronization=True,
+        group_desc=group_desc,
+    )
+
+
+def _wrap_split_group() -> None:
+    """Route torch's split_group (also DeviceMesh's, with a bound device) to _fluxmpi_split
+    when the parent group runs on fluxmpi; other parents go to torch's."""
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    original = getattr(c10d, "split_group", None)
+    if original is None or getattr(original, "_fluxmpi", False):
+        return
+
+    @functools.wraps(original)
+    def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
+                    group_desc=None, backend=None):  # fmt: skip
+        parent = parent_pg or (c10d._get_default_group() if dist.is_initialized() else None)
+        entry = c10d._world.pg_map.get(parent) if parent is not None else None
+        if entry is None or not _uses_fluxmpi(entry[0]) or parent not in c10d._world.pg_group_ranks:
+            return original(parent_pg, split_ranks, timeout, pg_options, group_desc, backend)
+        return _fluxmpi_split(parent, split_ranks, timeout, pg_options, group_desc, backend)
+
+    split_group._fluxmpi = True  # type: ignore[attr-defined]
+    for module in ("torch.distributed.distributed_c10d", "torch.distributed",
+                   "torch.distributed.device_mesh"):  # fmt: skip
+        try:
+            importlib.import_module(module).split_group = split_group
+        except ImportError:
+            pass
+
+
 def _create_backend(opts, backend_options=None):
     """torch's creator (extended API): a fluxmpi backend for the group of ``opts``; torch calls
     it on the group's members only, with ranks in the group."""
@@ -175,7 +244,7 @@ def _create_backend(opts, backend_options=None):
         raise NotImplementedError(
             f"the fluxmpi backend for a group of ranks {ranks}: its MPI sub-communicator is "
             "made when every rank calls torch.distributed.new_group(ranks) (or new_subgroups, "
-            "init_device_mesh); this group came another way (split_group?)"
+            "init_device_mesh, split_group); this group came another way"
         )
     return C.c10d_backend(opts.group_rank, opts.group_size, group)
 
@@ -188,6 +257,7 @@ def _register() -> None:
     )
     _wrap_env_rendezvous()
     _wrap_new_group()
+    _wrap_split_group()
 
 
 _register()

@@ -1,8 +1,9 @@
 """torch.distributed on the "fluxmpi" backend (fluxmpi_py/c10d.py, csrc/c10d/): collectives,
 Work and futures, send/recv, object collectives, agreement errors on every rank, and DDP /
 ZeroRedundancyOptimizer / FSDP against gloo or one process, at 1, 2 and 3 ranks and without
-mpiexec; sub-groups, a 2-D DeviceMesh and HSDP also at 4; bitwise ops and PREMUL_SUM. The cases
-live in tests/workers/c10d_worker.py, c10d_groups_worker.py and c10d_reduce_ops_worker.py."""
+mpiexec; sub-groups, a 2-D DeviceMesh and HSDP also at 4; groups made by their members alone,
+unsorted and split; bitwise ops and PREMUL_SUM. The cases live in tests/workers/c10d_worker.py,
+c10d_groups_worker.py, c10d_group_forms_worker.py and c10d_reduce_ops_worker.py."""
 
 import os
 import sys
@@ -22,6 +23,13 @@ def test_c10d_backend_under_mpiexec(case):
 
 @pytest.mark.parametrize("case", worker_params("c10d_groups_worker.py", [1, 2, 3, 4], timeout=400))
 def test_c10d_subgroups_and_device_mesh(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize(
+    "case", worker_params("c10d_group_forms_worker.py", [1, 2, 3], timeout=300)
+)
+def test_c10d_local_unsorted_and_split_groups(case):
     case.check_passed()
 
 

@@ -23,6 +23,13 @@ def test_member_exiting_during_a_group_collective_ends_the_job():
     assert "the group collective returned" not in out, out[-3000:]
 
 
+def test_member_exiting_during_a_members_only_group_collective_ends_the_job():
+    rc, out = run_mpi("group_exit_worker.py", 3, "local", timeout=90, expect_ok=False)
+    assert rc != 0, out[-3000:]
+    assert "rank 2 has exited" in out and "on group [0, 2]" in out, out[-3000:]
+    assert "the group collective returned" not in out, out[-3000:]
+
+
 def test_member_killed_during_a_group_collective_ends_the_job():
     rc, out = run_mpi("group_exit_worker.py", 3, "kill", timeout=90, expect_ok=False)
     assert rc != 0, out[-3000:]

@@ -18,10 +18,17 @@ void bind_groups(py::module_& m) {
       .def("check_member", &Group::check_member, py::arg("call"));
   m.def(
       "new_group",
-      [](std::vector<int> ranks) {
-        return std::const_pointer_cast<Group>(make_group(std::move(ranks)));
+      [](std::vector<int> ranks, bool sort) {
+        return std::const_pointer_cast<Group>(make_group(std::move(ranks), sort));
       },
-      py::arg("ranks"), py::call_guard<py::gil_scoped_release>());
+      py::arg("ranks"), py::arg("sort") = true, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "new_local_group",
+      [](std::vector<int> ranks, bool sort, double timeout_s) {
+        return std::const_pointer_cast<Group>(make_local_group(std::move(ranks), sort, timeout_s));
+      },
+      py::arg("ranks"), py::arg("sort"), py::arg("timeout_s"),
+      py::call_guard<py::gil_scoped_release>());
   m.def("current_group", [] { return std::const_pointer_cast<Group>(current_group_ptr()); });
   m.def("world_group", [] { return std::const_pointer_cast<Group>(world_group()); });
   m.def(

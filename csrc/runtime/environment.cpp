@@ -229,10 +229,18 @@ BlockingCall::~BlockingCall() {
   g_wd_since = std::chrono::steady_clock::now();
 }
 
-int register_call_group(std::vector<int> world_ranks, std::string label) {
+int register_call_group(std::vector<int> world_ranks, std::string label, int index) {
   std::lock_guard<std::mutex> lk(g_wd_mu);
+  TORCH_INTERNAL_ASSERT(index >= static_cast<int>(g_groups.size()), "fluxmpi_py: group index ",
+                        index, " is taken on this rank");
+  g_groups.resize(static_cast<std::size_t>(index));
   g_groups.push_back(CallGroup{std::move(world_ranks), std::move(label), 0});
-  return static_cast<int>(g_groups.size()) - 1;
+  return index;
+}
+
+int next_call_group_index() {
+  std::lock_guard<std::mutex> lk(g_wd_mu);
+  return static_cast<int>(g_groups.size());
 }
 
 bool initialized() { return g_initialized; }

@@ -82,8 +82,12 @@ class BlockingCall {
   BlockingCall& operator=(const BlockingCall&) = delete;
 };
 
-// Tell the watchdog about a new group (on every rank, members or not, in the same order) with
-// its world ranks and its label for messages ("[0, 2]"); returns its index: 1, 2, ...
-int register_call_group(std::vector<int> world_ranks, std::string label);
+// Tell the watchdog about a new group with its world ranks and its label for messages
+// ("[0, 2]"); returns its index: `index`, which its members agreed on, at least
+// next_call_group_index() (the indices skipped stay unused on this rank).
+int register_call_group(std::vector<int> world_ranks, std::string label, int index);
+
+// The lowest index a group made now could take on this rank: members agree on the largest.
+int next_call_group_index();
 
 }  // namespace fluxmpi

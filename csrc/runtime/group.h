@@ -2,8 +2,8 @@
 // collectives can run among the members while the other ranks do something else.
 //
 // How group calls are watched (runtime/environment.h, BlockingCall): every group has an
-// index, the same on every rank (groups are made by every rank of the world, in the same
-// order). A collective on a group counts in that group's own call count, not in the world's,
+// index, the same on each of its members (they agree on it when they make it), never reused
+// on a rank. A collective on a group counts in that group's own call count, not in the world's,
 // so the world counts stay equal on every rank whatever groups a rank is in. A rank's exit
 // notice carries its world count and its count for every group; a member waiting in a group
 // call aborts the job when another member has left after completing no more calls on that
@@ -12,7 +12,7 @@
 //
 // The ops layer works on the *current* group of its thread: the world unless a GroupScope is
 // active. Engine work runs in the group that was current where it was submitted. Groups other
-// than the world are made by make_group (ops/new_group.h), collectively; the backend layer
+// than the world are made by make_group or make_local_group (ops/new_group.h); the backend layer
 // registers the world's MPI backend here (set_world_backend), as layers below cannot name it.
 #pragma once
 
@@ -28,14 +28,15 @@ class Backend;
 
 class Group {
  public:
-  // Ranks of the world that are members, ascending; the rank in the group is the index here.
+  // Ranks of the world that are members, in the group's order (ascending unless made with
+  // sort off); the rank in the group is the index here.
   const std::vector<int>& world_ranks() const;
   // This process's rank in the group, or -1 when it is not a member.
   int rank() const;
   int size() const;
   bool is_member() const { return rank() >= 0; }
   bool is_world() const { return index_ == 0; }
-  // The same on every rank: 0 for the world, then 1, 2, ... in the order groups were made.
+  // The same on every member: 0 for the world, then increasing in the order groups are made.
   int index() const { return index_; }
   // The group's communicator (MPI_COMM_NULL on non-members).
   MPI_Comm comm() const;

@@ -99,21 +99,6 @@ def case_ddp_on_a_subgroup_equals_ddp_on_gloo():
         same_params(train_ddp(g), train_ddp(gloo_g), "DDP(process_group=subgroup)")
 
 
-def case_group_forms_the_backend_cannot_make_raise_clearly():
-    if world() < 2:
-        return
-    ranks = [1, 0] if world() == 2 else [2, 0]
-    raises(NotImplementedError, lambda: dist.new_group(ranks, sort_ranks=False), "ascending")
-    local = ranks[1:] if world() == 2 else ranks  # a strict subset (the world needs no group)
-    if rank() in local:  # only members call with use_local_synchronization; no one hangs
-        raises(NotImplementedError,
-               lambda: dist.new_group(local, use_local_synchronization=True),
-               "use_local_synchronization")  # fmt: skip
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    check_equal(t, torch.full((1,), float(world())), "the world after the refusals")
-
-
 def mesh_shape():
     """(2, n/2) at even world sizes, else (n, 1): 2 x 2 at 4 ranks."""
     n = world()

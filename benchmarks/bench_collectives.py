@@ -4,7 +4,8 @@
     mpiexec -n 2 python benchmarks/bench_collectives.py --quick   # 4 KiB .. 1 MiB, fewer reps
     mpiexec -n 2 python benchmarks/bench_collectives.py --op allgather   # or reduce_scatter,
         alltoall (4 KiB .. 16 MiB per rank), grouped (1000 tensors of 1024 floats: also
-        hvd.grouped_allreduce_, allreduce_gradients and a pack + unpack alone)
+        through the ring over MPI datatypes and the pack path, hvd.grouped_allreduce_,
+        allreduce_gradients and a pack + unpack alone)
 
 --op allreduce (the default): allreduce_ against the in-place Allreduce.
 
@@ -180,8 +181,21 @@ def bench_grouped(reps, comm):
         _C.pack(plan, tensors, staging)
         _C.unpack(plan, staging, tensors)
 
+    # The same list through the ring over MPI datatypes instead of shared memory
+    # (RingOptions.list_shared_memory=False), and through the pack path (list_min_bytes past it).
+    shared, datatypes, packed = _C.ring_options(), _C.ring_options(), _C.ring_options()
+    datatypes.list_shared_memory = False
+    packed.list_min_bytes = 1 << 62
+
+    def grouped_with(opts):
+        _C.set_ring_options(opts)
+        fm.grouped_allreduce_(tensors)
+        _C.set_ring_options(shared)
+
     fns = {
         "grouped": functools.partial(fm.grouped_allreduce_, tensors),
+        "grouped_datatypes": functools.partial(grouped_with, datatypes),
+        "grouped_packed": functools.partial(grouped_with, packed),
         "pack_unpack": pack_unpack,
         "flat": functools.partial(fm.allreduce_, flat),
         "mpi4py_flat": functools.partial(comm.Allreduce, _MPI.IN_PLACE, arr, op=_MPI.SUM),
@@ -197,7 +211,8 @@ def bench_grouped(reps, comm):
     for name, m, lo in zip(names, med, low):
         out[f"{name}_us"] = round(m * 1e6, 1)
         out[f"{name}_min_us"] = round(lo * 1e6, 1)
-    for name in ("grouped", "hvd_grouped", "allreduce_gradients", "pack_unpack"):
+    for name in ("grouped", "grouped_datatypes", "grouped_packed", "hvd_grouped",
+                 "allreduce_gradients", "pack_unpack"):  # fmt: skip
         key = "ratio_to_flat" if name == "grouped" else f"{name}_ratio_to_flat"
         out[key] = paired(t[name], t["flat"])
     out["ratio_to_mpi4py_flat"] = paired(t["grouped"], t["mpi4py_flat"])
@@ -250,7 +265,8 @@ WHAT = {
     "float32, bytes = each rank's input",
     "grouped": "grouped_allreduce_ (and hvd.grouped_allreduce_, allreduce_gradients) of 1000 x "
     "1024 float32 vs one allreduce_ (and mpi4py Allreduce) of the same 4 MB, op sum; "
-    "pack_unpack: one pack and unpack of the list alone",
+    "grouped_datatypes / grouped_packed: the same call through the ring over MPI datatypes / "
+    "the pack path; pack_unpack: one pack and unpack of the list alone",
 }
 
 

@@ -63,6 +63,8 @@ class RingOptions:
     average_min_bytes: int
     min_segment_bytes: int
     max_segment_bytes: int
+    list_min_bytes: int
+    list_shared_memory: bool
     def __init__(
         self,
         *,
@@ -71,6 +73,8 @@ class RingOptions:
         average_min_bytes: int = 1 << 20,
         min_segment_bytes: int = 256 << 10,
         max_segment_bytes: int = 2 << 20,
+        list_min_bytes: int = 1 << 20,
+        list_shared_memory: bool = True,
     ) -> None: ...
 
 def ring_options() -> RingOptions: ...

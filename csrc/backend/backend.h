@@ -14,6 +14,13 @@
 
 namespace fluxmpi {
 
+// One contiguous run of a buffer made of several (a tensor of a grouped call): `bytes` bytes
+// at `ptr`.
+struct BufferPiece {
+  void* ptr;
+  std::int64_t bytes;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -36,6 +43,15 @@ class Backend {
   // would otherwise widen 16-bit sums (NCCL) reduces natively here.
   virtual void allreduce_wire16(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
     allreduce(buf, count, dtype, op);
+  }
+  // As allreduce (Average: the sum divided by the group's size), over `count` elements of
+  // `dtype` that lie in `pieces` in order, reduced where they lie: no packing into one buffer.
+  // Pieces must not overlap. Returns false, having moved nothing, where this backend does not
+  // take the call (the caller packs the pieces instead); it decides from count, dtype, op and
+  // its options alone, so every rank of an agreed call decides alike.
+  virtual bool allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                                c10::ScalarType dtype, ReduceOp op) {
+    return false;
   }
   virtual void broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) {
     unsupported("broadcast");

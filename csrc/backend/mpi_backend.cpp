@@ -13,6 +13,7 @@
 #include "backend/mpi_check.h"
 #include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
+#include "backend/mpi_shared_pieces.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 
@@ -239,6 +240,24 @@ class MpiBackend final : public Backend {
       int n = static_cast<int>(std::min(kMaxChunk, count - off));
       mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + off * esz, n, type, mop, v.comm), "MPI_Allreduce");
     }
+  }
+
+  bool allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                        c10::ScalarType dt, ReduceOp op) override {
+    const CommView e = c();
+    const RingOptions opts = ring_options();
+    const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
+    if (!ring_list_applies(opts, bytes, dt, op, e.size)) return false;
+    const NodeLayout& hosts = layout();
+    if (hosts.nodes == 1 && opts.list_shared_memory) {  // one host: one copy each way
+      BlockingCall guard("allreduce", e.group);
+      shared_allreduce_pieces(pieces, count, dt, op, e.comm, e.rank, e.size);
+      return true;
+    }
+    if (!ring_allowed(hierarchical_options(), hosts)) return false;
+    BlockingCall guard("allreduce", e.group);
+    ring_allreduce_pieces(pieces, count, dt, op, opts, e.comm, e.rank, e.size);
+    return true;
   }
 
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dt, int root) override {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backend/mpi_check.h"
+#include "backend/mpi_shared_pieces.h"
+#include "backend/pieces.h"
 
 namespace fluxmpi {
 
@@ -45,38 +47,94 @@ Settings& settings() {
   return s;
 }
 
+// One MPI message: `count` of `type` at `addr`. Over a range of a PieceView, the memory
+// itself when the range is one run, else an hindexed datatype over its runs (MPI_BOTTOM and
+// absolute addresses), freed with the message.
+class Message {
+ public:
+  Message(void* addr, std::int64_t n, MPI_Datatype type)
+      : addr_(addr), count_(static_cast<int>(n)), type_(type) {}
+  template <typename T>
+  Message(const PieceView<T>& v, std::int64_t off, std::int64_t n, MPI_Datatype type) {
+    thread_local std::vector<int> lengths;
+    thread_local std::vector<MPI_Aint> where;
+    lengths.clear();
+    where.clear();
+    T* first = nullptr;
+    v.runs(off, n, [&](T* at, std::int64_t k, std::int64_t) {
+      if (first == nullptr) first = at;
+      MPI_Aint a = 0;
+      MPI_Get_address(at, &a);
+      lengths.push_back(static_cast<int>(k));
+      where.push_back(a);
+    });
+    if (lengths.size() == 1) {
+      addr_ = first;
+      count_ = lengths[0];
+      type_ = type;
+      return;
+    }
+    mpi_check(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(),
+                                       where.data(), type, &type_),
+              "MPI_Type_create_hindexed (ring allreduce)");
+    mpi_check(MPI_Type_commit(&type_), "MPI_Type_commit (ring allreduce)");
+    owned_ = true;
+    addr_ = MPI_BOTTOM;
+    count_ = 1;
+  }
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+  ~Message() {
+    if (owned_) MPI_Type_free(&type_);
+  }
+
+  void* addr() const { return addr_; }
+  int count() const { return count_; }
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  void* addr_ = nullptr;
+  int count_ = 0;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  bool owned_ = false;
+};
+
 // One ring step: send `send_n` elements to `right` while receiving `recv_n` from `left`, both
 // cut into pieces of `piece` elements. The right neighbour receives this very chunk, cut the
 // same way, so every message is matched whatever the two chunk lengths (a chunk may be one
-// element shorter, or empty). A received piece goes to recv_at(offset) and then after(offset,
-// n, where). With no piece to receive at some k a rank only sends, and vice versa; no cycle of
-// senders can wait on each other, since each piece k sent is a piece k received.
-template <typename T, typename RecvAt, typename After>
-void ring_step(const T* send, std::int64_t send_n, std::int64_t recv_n, std::int64_t piece,
-               MPI_Datatype type, int right, int left, MPI_Comm comm, RecvAt recv_at, After after) {
+// element shorter, or empty). send_at(offset, n) and recv_at(offset, n) give the messages of
+// a piece; after(offset, n) runs once a piece arrived. With no piece to receive at some k a
+// rank only sends, and vice versa; no cycle of senders can wait on each other, since each
+// piece k sent is a piece k received.
+template <typename SendAt, typename RecvAt, typename After>
+void ring_step(std::int64_t send_n, std::int64_t recv_n, std::int64_t piece, int right, int left,
+               MPI_Comm comm, SendAt send_at, RecvAt recv_at, After after) {
   const std::int64_t ns = (send_n + piece - 1) / piece, nr = (recv_n + piece - 1) / piece;
   for (std::int64_t k = 0; k < std::max(ns, nr); ++k) {
     const std::int64_t off = k * piece;
-    const int sn = k < ns ? static_cast<int>(std::min(piece, send_n - off)) : 0;
-    const int rn = k < nr ? static_cast<int>(std::min(piece, recv_n - off)) : 0;
-    T* dst = rn > 0 ? recv_at(off) : nullptr;
+    const std::int64_t sn = k < ns ? std::min(piece, send_n - off) : 0;
+    const std::int64_t rn = k < nr ? std::min(piece, recv_n - off) : 0;
     if (sn > 0 && rn > 0) {
-      mpi_check(MPI_Sendrecv(send + off, sn, type, right, kRingTag, dst, rn, type, left, kRingTag,
-                             comm, MPI_STATUS_IGNORE),
+      const Message s = send_at(off, sn), r = recv_at(off, rn);
+      mpi_check(MPI_Sendrecv(s.addr(), s.count(), s.type(), right, kRingTag, r.addr(), r.count(),
+                             r.type(), left, kRingTag, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv (ring allreduce)");
     } else if (sn > 0) {
-      mpi_check(MPI_Send(send + off, sn, type, right, kRingTag, comm), "MPI_Send (ring allreduce)");
+      const Message s = send_at(off, sn);
+      mpi_check(MPI_Send(s.addr(), s.count(), s.type(), right, kRingTag, comm),
+                "MPI_Send (ring allreduce)");
     } else {
-      mpi_check(MPI_Recv(dst, rn, type, left, kRingTag, comm, MPI_STATUS_IGNORE),
+      const Message r = recv_at(off, rn);
+      mpi_check(MPI_Recv(r.addr(), r.count(), r.type(), left, kRingTag, comm, MPI_STATUS_IGNORE),
                 "MPI_Recv (ring allreduce)");
     }
-    if (rn > 0) after(off, rn, dst);
+    if (rn > 0) after(off, rn);
   }
 }
 
 template <typename T>
-void ring(T* buf, std::int64_t count, int divisor, const RingOptions& opts, MPI_Datatype type,
-          MPI_Comm comm, int rank, int size) {
+void ring(const PieceView<T>& v, std::int64_t count, ReduceOp op, int divisor,
+          const RingOptions& opts, MPI_Datatype type, MPI_Comm comm, int rank, int size) {
   // Thread-local: the engine thread and an inline caller never share it.
   thread_local std::vector<T> staging;
   const std::int64_t chunk_bytes = (count / size + 1) * static_cast<std::int64_t>(sizeof(T));
@@ -88,33 +146,38 @@ void ring(T* buf, std::int64_t count, int divisor, const RingOptions& opts, MPI_
   auto lo = [&](int c) { return count * c / size; };
   auto mod = [&](int x) { return ((x % size) + size) % size; };
   const int right = mod(rank + 1), left = mod(rank - 1);
-  const T inv = static_cast<T>(divisor);
-  // Reduce-scatter: after step s, chunk (rank - s - 1) holds the sum of s + 2 ranks here.
+  // Reduce-scatter: after step s, chunk (rank - s - 1) holds the reduction of s + 2 ranks here.
   for (int s = 0; s + 1 < size; ++s) {
     const int sc = mod(rank - s), rc = mod(rank - s - 1);
-    const bool divide = s + 2 == size && divisor != 1;
-    T* acc = buf + lo(rc);
+    const int div = s + 2 == size ? divisor : 1;
     ring_step(
-        buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, type, right, left, comm,
-        [&](std::int64_t) { return tmp; },
-        [&](std::int64_t off, int n, const T* got) {
-          T* d = acc + off;
-          if (divide) {
-            for (int i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / inv;
-          } else {
-            for (int i = 0; i < n; ++i) d[i] += got[i];
-          }
+        lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, right, left, comm,
+        [&](std::int64_t off, std::int64_t n) { return Message(v, lo(sc) + off, n, type); },
+        [&](std::int64_t, std::int64_t n) { return Message(tmp, n, type); },
+        [&](std::int64_t off, std::int64_t n) {
+          v.runs(lo(rc) + off, n, [&](T* d, std::int64_t k, std::int64_t pos) {
+            combine(op, d, tmp + pos, k, div);
+          });
         });
   }
   // Allgather: pass the finished chunks around the ring, straight into place.
   for (int s = 0; s + 1 < size; ++s) {
     const int sc = mod(rank + 1 - s), rc = mod(rank - s);
-    T* dst = buf + lo(rc);
     ring_step(
-        buf + lo(sc), lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxPiece, type, right, left, comm,
-        [&](std::int64_t off) { return dst + off; }, [](std::int64_t, int, const T*) {});
+        lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxPiece, right, left, comm,
+        [&](std::int64_t off, std::int64_t n) { return Message(v, lo(sc) + off, n, type); },
+        [&](std::int64_t off, std::int64_t n) { return Message(v, lo(rc) + off, n, type); },
+        [](std::int64_t, std::int64_t) {});
   }
 }
+
+template <typename T>
+void ring_over(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp op, int divisor,
+               const RingOptions& opts, MPI_Datatype type, MPI_Comm comm, int rank, int size) {
+  ring(PieceView<T>(pieces), count, op, divisor, opts, type, comm, rank, size);
+}
+
+bool ring_integer(c10::ScalarType dt) { return dt == c10::kInt || dt == c10::kLong; }
 
 }  // namespace
 
@@ -129,9 +192,10 @@ RingOptions ring_options() {
 }
 
 void set_ring_options(const RingOptions& opts) {
-  TORCH_CHECK_VALUE(opts.sum_min_bytes >= 0 && opts.average_min_bytes >= 0,
-                    "ring thresholds must be >= 0 bytes, got sum_min_bytes=", opts.sum_min_bytes,
-                    " and average_min_bytes=", opts.average_min_bytes);
+  TORCH_CHECK_VALUE(
+      opts.sum_min_bytes >= 0 && opts.average_min_bytes >= 0 && opts.list_min_bytes >= 0,
+      "ring thresholds must be >= 0 bytes, got sum_min_bytes=", opts.sum_min_bytes,
+      ", average_min_bytes=", opts.average_min_bytes, " and list_min_bytes=", opts.list_min_bytes);
   TORCH_CHECK_VALUE(opts.min_segment_bytes >= 1 && opts.min_segment_bytes <= opts.max_segment_bytes,
                     "ring segments need 1 <= min_segment_bytes <= max_segment_bytes, got ",
                     opts.min_segment_bytes, " and ", opts.max_segment_bytes);
@@ -149,17 +213,51 @@ bool ring_applies(const RingOptions& opts, std::int64_t count, c10::ScalarType d
   return count * static_cast<std::int64_t>(c10::elementSize(dt)) >= from;
 }
 
-std::int64_t ring_calls() { return g_ring_calls.load(); }
+bool ring_list_applies(const RingOptions& opts, std::int64_t bytes, c10::ScalarType dt, ReduceOp op,
+                       int world) {
+  if (!opts.enabled || world == 1 || bytes <= 0 || bytes < opts.list_min_bytes) return false;
+  const bool floating = dt == c10::kFloat || dt == c10::kDouble;
+  if (!floating && !ring_integer(dt)) return false;
+  return op == ReduceOp::Sum || op == ReduceOp::Min || op == ReduceOp::Max ||
+         (op == ReduceOp::Average && floating);
+}
+
+std::int64_t ring_calls() { return g_ring_calls.load() + shared_pieces_calls(); }
 
 void ring_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, int divisor,
                     const RingOptions& opts, MPI_Comm comm, int rank, int size) {
   TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble,
               "fluxmpi_py: the ring allreduce takes float or double, got ", dt);
   ++g_ring_calls;
+  const std::vector<BufferPiece> one{
+      {buf, count * static_cast<std::int64_t>(c10::elementSize(dt))}};
   if (dt == c10::kFloat) {
-    ring(static_cast<float*>(buf), count, divisor, opts, MPI_FLOAT, comm, rank, size);
+    ring_over<float>(one, count, ReduceOp::Sum, divisor, opts, MPI_FLOAT, comm, rank, size);
   } else {
-    ring(static_cast<double*>(buf), count, divisor, opts, MPI_DOUBLE, comm, rank, size);
+    ring_over<double>(one, count, ReduceOp::Sum, divisor, opts, MPI_DOUBLE, comm, rank, size);
+  }
+}
+
+void ring_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                           c10::ScalarType dt, ReduceOp op, const RingOptions& opts, MPI_Comm comm,
+                           int rank, int size) {
+  const bool floating = dt == c10::kFloat || dt == c10::kDouble;
+  TORCH_CHECK(floating || ring_integer(dt),
+              "fluxmpi_py: the ring allreduce takes float, double, int32 or int64, got ", dt);
+  TORCH_CHECK(op != ReduceOp::Average || floating,
+              "fluxmpi_py: the ring averages float and double only, got ", dt);
+  ++g_ring_calls;
+  const int divisor = op == ReduceOp::Average ? size : 1;
+  if (op == ReduceOp::Average) op = ReduceOp::Sum;
+  switch (dt) {
+    case c10::kFloat:
+      return ring_over<float>(pieces, count, op, divisor, opts, MPI_FLOAT, comm, rank, size);
+    case c10::kDouble:
+      return ring_over<double>(pieces, count, op, divisor, opts, MPI_DOUBLE, comm, rank, size);
+    case c10::kInt:
+      return ring_over<std::int32_t>(pieces, count, op, 1, opts, MPI_INT32_T, comm, rank, size);
+    default:
+      return ring_over<std::int64_t>(pieces, count, op, 1, opts, MPI_INT64_T, comm, rank, size);
   }
 }
 

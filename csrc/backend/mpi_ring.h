@@ -1,8 +1,10 @@
 // fluxmpi's own ring allreduce over MPI point-to-point messages (reduce-scatter, then
 // allgather), used by the MPI backend for large float and double sums and averages instead of
-// MPI_Allreduce. Every element is reduced on exactly one rank and then copied to the others,
-// so all ranks hold identical bits; an average divides inside the last reduction step, which
-// saves a whole pass over the buffer.
+// MPI_Allreduce, and for grouped calls' lists of tensors reduced where they lie (pieces: the
+// messages are MPI datatypes over the tensors' memory, since Open MPI refuses MPI_SUM on such
+// datatypes in MPI_Allreduce). Every element is reduced on exactly one rank and then copied to the
+// others, so all ranks hold identical bits; an average divides inside the last reduction step,
+// which saves a whole pass over the buffer.
 #pragma once
 
 #include <mpi.h>
@@ -10,6 +12,10 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/reduce_op.h"
 
 namespace fluxmpi {
 
@@ -31,6 +37,14 @@ struct RingOptions {
   std::int64_t average_min_bytes = std::int64_t(1) << 20;  // or sum_min_bytes, if smaller
   std::int64_t min_segment_bytes = std::int64_t(256) << 10;
   std::int64_t max_segment_bytes = std::int64_t(2) << 20;
+  // A grouped allreduce of a list whose tensors of one dtype total at least this many bytes
+  // reduces them where they lie (ring_allreduce_pieces), skipping the pack into one buffer and
+  // the unpack, which cost about one flat allreduce at 4 MB here (docs/measurements.md).
+  std::int64_t list_min_bytes = std::int64_t(1) << 20;
+  // Such a list moves through shared memory when every rank is on one host
+  // (backend/mpi_shared_pieces.h); false: through this ring, whose messages are MPI datatypes
+  // over the tensors (two copies each way on Open MPI's shared memory; the path across hosts).
+  bool list_shared_memory = true;
 };
 
 // This process's options: the defaults, with FLUXMPI_RING_MIN_BYTES applied on first use (a
@@ -48,13 +62,28 @@ void set_ring_options(const RingOptions& opts);
 bool ring_applies(const RingOptions& opts, std::int64_t count, c10::ScalarType dt, int divisor,
                   int world);
 
-// How many allreduces this process has sent through the ring (tests check with it that their
-// options reach the ring).
+// Whether `opts` send a list of `bytes` bytes of `dt` over `world` ranks through
+// ring_allreduce_pieces: float or double sum, average, min or max; integer sum, min or max;
+// more than one rank; at or above list_min_bytes (and above 0).
+bool ring_list_applies(const RingOptions& opts, std::int64_t bytes, c10::ScalarType dt, ReduceOp op,
+                       int world);
+
+// How many allreduces this process has sent through the ring (either form) (tests check with it
+// that their options reach the ring).
 std::int64_t ring_calls();
 
 // In place: buf <- (sum over the ranks of `comm`) / divisor, for kFloat or kDouble, cut into
 // segments by `opts`. A blocking collective: the caller holds the BlockingCall.
 void ring_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, int divisor,
                     const RingOptions& opts, MPI_Comm comm, int rank, int size);
+
+// In place over the `count` elements of `dt` laid out in `pieces` in order (which must not
+// overlap), as if they were one buffer: `op` (Sum, Min, Max; Average divides the sum by
+// `size` in the last reduction step). Received segments land in a contiguous scratch buffer
+// and are reduced into the pieces; the pieces' parts travel as MPI_Type_create_hindexed
+// datatypes over their own memory. Bitwise identical on every rank, like ring_allreduce.
+void ring_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                           c10::ScalarType dt, ReduceOp op, const RingOptions& opts, MPI_Comm comm,
+                           int rank, int size);
 
 }  // namespace fluxmpi

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include <c10/core/GradMode.h>
 
@@ -79,6 +81,57 @@ void unpack_flat(const at::Tensor& flat, const std::vector<at::Tensor>& ts,
   }
 }
 
+// The tensors idx of ts (one dtype, on the CPU) reduced where they lie, as one buffer made of
+// their memory, when the backend takes such a call (Backend::allreduce_pieces, from agreed
+// values only: every rank answers alike). A tensor that is not contiguous, or whose memory
+// overlaps one before it in address order (the same tensor twice), takes part through a
+// contiguous copy that is written back: the ring needs pieces that do not overlap, and the
+// result is the pack path's, whose copies would hold the same values.
+bool reduce_in_place(Backend& b, const std::vector<at::Tensor>& ts,
+                     const std::vector<std::size_t>& idx, ReduceOp op) {
+  const auto& first = ts[idx[0]];
+  if (!first.is_cpu()) return false;  // the device type is agreed: every rank returns here
+  std::int64_t total = 0;
+  for (auto i : idx) total += ts[i].numel();
+  struct Span {
+    std::uintptr_t lo, hi;
+    std::size_t k, i;  // index into pieces, into ts
+  };
+  std::vector<BufferPiece> pieces;
+  std::vector<Span> spans;
+  std::vector<std::pair<std::size_t, at::Tensor>> copies;  // (index into ts, its copy)
+  pieces.reserve(idx.size());
+  spans.reserve(idx.size());
+  const auto esz = static_cast<std::int64_t>(first.element_size());
+  for (auto i : idx) {
+    const auto& t = ts[i];
+    if (t.numel() == 0) continue;
+    if (t.is_contiguous()) {
+      const auto lo = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+      spans.push_back({lo, lo + static_cast<std::uintptr_t>(t.numel() * esz), pieces.size(), i});
+      pieces.push_back({t.data_ptr(), t.numel() * esz});
+    } else {
+      copies.emplace_back(i, t.contiguous());
+      pieces.push_back({copies.back().second.data_ptr(), t.numel() * esz});
+    }
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.lo < b.lo; });
+  std::uintptr_t reach = 0;
+  for (const auto& sp : spans) {
+    if (sp.lo < reach) {  // overlaps an earlier piece: reduce a copy, write it back
+      copies.emplace_back(sp.i, ts[sp.i].clone());
+      pieces[sp.k].ptr = copies.back().second.data_ptr();
+    }
+    reach = std::max(reach, sp.hi);
+  }
+  if (!b.allreduce_pieces(pieces, total, first.scalar_type(), op)) return false;
+  for (auto i : idx) {
+    if (ts[i].numel() > 0 && ts[i].is_contiguous()) bump_version(ts[i]);
+  }
+  for (const auto& [i, c] : copies) ts[i].copy_(c);
+  return true;
+}
+
 // Indices of ts grouped by dtype, groups in the order of first appearance.
 std::vector<std::vector<std::size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
   std::vector<std::vector<std::size_t>> groups;
@@ -114,6 +167,7 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
       allreduce_data(b, ts[idx[0]], op, e.size());
       continue;
     }
+    if (reduce_in_place(b, ts, idx, op)) continue;
     at::Tensor flat = pack_flat(ts, idx);
     allreduce_data(b, flat, op, e.size());
     unpack_flat(flat, ts, idx);

@@ -21,19 +21,24 @@ void bind_ring_options(py::module_& m) {
                               "When the MPI backend's ring allreduce runs and how it cuts its "
                               "messages (bytes). Every rank must use the same values.");
   cls.def(py::init([](bool enabled, std::int64_t sum_min_bytes, std::int64_t average_min_bytes,
-                      std::int64_t min_segment_bytes, std::int64_t max_segment_bytes) {
+                      std::int64_t min_segment_bytes, std::int64_t max_segment_bytes,
+                      std::int64_t list_min_bytes, bool list_shared_memory) {
             RingOptions o;
             o.enabled = enabled;
             o.sum_min_bytes = sum_min_bytes;
             o.average_min_bytes = average_min_bytes;
             o.min_segment_bytes = min_segment_bytes;
             o.max_segment_bytes = max_segment_bytes;
+            o.list_min_bytes = list_min_bytes;
+            o.list_shared_memory = list_shared_memory;
             return o;
           }),
           py::kw_only(), py::arg("enabled") = d.enabled, py::arg("sum_min_bytes") = d.sum_min_bytes,
           py::arg("average_min_bytes") = d.average_min_bytes,
           py::arg("min_segment_bytes") = d.min_segment_bytes,
-          py::arg("max_segment_bytes") = d.max_segment_bytes)
+          py::arg("max_segment_bytes") = d.max_segment_bytes,
+          py::arg("list_min_bytes") = d.list_min_bytes,
+          py::arg("list_shared_memory") = d.list_shared_memory)
       .def_readwrite("enabled", &RingOptions::enabled, "False: MPI_Allreduce always")
       .def_readwrite("sum_min_bytes", &RingOptions::sum_min_bytes,
                      "float/double sums of at least this many bytes take the ring")
@@ -41,17 +46,23 @@ void bind_ring_options(py::module_& m) {
                      "averages of at least this many bytes (or sum_min_bytes) take the ring")
       .def_readwrite("min_segment_bytes", &RingOptions::min_segment_bytes,
                      "a chunk moves in segments of a quarter chunk, at least this large")
-      .def_readwrite("max_segment_bytes", &RingOptions::max_segment_bytes,
-                     "and at most this large");
+      .def_readwrite("max_segment_bytes", &RingOptions::max_segment_bytes, "and at most this large")
+      .def_readwrite("list_min_bytes", &RingOptions::list_min_bytes,
+                     "grouped allreduces whose tensors of one dtype total at least this many "
+                     "bytes reduce them where they lie (no pack, no unpack)")
+      .def_readwrite("list_shared_memory", &RingOptions::list_shared_memory,
+                     "such lists move through shared memory when every rank is on one host; "
+                     "False: through the ring, over MPI datatypes");
   def_fields(cls, {"enabled", "sum_min_bytes", "average_min_bytes", "min_segment_bytes",
-                   "max_segment_bytes"});
+                   "max_segment_bytes", "list_min_bytes", "list_shared_memory"});
   m.def("ring_options", &ring_options,
         "This process's RingOptions (the defaults, with FLUXMPI_RING_MIN_BYTES applied)");
   m.def("set_ring_options", &set_ring_options, py::arg("options"),
         "Replace the RingOptions. Not a collective: call it with the same values on every rank, "
         "between collectives (ranks that disagree wait for each other forever)");
   m.def("ring_calls", &ring_calls,
-        "How many allreduces this process has sent through the ring (for tests)");
+        "How many allreduces this process has sent through the ring, flat or over a grouped "
+        "call's tensors (for tests)");
 }
 
 }  // namespace

@@ -1,0 +1,132 @@
+#include "backend/mpi_shared_pieces.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+
+#include "backend/mpi_check.h"
+#include "backend/pieces.h"
+
+namespace fluxmpi {
+
+namespace {
+
+std::atomic<std::int64_t> g_calls{0};
+
+// A communicator's window and every rank's part of it, mapped here. Cached on the
+// communicator as an attribute, so that it is freed with it (MPI_Comm_free is collective, as
+// MPI_Win_free is) and a later communicator never finds a stale one.
+struct SharedWindow {
+  MPI_Win win = MPI_WIN_NULL;
+  std::vector<char*> base;
+};
+
+int free_window(MPI_Comm, int, void* attr, void*) {
+  std::unique_ptr<SharedWindow> w(static_cast<SharedWindow*>(attr));
+  MPI_Win_unlock_all(w->win);
+  return MPI_Win_free(&w->win);
+}
+
+int window_key() {
+  static const int key = [] {
+    int k = MPI_KEYVAL_INVALID;
+    mpi_check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_window, &k, nullptr),
+              "MPI_Comm_create_keyval (shared window)");
+    return k;
+  }();
+  return key;
+}
+
+SharedWindow& window_of(MPI_Comm comm, int size) {
+  void* attr = nullptr;
+  int found = 0;
+  mpi_check(MPI_Comm_get_attr(comm, window_key(), &attr, &found), "MPI_Comm_get_attr");
+  if (found) return *static_cast<SharedWindow*>(attr);
+  auto w = std::make_unique<SharedWindow>();
+  char* mine = nullptr;
+  mpi_check(MPI_Win_allocate_shared(kSharedWindowBytes, 1, MPI_INFO_NULL, comm, &mine, &w->win),
+            "MPI_Win_allocate_shared (grouped allreduce)");
+  mpi_check(MPI_Win_lock_all(MPI_MODE_NOCHECK, w->win), "MPI_Win_lock_all");
+  for (int r = 0; r < size; ++r) {
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    char* at = nullptr;
+    mpi_check(MPI_Win_shared_query(w->win, r, &bytes, &unit, &at), "MPI_Win_shared_query");
+    w->base.push_back(at);
+  }
+  mpi_check(MPI_Comm_set_attr(comm, window_key(), w.get()), "MPI_Comm_set_attr");
+  return *w.release();
+}
+
+// Every rank's writes to the windows are visible to every rank after this.
+void meet(const SharedWindow& w, MPI_Comm comm) {
+  mpi_check(MPI_Win_sync(w.win), "MPI_Win_sync");
+  mpi_check(MPI_Barrier(comm), "MPI_Barrier (grouped allreduce)");
+  mpi_check(MPI_Win_sync(w.win), "MPI_Win_sync");
+}
+
+// A round over the elements [b, b + m): chunk c is rank c's to reduce. Window layout, in
+// elements of T: the slots of the p - 1 other ranks' parts (`cap` each), then the finished
+// chunk. No meeting is needed after the copies out: the next round's (or call's) writes to a
+// slot or a finished chunk come after a meeting that every rank reaches only when done here.
+template <typename T>
+void round(const PieceView<T>& v, std::int64_t b, std::int64_t m, std::int64_t cap, ReduceOp op,
+           int divisor, const SharedWindow& w, MPI_Comm comm, int rank, int p) {
+  auto lo = [&](int c) { return b + m * c / p; };
+  auto slot = [&](int owner, int s) { return reinterpret_cast<T*>(w.base[owner]) + s * cap; };
+  for (int c = 0; c < p; ++c) {  // 1. my parts of the others' chunks, into their slots
+    if (c == rank) continue;
+    T* dst = slot(c, (rank - c - 1 + p) % p);
+    v.runs(lo(c), lo(c + 1) - lo(c), [&](T* at, std::int64_t k, std::int64_t pos) {
+      std::memcpy(dst + pos, at, static_cast<std::size_t>(k) * sizeof(T));
+    });
+  }
+  meet(w, comm);
+  T* done = slot(rank, p - 1);  // 2. my chunk: reduced in my pieces, published in my window
+  v.runs(lo(rank), lo(rank + 1) - lo(rank), [&](T* at, std::int64_t k, std::int64_t pos) {
+    for (int s = 0; s + 1 < p; ++s) {
+      combine(op, at, slot(rank, s) + pos, k, s + 2 == p ? divisor : 1);
+    }
+    std::memcpy(done + pos, at, static_cast<std::size_t>(k) * sizeof(T));
+  });
+  meet(w, comm);
+  for (int c = 0; c < p; ++c) {  // 3. the others' finished chunks, into my pieces
+    if (c == rank) continue;
+    const T* src = slot(c, p - 1);
+    v.runs(lo(c), lo(c + 1) - lo(c), [&](T* at, std::int64_t k, std::int64_t pos) {
+      std::memcpy(at, src + pos, static_cast<std::size_t>(k) * sizeof(T));
+    });
+  }
+}
+
+template <typename T>
+void reduce(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp op, int divisor,
+            MPI_Comm comm, int rank, int size) {
+  const SharedWindow& w = window_of(comm, size);
+  const PieceView<T> v(pieces);
+  const std::int64_t cap = kSharedWindowBytes / static_cast<std::int64_t>(sizeof(T)) / size;
+  const std::int64_t per_round = cap * size;  // every chunk of a round fits its `cap`
+  for (std::int64_t b = 0; b < count; b += per_round) {
+    round(v, b, std::min(per_round, count - b), cap, op, divisor, w, comm, rank, size);
+  }
+}
+
+}  // namespace
+
+void shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                             c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {
+  ++g_calls;
+  const int divisor = op == ReduceOp::Average ? size : 1;
+  if (op == ReduceOp::Average) op = ReduceOp::Sum;
+  switch (dt) {
+    case c10::kFloat: return reduce<float>(pieces, count, op, divisor, comm, rank, size);
+    case c10::kDouble: return reduce<double>(pieces, count, op, divisor, comm, rank, size);
+    case c10::kInt: return reduce<std::int32_t>(pieces, count, op, 1, comm, rank, size);
+    case c10::kLong: return reduce<std::int64_t>(pieces, count, op, 1, comm, rank, size);
+    default: TORCH_CHECK(false, "fluxmpi_py: the shared-memory allreduce does not take ", dt);
+  }
+}
+
+std::int64_t shared_pieces_calls() { return g_calls.load(); }
+
+}  // namespace fluxmpi

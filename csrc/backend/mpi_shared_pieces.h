@@ -1,0 +1,36 @@
+// The allreduce of a list's pieces in place through shared memory, for communicators whose
+// ranks all run on one host: each rank writes its parts of the others' chunks straight into
+// their windows (MPI_Win_allocate_shared), reduces its own chunk in its pieces, and copies
+// the finished chunks out of their owners' windows. One copy in, one copy out and the
+// reduction per element, as a flat allreduce; MPI's point-to-point path over datatypes
+// that describe the pieces costs two copies each way here (shared memory, Open MPI 4.1).
+#pragma once
+
+#include <mpi.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/reduce_op.h"
+
+namespace fluxmpi {
+
+// Each rank's window, in bytes: a call moves in rounds of about this much of the list.
+constexpr std::int64_t kSharedWindowBytes = std::int64_t(4) << 20;
+
+// In place over the `count` elements of `dt` (float, double, int32, int64) laid out in
+// `pieces` (which must not overlap): `op` (Sum, Min, Max; Average divides the sum by `size`).
+// Every rank of `comm` must be on this host and call it at the same point (the first call on
+// a communicator allocates its window, a collective; it is freed with the communicator).
+// Each element is reduced by one rank, in rank order, and copied to the others: identical
+// bits on every rank. A blocking collective: the caller holds the BlockingCall.
+void shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+                             c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size);
+
+// How many calls this process has made (for tests, through ring_calls()).
+std::int64_t shared_pieces_calls();
+
+}  // namespace fluxmpi

@@ -13,7 +13,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import raises, run_cases  # noqa: E402
 
-import fluxmpi_py as fm  # noqa: E402
 import fluxmpi_py._C as C  # noqa: E402
 import fluxmpi_py.horovod as hvd  # noqa: E402
 

@@ -1,35 +1,30 @@
 """Join: training on uneven inputs with DistributedOptimizer.
 
-Inside ``with fluxmpi_py.Join([opt]):`` each of ``opt``'s gradient reductions starts with one
-tiny allreduce, the *round*: every rank still in its loop contributes 1 and the index of the
-optimizer it steps. A rank whose data ran out leaves the ``with`` block and *joins*: it keeps
-answering rounds with 0, and for each round with an active rank it shadows that optimizer's
-step: it reduces zero gradients with the others, then applies the reduced gradient like them
-(so its weights and optimizer state stay equal to theirs). When a round counts no active rank,
-every rank leaves together. Outside a Join, steps pay nothing for this.
+Inside ``with fluxmpi_py.Join([opt]):`` each of ``opt``'s gradient reductions starts with a
+*round*: the ranks still in their loop agree on the index of the optimizer they step. A rank
+whose data ran out leaves the ``with`` block and *joins*: it waits in every agreement of the
+others (``csrc/ops/join.h``) with a mark instead of a signature, and for each round it shadows
+that optimizer's step: it reduces zero gradients with the others, then applies the reduced
+gradient like them (so its weights and optimizer state stay equal to theirs). When every rank
+has joined, all leave together. A round is one agreement (the small allreduce every
+collective starts with) while no rank has joined, and one more 8-byte allreduce once one has;
+outside a Join, steps pay nothing for this.
 
 Limits: once a rank has joined, the only collectives the others may issue are the steps of
 the optimizers given to Join (with their ``module=`` buffer sync and ``check_every``).
 Anything else (a loss allreduce, ``synchronize_``, a closure step) meets the joined rank's
-round: the ranks' calls differ, so every rank raises (RuntimeError on the joined rank,
-naming this limit) instead of hanging.
+mark: every rank raises (RuntimeError on the joined rank, naming this limit) instead of
+hanging. ``hvd.join()`` (:mod:`fluxmpi_py.horovod`) uses the same wait, and its joined ranks
+also reduce zeros with the others' allreduces.
 """
 
 from __future__ import annotations
 
 import weakref
 
-import torch
-
 from ._loader import C
-from .collectives import allreduce_
-from .object_collectives import allgather_object
 
 __all__ = ["Join"]
-
-# The round's allreduce: a length no other call is likely to use, so that a different
-# collective issued against it fails the cross-rank check instead of matching it.
-_ROUND_LEN = 13
 
 
 class JoinState:
@@ -42,13 +37,9 @@ class JoinState:
         self.optimizers: list[weakref.ref] = []
         self.divide_by_initial_world_size = divide_by_initial_world_size
         self.what = what
-        self.active_rounds = 0  # rounds this rank took part in as active
-        # hvd.join's extensions: a round with a negative index is another collective, which
-        # on_other(index, count) shadows on a joined rank; with keep_waiting, a joined rank
-        # whose round met a different collective (which then raised on the active ranks too)
-        # keeps waiting instead of raising.
-        self.on_other = None
-        self.keep_waiting = False
+        # hvd.join: joined ranks also reduce zeros with the others' allreduces (and keep
+        # waiting when the others' other calls raise); fluxmpi_py.Join: rounds only.
+        self.shadows_allreduces = False
 
     def register(self, opt) -> None:
         if getattr(opt, "_join", None) is not None:
@@ -64,24 +55,21 @@ class JoinState:
         self.optimizers = []
 
 
-def round_(state: JoinState, index: int, active: bool) -> tuple[int, int]:
-    """One round (a collective): returns (active ranks, the optimizer index they step; -1
-    when none). RuntimeError on every rank when the active ranks step different ones."""
-    a = int(active)
-    t = torch.zeros(_ROUND_LEN, dtype=torch.int64)
-    t[0], t[1], t[2] = a, a * index, a * index * index
-    allreduce_(t, "sum")
-    count, s1, s2 = int(t[0]), int(t[1]), int(t[2])
-    if active:
-        state.active_rounds += 1
-    if count == 0:
-        return 0, -1
-    if s2 * count != s1 * s1:  # equality iff every active rank gave the same index
-        raise RuntimeError(
-            f"{state.what}: the ranks still training stepped different optimizers in the "
-            "same round; every rank must step the Join's optimizers in the same order"
-        )
-    return count, s1 // count
+def round_(state: JoinState, index: int) -> int:
+    """An active rank's round before a step of optimizer ``index`` (a collective): returns
+    how many ranks are active. RuntimeError on every rank when the active ranks step
+    different optimizers."""
+    count, same = C.join_round(index)
+    if not same:
+        raise RuntimeError(_different_optimizers(state))
+    return count
+
+
+def _different_optimizers(state: JoinState) -> str:
+    return (
+        f"{state.what}: the ranks still training stepped different optimizers in the same "
+        "round; every rank must step the Join's optimizers in the same order"
+    )
 
 
 def grad_scale(state: JoinState, count: int) -> float:
@@ -93,32 +81,30 @@ def grad_scale(state: JoinState, count: int) -> float:
 
 def wait_for_all(state: JoinState, who: str) -> int:
     """This rank has joined: shadow the active ranks' steps until none is left. Returns the
-    last rank to join (the one active longest; the highest such rank on a tie)."""
+    last rank to join (the highest on a tie)."""
+    rigid, first = not state.shadows_allreduces, True
     while True:
         try:
-            count, index = round_(state, -1, active=False)
-        except (ValueError, RuntimeError, TypeError) as e:
-            if state.keep_waiting:
-                continue
+            count, index, same, last = C.join_wait(rigid, first)
+        except (ValueError, RuntimeError, TypeError) as e:  # only when rigid
             raise RuntimeError(
                 f"{who}: rank {C.rank()} had joined and a rank still training issued a "
                 "collective other than a step of the joined DistributedOptimizers; inside a "
                 "join only those steps may communicate"
             ) from e
+        first = False
         if count == 0:
-            break
-        if index < 0 and state.on_other is not None:
-            state.on_other(index, count)
+            return last
+        if not same:  # the active ranks raise
+            if rigid:
+                raise RuntimeError(_different_optimizers(state))
             continue
-        opt = state.optimizers[index]()
+        opt = state.optimizers[index]() if 0 <= index < len(state.optimizers) else None
         if opt is None:
             raise RuntimeError(
                 f"{who}: the others stepped an optimizer that rank {C.rank()} no longer has"
             )
         opt._shadow_step(count)
-    rounds = allgather_object(state.active_rounds)
-    state.active_rounds = 0
-    return max(range(len(rounds)), key=lambda r: (rounds[r], r))
 
 
 class Join:
@@ -129,8 +115,8 @@ class Join:
     steps, so that no rank hangs and all end with the same weights. The gradient is averaged
     over the initial world size (DDP's ``divide_by_initial_world_size=True``, the default:
     a joined rank counts as zeros); ``divide_by_initial_world_size=False`` averages over
-    the ranks still training. ``last_joined_rank`` is set on exit. Costs one 104-byte
-    allreduce per step inside the block; see the module docstring for what else may run.
+    the ranks still training. ``last_joined_rank`` is set on exit. Costs one agreement per
+    step inside the block; see the module docstring for what else may run.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> w = torch.nn.Parameter(torch.zeros(1))

@@ -196,7 +196,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from .join import round_
 
         state, index = self._join
-        self._join_count, _ = round_(state, index, active=True)
+        self._join_count = round_(state, index)
 
     def _reduce(self) -> None:
         """Finish this step's reduction; re-plan on every rank if any rank's parameters

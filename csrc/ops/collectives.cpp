@@ -271,7 +271,13 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_into(t, local_error, s, msg);
   check_op_dtype(op, t, s, msg);
-  agree(s, "allreduce_()", msg, [&] { return describe(t); });
+  s.joinable = Joinable::Allreduce;
+  bool joined = false;
+  agree(s, "allreduce_()", msg, [&] { return describe(t); }, nullptr, &joined);
+  if (joined) {
+    AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel()}}};
+    share_with_joined(p, /*is_joined=*/false);
+  }
   allreduce_data(backend_for(t), t, op, e.size());
 }
 

@@ -4,7 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -34,6 +36,7 @@ const char* kind_name(CallKind k) {
     case CallKind::ObjectBcast: return "broadcast_object";
     case CallKind::ObjectAllgather: return "allgather_object";
     case CallKind::NewGroup: return "new_group";
+    case CallKind::JoinRound: return "join round";
   }
   return "unknown collective";
 }
@@ -56,6 +59,26 @@ constexpr int kFields = 7;
 constexpr std::size_t kCallBytes = 96;   // the user call's name (runtime/user_call.h)
 constexpr std::size_t kTextBytes = 480;  // the error or the argument's description
 constexpr std::size_t kRankBytes = kCallBytes + kTextBytes;
+
+// The lanes of an agreement's allreduce (max): the checked fields and `soft`, then their
+// negatives (max of -x is -min), then soft_flag and veto, joinable and its negative, and the
+// joined ranks' marks: their join's mode and the lowest joined rank.
+constexpr int kChecked = kFields + 1;
+constexpr int kSoftFlag = 2 * kChecked;
+constexpr int kVeto = kSoftFlag + 1;
+constexpr int kJoinable = kVeto + 1;  // and kJoinable + 1
+constexpr int kJoinMode = kJoinable + 2;
+constexpr int kLowestJoined = kJoinMode + 1;  // size - rank: the max is the lowest rank
+constexpr int kLanes = kLowestJoined + 1;
+// What a joined rank puts in every checked lane: the identity of max.
+constexpr std::int64_t kNeutral = std::numeric_limits<std::int64_t>::min();
+// A joined rank's `kind` in the slow path's gather (no CallKind is 0).
+constexpr std::int64_t kJoinedKind = 0;
+// kJoinMode's values: 0 when no rank has joined.
+constexpr std::int64_t kModeShadows = 1;  // hvd.join(): allreduces and rounds
+constexpr std::int64_t kModeRigid = 2;    // fluxmpi_py.Join: rounds only
+
+std::atomic<std::int64_t> g_world_agreements{0};
 
 void pack(const Signature& s, std::int64_t* v) {
   v[0] = static_cast<std::int64_t>(s.kind);
@@ -155,6 +178,76 @@ const char* field_name(int field) {
   raise_on_every_rank(ErrorClass::Runtime, msg.str());
 }
 
+// One agreement's allreduce over the current group, counted when it is the world.
+void exchange(std::int64_t* v, const Group& e) {
+  mpi_backend().allreduce(v, kLanes, c10::kLong, ReduceOp::Max);
+  if (e.is_world()) g_world_agreements.fetch_add(1, std::memory_order_relaxed);
+}
+
+// True when the active ranks' signatures differ or carry an error: the slow path, taken by
+// every rank of the group (the joined ones too: they see the same lanes).
+bool needs_report(const std::int64_t* v) {
+  for (int i = 0; i < kFields; ++i) {
+    if (v[i] != -v[kChecked + i]) return true;
+  }
+  return v[6] != static_cast<std::int64_t>(ErrorClass::None);
+}
+
+bool soft_same(const std::int64_t* v) { return v[kFields] == -v[kChecked + kFields]; }
+
+// The active ranks' Joinable: No unless every one of them gave the same.
+Joinable agreed_joinable(const std::int64_t* v) {
+  return v[kJoinable] == -v[kJoinable + 1] ? static_cast<Joinable>(v[kJoinable]) : Joinable::No;
+}
+
+// Whether the joined ranks take part in the call (else it raises on every rank).
+bool joined_take_part(const std::int64_t* v) {
+  const Joinable j = agreed_joinable(v);
+  return j == Joinable::Round || (j == Joinable::Allreduce && v[kJoinMode] == kModeShadows);
+}
+
+// Why a call that ranks have joined in the middle of cannot run.
+std::string refusal(const std::int64_t* v, int size) {
+  const std::int64_t lowest = size - v[kLowestJoined];
+  const std::string kind = kind_name(static_cast<CallKind>(v[0]));
+  if (v[kJoinMode] == kModeRigid) {
+    return "rank " + std::to_string(lowest) +
+           " has left its fluxmpi_py.Join block and waits there; inside a join only the steps "
+           "of the Join's DistributedOptimizers may communicate, not this " +
+           kind;
+  }
+  return "rank " + std::to_string(lowest) +
+         " has joined (hvd.join()): until every rank has, the joined ranks take part only in "
+         "world allreduces and in hvd.DistributedOptimizer steps, not in this " +
+         kind;
+}
+
+// The slow path, identical on every rank: gather signatures and texts, then raise everywhere.
+// `sig` is null on a joined rank, which the story leaves out (it is in no call).
+[[noreturn]] void report_all(const Signature* sig, const std::string& call_name,
+                             const std::string& text, const Group& e) {
+  std::int64_t mine[kFields] = {kJoinedKind};
+  if (sig != nullptr) pack(*sig, mine);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(kFields) * e.size());
+  mpi_backend().allgather(mine, all.data(), kFields, c10::kLong);
+  std::vector<char> mine_text(kRankBytes, 0), all_texts(kRankBytes * e.size());
+  std::memcpy(mine_text.data(), call_name.data(), std::min(call_name.size(), kCallBytes - 1));
+  std::memcpy(mine_text.data() + kCallBytes, text.data(), std::min(text.size(), kTextBytes - 1));
+  mpi_backend().allgather(mine_text.data(), all_texts.data(), kRankBytes, c10::kByte);
+  std::vector<std::int64_t> sigs;
+  std::vector<char> texts;
+  std::vector<int> names;
+  for (int r = 0; r < e.size(); ++r) {
+    if (all[r * kFields] == kJoinedKind) continue;
+    sigs.insert(sigs.end(), all.begin() + r * kFields, all.begin() + (r + 1) * kFields);
+    texts.insert(texts.end(), all_texts.begin() + r * kRankBytes,
+                 all_texts.begin() + (r + 1) * kRankBytes);
+    names.push_back(e.world_ranks()[r]);
+  }
+  report(sigs, texts, static_cast<int>(names.size()), names,
+         e.is_world() ? std::string() : " (on group " + e.describe() + ")");
+}
+
 }  // namespace
 
 void check_root(std::int64_t root, Signature& s, std::string& msg) {
@@ -171,14 +264,18 @@ std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
 
-bool agree(const Signature& sig, const std::string& what, const std::string& text, bool* vetoed) {
-  return agree(sig, what, text, [&] { return text; }, vetoed);
+bool agree(const Signature& sig, const std::string& what, const std::string& text, bool* vetoed,
+           bool* joined) {
+  return agree(sig, what, text, [&] { return text; }, vetoed, joined);
 }
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe, bool* vetoed) {
+           const std::function<std::string()>& describe, bool* vetoed, bool* joined) {
   const Group& e = current_group();
   if (vetoed != nullptr) *vetoed = false;
+  if (joined != nullptr) *joined = false;
+  TORCH_INTERNAL_ASSERT(sig.joinable == Joinable::No || joined != nullptr,
+                        "a joinable call must learn whether ranks have joined");
   const char* call = user_call_or(what.c_str());
   if (e.size() == 1) {
     if (sig.error != ErrorClass::None) {
@@ -187,33 +284,83 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
     }
     return sig.soft_flag == 0;
   }
-  // The checked fields and `soft`, then their negatives (max of -x is -min), then soft_flag
-  // and veto.
-  constexpr int n = kFields + 1;
-  std::int64_t v[2 * n + 2];
+  std::int64_t v[kLanes];
   pack(sig, v);
   v[kFields] = sig.soft;
-  for (int i = 0; i < n; ++i) v[n + i] = -v[i];
-  v[2 * n] = sig.soft_flag != 0 ? 1 : 0;
-  v[2 * n + 1] = sig.veto != 0 ? 1 : 0;
-  mpi_backend().allreduce(v, 2 * n + 2, c10::kLong, ReduceOp::Max);
-  if (vetoed != nullptr) *vetoed = v[2 * n + 1] != 0;
-  bool same = true;
-  for (int i = 0; i < kFields; ++i) same &= (v[i] == -v[n + i]);
-  if (same && sig.error == ErrorClass::None) return v[kFields] == -v[n + kFields] && v[2 * n] == 0;
-  // Slow path, identical on every rank: gather signatures and texts, then raise everywhere.
-  std::int64_t mine[kFields];
-  pack(sig, mine);
-  std::vector<std::int64_t> sigs(static_cast<std::size_t>(kFields) * e.size());
-  mpi_backend().allgather(mine, sigs.data(), kFields, c10::kLong);
-  const std::string text = sig.error != ErrorClass::None ? error_text : describe();
-  const std::string call_name = call;
-  std::vector<char> mine_text(kRankBytes, 0), texts(kRankBytes * e.size());
-  std::memcpy(mine_text.data(), call_name.data(), std::min(call_name.size(), kCallBytes - 1));
-  std::memcpy(mine_text.data() + kCallBytes, text.data(), std::min(text.size(), kTextBytes - 1));
-  mpi_backend().allgather(mine_text.data(), texts.data(), kRankBytes, c10::kByte);
-  report(sigs, texts, e.size(), e.world_ranks(),
-         e.is_world() ? std::string() : " (on group " + e.describe() + ")");
+  for (int i = 0; i < kChecked; ++i) v[kChecked + i] = -v[i];
+  v[kSoftFlag] = sig.soft_flag != 0 ? 1 : 0;
+  v[kVeto] = sig.veto != 0 ? 1 : 0;
+  v[kJoinable] = static_cast<std::int64_t>(sig.joinable);
+  v[kJoinable + 1] = -v[kJoinable];
+  v[kJoinMode] = 0;
+  v[kLowestJoined] = 0;
+  exchange(v, e);
+  if (vetoed != nullptr) *vetoed = v[kVeto] != 0;
+  if (needs_report(v)) {
+    report_all(&sig, call, sig.error != ErrorClass::None ? error_text : describe(), e);
+  }
+  if (v[kJoinMode] != 0) {
+    if (!joined_take_part(v)) {
+      raise_on_every_rank(ErrorClass::Runtime, std::string(call) + ": " + refusal(v, e.size()));
+    }
+    *joined = true;
+  }
+  return soft_same(v) && v[kSoftFlag] == 0;
 }
+
+JoinedView agree_as_joined(bool rigid) {
+  const Group& e = current_group();
+  TORCH_INTERNAL_ASSERT(e.is_world() && e.size() > 1, "a join waits on the world");
+  std::int64_t v[kLanes];
+  std::fill(v, v + kLanes, kNeutral);
+  v[kSoftFlag] = 0;
+  v[kVeto] = 0;
+  v[kJoinMode] = rigid ? kModeRigid : kModeShadows;
+  v[kLowestJoined] = e.size() - e.rank();
+  exchange(v, e);
+  JoinedView out;
+  if (v[0] == kNeutral) {  // every rank is here
+    out.all_joined = true;
+    return out;
+  }
+  if (needs_report(v)) report_all(nullptr, rigid ? "fluxmpi_py.Join" : "hvd.join()", "joined", e);
+  if (!joined_take_part(v)) raise_on_every_rank(ErrorClass::Runtime, refusal(v, e.size()));
+  Signature& s = out.sig;
+  s.kind = static_cast<CallKind>(v[0]);
+  s.op = v[1];
+  s.root = v[2];
+  s.dtype = v[3];
+  s.numel = v[4];
+  s.detail = v[5];
+  s.soft = v[kFields];
+  s.joinable = agreed_joinable(v);
+  out.soft_same = soft_same(v);
+  return out;
+}
+
+void share_with_joined(AllreduceParts& p, bool is_joined) {
+  constexpr int kMaxParts = 16;  // more than the supported dtypes: one part per dtype at most
+  constexpr int n = 2 + 2 * kMaxParts;
+  std::int64_t v[n];
+  std::fill(v, v + n, -1);  // below every value an active rank sends
+  if (!is_joined) {
+    TORCH_INTERNAL_ASSERT(p.parts.size() <= kMaxParts, "too many parts for a joined rank");
+    v[0] = static_cast<std::int64_t>(p.device);
+    v[1] = static_cast<std::int64_t>(p.parts.size());
+    for (std::size_t i = 0; i < p.parts.size(); ++i) {
+      v[2 + 2 * i] = static_cast<std::int64_t>(p.parts[i].first);
+      v[3 + 2 * i] = p.parts[i].second;
+    }
+  }
+  mpi_backend().allreduce(v, n, c10::kLong, ReduceOp::Max);
+  if (!is_joined) return;
+  p.device = static_cast<c10::DeviceType>(v[0]);
+  p.parts.clear();
+  for (std::int64_t i = 0; i < v[1]; ++i) {
+    p.parts.emplace_back(static_cast<c10::ScalarType>(v[2 + 2 * i]), v[3 + 2 * i]);
+  }
+}
+
+std::int64_t world_agreements() { return g_world_agreements.load(std::memory_order_relaxed); }
 
 }  // namespace fluxmpi

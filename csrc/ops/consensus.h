@@ -1,17 +1,21 @@
 // The cross-rank check that runs before any data moves. Every collective first calls agree()
 // with a small signature of what this rank is about to do. In the common case that costs one
-// allreduce of 17 int64 (max of v and of -v gives min and max at once). When any rank reported
+// allreduce of 22 int64 (max of v and of -v gives min and max at once; ranks that have joined
+// take part with neutral values and a mark, see ops/join.h). When any rank reported
 // a local error or the signatures differ, all ranks gather everyone's signature and text and
 // raise the same exception, naming the ranks and the values that differ. Either way every
 // rank leaves agree() together, so a bad input can never leave a rank waiting in a collective.
 #pragma once
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fluxmpi {
 
@@ -35,10 +39,19 @@ enum class CallKind : std::int64_t {
   GroupedBroadcast = 15,
   ObjectBcast = 16,  // broadcast_object
   ObjectAllgather = 17,
-  NewGroup = 18,  // runtime/group.h; `numel` is the number of ranks, `detail` hashes them
+  NewGroup = 18,   // runtime/group.h; `numel` is the number of ranks, `detail` hashes them
+  JoinRound = 19,  // ops/join.h: a join's per-step round (the optimizer's index in `soft`)
 };
 
 const char* kind_name(CallKind k);
+
+// What a call does when some rank has joined (ops/join.h: it waits in agree_as_joined).
+enum class Joinable : std::int64_t {
+  No = 0,         // the call raises on every rank: the joined ranks cannot take part
+  Allreduce = 1,  // the joined ranks reduce zeros with it (see share_with_joined), unless
+                  // their join is a fluxmpi_py.Join (those answer rounds only)
+  Round = 2,      // a join round (ops/join.h): the joined ranks count themselves out
+};
 
 // Exception class that a local error should become on every rank.
 enum class ErrorClass : std::int64_t { None = 0, Value = 1, Type = 2, Runtime = 3 };
@@ -62,6 +75,8 @@ struct Signature {
   // A vote that travels too and never raises: set on a rank that cannot take some optional
   // route (see agree's `vetoed`). Every rank learns whether any rank set it.
   std::int64_t veto = 0;
+  // Compared only when some rank has joined (a call the active ranks disagree on is No).
+  Joinable joinable = Joinable::No;
 };
 
 // `what` names the call for messages ("allreduce_()") when no user call is named
@@ -71,13 +86,42 @@ struct Signature {
 // the engine or on the engine thread). With one rank it only raises a local error.
 // Returns whether the soft fields agree (see Signature). With `vetoed`, it is told whether
 // any rank set sig.veto (false with one rank).
+// Ranks that have joined (ops/join.h) take part in the same allreduce with neutral values and
+// a mark, so that their presence costs the others nothing until it matters: then a call that
+// is not sig.joinable raises on every rank, and `joined` (required when sig.joinable) is told
+// that the joined ranks take part: an Allreduce must then call share_with_joined.
 bool agree(const Signature& sig, const std::string& what, const std::string& text,
-           bool* vetoed = nullptr);
+           bool* vetoed = nullptr, bool* joined = nullptr);
 
 // The same, but the description is made only when the ranks disagree (formatting a shape on
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe, bool* vetoed = nullptr);
+           const std::function<std::string()>& describe, bool* vetoed = nullptr,
+           bool* joined = nullptr);
+
+// A joined rank's part in the active ranks' next world agreement, and what they agreed on.
+// `rigid`: this rank's join answers rounds only (fluxmpi_py.Join), so an Allreduce raises.
+// Where the active ranks raise (their call is not joinable, or bad), this rank raises the
+// same RaisedOnEveryRank.
+struct JoinedView {
+  bool all_joined = false;  // no rank is active: every rank is in agree_as_joined
+  Signature sig;            // the active ranks' signature (kind, op, dtype, numel, soft ...)
+  bool soft_same = true;    // `soft` is equal on every active rank
+};
+JoinedView agree_as_joined(bool rigid);
+
+// What a joinable Allreduce moves, after agree told it that ranks have joined: one entry
+// (dtype, elements) per backend allreduce, in order, on `device`. Every active rank passes
+// the same (they agreed on the signature); a joined rank passes nothing and gets it back.
+struct AllreduceParts {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  std::vector<std::pair<c10::ScalarType, std::int64_t>> parts;
+};
+void share_with_joined(AllreduceParts& parts, bool is_joined);
+
+// How many world agreements this process took part in (joined or not): a clock that reads
+// the same on every rank at the same point of the program.
+std::int64_t world_agreements();
 
 // Sets s.root to `root` and, unless `s` carries an error already, a ValueError (text in `msg`)
 // when `root` is not a rank of env().

@@ -158,11 +158,25 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
   ReduceOp op = parse_op_into(opname, s, msg);
   validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
   for (const auto& t : ts) check_op_dtype(op, t, s, msg);
-  agree(s, "grouped_allreduce_()", msg, [&] { return describe_list(ts, nullptr); });
+  s.joinable = Joinable::Allreduce;
+  bool joined = false;
+  agree(
+      s, "grouped_allreduce_()", msg, [&] { return describe_list(ts, nullptr); }, nullptr, &joined);
+  const auto groups = by_dtype(ts);
+  if (joined) {  // one backend allreduce per dtype, below
+    AllreduceParts p;
+    if (!ts.empty()) p.device = ts[0].device().type();
+    for (const auto& idx : groups) {
+      std::int64_t n = 0;
+      for (auto i : idx) n += ts[i].numel();
+      p.parts.emplace_back(ts[idx[0]].scalar_type(), n);
+    }
+    share_with_joined(p, /*is_joined=*/false);
+  }
   if (ts.empty()) return;
   c10::AutoGradMode no_grad(false);
   Backend& b = backend_for(ts[0]);
-  for (const auto& idx : by_dtype(ts)) {
+  for (const auto& idx : groups) {
     if (idx.size() == 1) {
       allreduce_data(b, ts[idx[0]], op, e.size());
       continue;

@@ -1,9 +1,11 @@
 // Python face of the tensor collectives (ops/collectives.h) and of the MPI ring's options
 // (backend/mpi_ring.h).
 #include <optional>
+#include <tuple>
 
 #include "backend/mpi_ring.h"
 #include "ops/collectives.h"
+#include "ops/join.h"
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
@@ -127,6 +129,32 @@ void bind_collectives(py::module_& m) {
       py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
       py::call_guard<py::gil_scoped_release>());
 
+  m.def(
+      "join_round",
+      [](std::int64_t index) {
+        env();
+        JoinRound r;
+        Engine::get().run_inline([&] { r = join_round(index); });
+        return std::make_tuple(r.count, r.same_index);  // converted once the GIL is back
+      },
+      py::arg("index"), py::call_guard<py::gil_scoped_release>(),
+      "An active rank's join round before a step of optimizer `index` (ops/join.h): "
+      "(active ranks, whether every active rank gave the same index)");
+  m.def(
+      "join_wait",
+      [](bool rigid, bool first) {
+        env();
+        JoinEvent ev;
+        Engine::get().run_inline([&] { ev = join_wait(rigid, first); });
+        return std::make_tuple(ev.count, ev.index, ev.same_index, ev.last_rank);
+      },
+      py::arg("rigid"), py::arg("first"), py::call_guard<py::gil_scoped_release>(),
+      "A joined rank's wait (ops/join.h): (active ranks in the round that ended it, or 0 when "
+      "every rank has joined; the round's optimizer index; whether the active ranks agreed on "
+      "it; the last rank to join, when all have)");
+  m.def("world_agreements", &world_agreements,
+        "How many world agreements (the check every collective starts with) this process took "
+        "part in: the same on every rank at the same point of the program (for tests)");
   bind_ring_options(m);
 }
 

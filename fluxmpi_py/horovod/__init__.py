@@ -185,7 +185,6 @@ def allreduce_(
     """
     with _in_set(process_set, "hvd.allreduce_()"):
         op = _op(average, op)
-        _join.before_allreduce([tensor], op, grouped=False)
         _fm.allreduce_(_scale_(tensor, prescale_factor), op)
         return _scale_(tensor, postscale_factor)
 
@@ -210,7 +209,6 @@ def allreduce(
         with _in_set(process_set, "hvd.allreduce()"):
             x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
             op = _op(average, op)
-            _join.before_allreduce([tensor], op, grouped=False)
             out = _diff.allreduce(x, op)
             return out * postscale_factor if postscale_factor != 1.0 else out
     return allreduce_(
@@ -238,9 +236,7 @@ def join(device=-1) -> int:
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
     True
     """
-    from ..join import wait_for_all
-
-    return wait_for_all(_optimizer.JOIN, "hvd.join")
+    return _join.join()
 
 
 def _root(process_set, root_rank, call, tensor=None):
@@ -331,7 +327,6 @@ def allreduce_async_(
     """
     with _in_set(process_set, "hvd.allreduce_async_()"):
         op = _op(average, op)
-        _join.before_allreduce([tensor], op, grouped=False)
         req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
     return _Handle(req, lambda t: _scale_(t, postscale_factor))
 

@@ -254,12 +254,11 @@ def grouped_allreduce_async_(
     >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async_([torch.ones(1)]))]
     [[1.0]]
     """
-    from . import _join, _op, _scale_
+    from . import _op, _scale_
 
     with _in_set(process_set, "hvd.grouped_allreduce_async_()"):
         op = _op(average, op)
         tensors = list(tensors)
-        _join.before_allreduce(tensors, op, grouped=True)
         tensors = [_scale_(t, prescale_factor) for t in tensors]
         req = _gc.grouped_allreduce_(tensors, op, async_op=True)
     return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out])
@@ -292,14 +291,13 @@ def grouped_allreduce_(
     >>> [t.tolist() for t in hvd.grouped_allreduce_([torch.ones(1), torch.ones(2)])]
     [[1.0], [1.0, 1.0]]
     """
-    from . import _join, _op, _scale_
+    from . import _op, _scale_
 
     # Blocking on this thread: no hand-off to the engine thread and back (with a thousand
     # tensors that hand-off cost more than the call's checks).
     with _in_set(process_set, "hvd.grouped_allreduce_()"):
         op = _op(average, op)
         tensors = list(tensors)
-        _join.before_allreduce(tensors, op, grouped=True)
         out = _gc.grouped_allreduce_([_scale_(t, prescale_factor) for t in tensors], op)
     return [_scale_(t, postscale_factor) for t in out]
 
@@ -319,12 +317,11 @@ def grouped_allreduce(
     if torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
     ):
-        from . import _join, _op
+        from . import _op
 
         with _in_set(process_set, "hvd.grouped_allreduce()"):
             op = _op(average, op)
             if op in ("sum", "average"):
-                _join.before_allreduce(tensors, op, grouped=True)
                 xs = [t * prescale_factor if prescale_factor != 1.0 else t for t in tensors]
                 outs = _GroupedAllreduce.apply(op, *xs)
                 return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]

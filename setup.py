@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import setup
 
@@ -238,6 +239,14 @@ def make_extension():
 class BuildWithNotice(cpp_extension.BuildExtension):
     """torch's builder, saying first what it compiles (shown by `pip install -v`; pip hides a
     build's output otherwise) and that ninja numbers the steps."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # pip's editable install compiles in a temporary directory, lost afterwards; the objects
+        # stay in build/ instead, where `setup.py build_ext --inplace` and a wheel build (tests/
+        # test_wheel.py) find them and recompile only what changed.
+        tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+        self.build_temp = os.path.join(HERE, "build", f"temp.{tag}")
 
     def build_extensions(self):
         for ext in self.extensions:

@@ -275,7 +275,7 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
   bool joined = false;
   agree(s, "allreduce_()", msg, [&] { return describe(t); }, nullptr, &joined);
   if (joined) {
-    AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel()}}};
+    AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel(), /*list=*/false}}};
     share_with_joined(p, /*is_joined=*/false);
   }
   allreduce_data(backend_for(t), t, op, e.size());

@@ -340,7 +340,7 @@ JoinedView agree_as_joined(bool rigid) {
 
 void share_with_joined(AllreduceParts& p, bool is_joined) {
   constexpr int kMaxParts = 16;  // more than the supported dtypes: one part per dtype at most
-  constexpr int n = 2 + 2 * kMaxParts;
+  constexpr int n = 2 + 3 * kMaxParts;
   std::int64_t v[n];
   std::fill(v, v + n, -1);  // below every value an active rank sends
   if (!is_joined) {
@@ -348,8 +348,9 @@ void share_with_joined(AllreduceParts& p, bool is_joined) {
     v[0] = static_cast<std::int64_t>(p.device);
     v[1] = static_cast<std::int64_t>(p.parts.size());
     for (std::size_t i = 0; i < p.parts.size(); ++i) {
-      v[2 + 2 * i] = static_cast<std::int64_t>(p.parts[i].first);
-      v[3 + 2 * i] = p.parts[i].second;
+      v[2 + 3 * i] = static_cast<std::int64_t>(p.parts[i].dtype);
+      v[3 + 3 * i] = p.parts[i].numel;
+      v[4 + 3 * i] = p.parts[i].list ? 1 : 0;
     }
   }
   mpi_backend().allreduce(v, n, c10::kLong, ReduceOp::Max);
@@ -357,7 +358,8 @@ void share_with_joined(AllreduceParts& p, bool is_joined) {
   p.device = static_cast<c10::DeviceType>(v[0]);
   p.parts.clear();
   for (std::int64_t i = 0; i < v[1]; ++i) {
-    p.parts.emplace_back(static_cast<c10::ScalarType>(v[2 + 2 * i]), v[3 + 2 * i]);
+    p.parts.push_back(
+        {static_cast<c10::ScalarType>(v[2 + 3 * i]), v[3 + 3 * i], v[4 + 3 * i] == 1});
   }
 }
 

@@ -110,12 +110,20 @@ struct JoinedView {
 };
 JoinedView agree_as_joined(bool rigid);
 
-// What a joinable Allreduce moves, after agree told it that ranks have joined: one entry
-// (dtype, elements) per backend allreduce, in order, on `device`. Every active rank passes
-// the same (they agreed on the signature); a joined rank passes nothing and gets it back.
+// What a joinable Allreduce moves, after agree told it that ranks have joined: one entry per
+// backend allreduce, in order, on `device`. Every active rank passes the same (they agreed on
+// the signature); a joined rank passes nothing and gets it back.
 struct AllreduceParts {
+  struct Part {
+    c10::ScalarType dtype;
+    std::int64_t numel;
+    // One dtype's tensors of a grouped allreduce, several of them: the backend may reduce
+    // them where they lie (Backend::allreduce_pieces), and the joined rank must take the
+    // same path (grouped_allreduce_zeros).
+    bool list = false;
+  };
   c10::DeviceType device = c10::DeviceType::CPU;
-  std::vector<std::pair<c10::ScalarType, std::int64_t>> parts;
+  std::vector<Part> parts;
 };
 void share_with_joined(AllreduceParts& parts, bool is_joined);
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ops/splits.h"
 
 namespace fluxmpi {
@@ -48,5 +49,9 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
                                const std::string& local_error = {});
 void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
                                const std::string& local_error = {});
+// A joined rank's part (ops/join.h) in one dtype's list of several tensors of the active
+// ranks' grouped_allreduce_checked: `zeros` of the list's total count, on the path the list
+// takes there.
+void grouped_allreduce_zeros(Backend& b, const at::Tensor& zeros, ReduceOp op, int world);
 
 }  // namespace fluxmpi

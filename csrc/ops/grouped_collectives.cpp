@@ -132,6 +132,22 @@ bool reduce_in_place(Backend& b, const std::vector<at::Tensor>& ts,
   return true;
 }
 
+}  // namespace
+
+void grouped_allreduce_zeros(Backend& b, const at::Tensor& zeros, ReduceOp op, int world) {
+  // What the active ranks' list of this dtype does, below: reduced where it lies when the
+  // backend takes it (it decides from the count, dtype and op alone), else packed into one
+  // buffer of the same count.
+  const std::vector<BufferPiece> one{{zeros.data_ptr(), zeros.numel() * zeros.element_size()}};
+  if (zeros.is_cpu() && zeros.numel() > 0 &&
+      b.allreduce_pieces(one, zeros.numel(), zeros.scalar_type(), op)) {
+    return;
+  }
+  allreduce_data(b, zeros, op, world);
+}
+
+namespace {
+
 // Indices of ts grouped by dtype, groups in the order of first appearance.
 std::vector<std::vector<std::size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
   std::vector<std::vector<std::size_t>> groups;
@@ -169,7 +185,7 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
     for (const auto& idx : groups) {
       std::int64_t n = 0;
       for (auto i : idx) n += ts[i].numel();
-      p.parts.emplace_back(ts[idx[0]].scalar_type(), n);
+      p.parts.push_back({ts[idx[0]].scalar_type(), n, /*list=*/idx.size() > 1});
     }
     share_with_joined(p, /*is_joined=*/false);
   }

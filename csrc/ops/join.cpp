@@ -8,6 +8,7 @@
 #include "backend/select.h"
 #include "ops/collectives.h"
 #include "ops/consensus.h"
+#include "ops/gather_collectives.h"
 #include "runtime/group.h"
 
 namespace fluxmpi {
@@ -18,10 +19,17 @@ namespace {
 void shadow_allreduce(const Signature& agreed, int world) {
   AllreduceParts p;
   share_with_joined(p, /*is_joined=*/true);
-  const auto op = static_cast<ReduceOp>(agreed.op);
-  for (const auto& [dtype, numel] : p.parts) {
-    at::Tensor zeros = at::zeros({numel}, at::TensorOptions().dtype(dtype).device(p.device));
-    allreduce_data(backend_for(zeros), zeros, op, world);
+  // torch's PREMUL_SUM signs as its own op; the active ranks then sum their scaled copies.
+  const auto op =
+      agreed.op == kPremulSumSignatureOp ? ReduceOp::Sum : static_cast<ReduceOp>(agreed.op);
+  for (const auto& part : p.parts) {
+    at::Tensor zeros =
+        at::zeros({part.numel}, at::TensorOptions().dtype(part.dtype).device(p.device));
+    if (part.list) {
+      grouped_allreduce_zeros(backend_for(zeros), zeros, op, world);
+    } else {
+      allreduce_data(backend_for(zeros), zeros, op, world);
+    }
   }
 }
 

@@ -60,6 +60,28 @@ def case_joined_rank_shadows_a_differentiable_allreduce():
     assert hvd.join() == n - 1
 
 
+def case_joined_rank_shadows_a_grouped_allreduce_reduced_in_place():
+    # A list of at least RingOptions.list_min_bytes (1 MiB) of float32 is reduced where it
+    # lies (shared memory on one host), not packed: the joined rank's zeros must take that
+    # path too, or the ranks meet in different collectives.
+    n, r = hvd.size(), hvd.rank()
+    if r == 0 and n > 1:
+        before = C.ring_calls()
+        assert hvd.join() == n - 1
+        assert C.ring_calls() - before == 2  # both lists shadowed on the in-place path
+        return
+    active = n - 1 if n > 1 else 1
+    for dtype in (torch.float32, torch.float64):
+        ts = [torch.full((1000 + i,), float(r + 1), dtype=dtype) for i in range(300)]
+        out = hvd.grouped_allreduce(ts, op=hvd.Sum)
+        want = float(sum(range(2, n + 1)) if n > 1 else 1)
+        assert all(torch.equal(o, torch.full_like(t, want)) for o, t in zip(out, ts)), (
+            dtype,
+            active,
+        )
+    assert hvd.join() == n - 1
+
+
 def case_bad_call_while_joined_raises_on_the_active_ranks_only():
     # A local error of the active ranks takes the agreement's slow path, which the joined
     # rank takes part in (it keeps waiting); the message names the active ranks only.

@@ -93,6 +93,13 @@ def same_on_every_rank(ts, what):
         assert torch.equal(first, t), f"{what}: tensor {i} differs from rank 0's"
 
 
+def same_as_pack(results, what):
+    """Every in-place path's tensors equal the pack path's, bit for bit."""
+    for mode in MODES[:-1]:
+        for a, b in zip(results[mode], results["pack"]):
+            assert torch.equal(a, b), f"{what}: {mode} and the pack path differ"
+
+
 def run_grouped(ts, op, mode, fn=None, **kw):
     """One grouped call on `ts` through the chosen path; returns how many ring calls it made."""
     before = C.ring_calls()
@@ -123,9 +130,7 @@ def case_every_ring_dtype_and_op_matches_closed_form_and_pack_path():
                     assert torch.equal(t, want), (dtype, op, mode, j, t.tolist(), want.tolist())
                 same_on_every_rank(ts, f"{dtype} {op} {mode}")
                 got[mode] = ts
-            for mode in MODES[:-1]:
-                for a, b in zip(got[mode], got["pack"]):
-                    assert torch.equal(a, b), f"{dtype} {op}: {mode} and the pack path differ"
+            same_as_pack(got, f"{dtype} {op}")
 
 
 def case_segments_of_every_size_including_one_element():
@@ -197,9 +202,7 @@ def case_non_contiguous_and_overlapping_tensors():
         assert torch.equal(twice, expected("sum", 3, 17, torch.float32, n)), mode
         assert torch.equal(ts[6], expected("sum", 4, 9, torch.float32, n)), mode
         results[mode] = ts
-    for mode in MODES[:-1]:
-        for a, b in zip(results[mode], results["pack"]):
-            assert torch.equal(a, b), f"{mode} and the pack path differ"
+    same_as_pack(results, "mixed list")
 
 
 def case_lists_past_the_shared_window_move_in_rounds():

@@ -344,7 +344,14 @@ class MpiBackend final : public Backend {
   void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                       c10::ScalarType dt, ReduceOp op) override {
     const CommView v = c();
+    std::int64_t total = 0;
+    for (std::int64_t n : counts) total += n;
+    const bool shared =
+        v.size > 1 && shared_reduce_scatter_takes(dt, op) &&
+        total * static_cast<std::int64_t>(c10::elementSize(dt)) >= kSharedReduceScatterMinBytes &&
+        ring_options().list_shared_memory && layout().nodes == 1;
     BlockingCall guard("reduce_scatter", v.group);
+    if (shared) return shared_reduce_scatter(send, recv, counts, dt, op, v.comm, v.rank, v.size);
     std::vector<int> parts;
     for (std::int64_t n : counts) parts.push_back(int_bytes(n));  // elements, within int as bytes
     mpi_check(MPI_Reduce_scatter(send, recv, parts.data(), mpi_type(dt), mpi_op(op, dt), v.comm),

@@ -1,5 +1,6 @@
 #include "backend/mpi_shared_pieces.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -12,6 +13,7 @@ namespace fluxmpi {
 namespace {
 
 std::atomic<std::int64_t> g_calls{0};
+std::atomic<std::int64_t> g_scatter_calls{0};
 
 // A communicator's window and every rank's part of it, mapped here. Cached on the
 // communicator as an attribute, so that it is freed with it (MPI_Comm_free is collective, as
@@ -111,7 +113,70 @@ void reduce(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp
   }
 }
 
+// Rounds of at most `cap` elements of each rank's chunk; slot s of rank c's window holds rank
+// (c + s + 1) % p's part of it, as in round() above. The meeting after the reduction frees the
+// slots for the next round's (or call's) writes.
+template <typename T>
+void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& counts, ReduceOp op,
+                    MPI_Comm comm, int rank, int p) {
+  const SharedWindow& w = window_of(comm, p);
+  const std::int64_t cap = kSharedWindowBytes / static_cast<std::int64_t>(sizeof(T)) / p;
+  std::vector<std::int64_t> off(p + 1, 0);
+  for (int c = 0; c < p; ++c) off[c + 1] = off[c] + counts[c];
+  const std::int64_t longest = *std::max_element(counts.begin(), counts.end());
+  auto slot = [&](int owner, int s) { return reinterpret_cast<T*>(w.base[owner]) + s * cap; };
+  auto take = [&](int c, std::int64_t b) {
+    return std::clamp<std::int64_t>(counts[c] - b, 0, cap);
+  };
+  for (std::int64_t b = 0; b < longest; b += cap) {
+    for (int c = 0; c < p; ++c) {  // my parts of the others' chunks, into their slots
+      const std::int64_t k = take(c, b);
+      if (c == rank || k == 0) continue;
+      std::memcpy(slot(c, (rank - c - 1 + p) % p), send + off[c] + b,
+                  static_cast<std::size_t>(k) * sizeof(T));
+    }
+    meet(w, comm);
+    if (const std::int64_t k = take(rank, b); k > 0) {  // my chunk, in rank order, into recv
+      auto part = [&](int r) -> const T* {
+        return r == rank ? send + off[rank] + b : slot(rank, (r - rank - 1 + p) % p);
+      };
+      T* out = recv + b;
+      std::memcpy(out, part(0), static_cast<std::size_t>(k) * sizeof(T));
+      for (int r = 1; r < p; ++r) combine(op, out, part(r), k, 1);
+    }
+    meet(w, comm);
+  }
+}
+
 }  // namespace
+
+void shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                           c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {
+  TORCH_INTERNAL_ASSERT(shared_reduce_scatter_takes(dt, op) &&
+                        counts.size() == static_cast<std::size_t>(size));
+  ++g_scatter_calls;
+  switch (dt) {
+    case c10::kFloat:
+      return scatter_reduce(static_cast<const float*>(send), static_cast<float*>(recv), counts, op,
+                            comm, rank, size);
+    case c10::kDouble:
+      return scatter_reduce(static_cast<const double*>(send), static_cast<double*>(recv), counts,
+                            op, comm, rank, size);
+    case c10::kInt:
+      return scatter_reduce(static_cast<const std::int32_t*>(send),
+                            static_cast<std::int32_t*>(recv), counts, op, comm, rank, size);
+    default:
+      return scatter_reduce(static_cast<const std::int64_t*>(send),
+                            static_cast<std::int64_t*>(recv), counts, op, comm, rank, size);
+  }
+}
+
+bool shared_reduce_scatter_takes(c10::ScalarType dt, ReduceOp op) {
+  const bool type = dt == c10::kFloat || dt == c10::kDouble || dt == c10::kInt || dt == c10::kLong;
+  return type && (op == ReduceOp::Sum || op == ReduceOp::Min || op == ReduceOp::Max);
+}
+
+std::int64_t shared_reduce_scatter_calls() { return g_scatter_calls.load(); }
 
 void shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
                              c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "backend/mpi_ring.h"
+#include "backend/mpi_shared_pieces.h"
 #include "ops/collectives.h"
 #include "ops/join.h"
 #include "python/bindings.h"
@@ -53,8 +54,9 @@ void bind_ring_options(py::module_& m) {
                      "grouped allreduces whose tensors of one dtype total at least this many "
                      "bytes reduce them where they lie (no pack, no unpack)")
       .def_readwrite("list_shared_memory", &RingOptions::list_shared_memory,
-                     "such lists move through shared memory when every rank is on one host; "
-                     "False: through the ring, over MPI datatypes");
+                     "such lists, and reduce-scatters of 256 KiB and more, move through shared "
+                     "memory when every rank is on one host; False: through the ring over MPI "
+                     "datatypes, and MPI_Reduce_scatter");
   def_fields(cls, {"enabled", "sum_min_bytes", "average_min_bytes", "min_segment_bytes",
                    "max_segment_bytes", "list_min_bytes", "list_shared_memory"});
   m.def("ring_options", &ring_options,
@@ -65,6 +67,8 @@ void bind_ring_options(py::module_& m) {
   m.def("ring_calls", &ring_calls,
         "How many allreduces this process has sent through the ring, flat or over a grouped "
         "call's tensors (for tests)");
+  m.def("shared_reduce_scatter_calls", &shared_reduce_scatter_calls,
+        "How many reduce-scatters this process has sent through shared memory (for tests)");
 }
 
 }  // namespace

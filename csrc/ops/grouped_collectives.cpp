@@ -191,6 +191,12 @@ void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::str
   }
   if (ts.empty()) return;
   c10::AutoGradMode no_grad(false);
+  if (e.size() == 1) {  // every op of one value is that value: no pack, no copies
+    for (const auto& t : ts) {
+      if (t.numel() > 0) bump_version(t);
+    }
+    return;
+  }
   Backend& b = backend_for(ts[0]);
   for (const auto& idx : groups) {
     if (idx.size() == 1) {

@@ -352,6 +352,13 @@ class MpiBackend final : public Backend {
         ring_options().list_shared_memory && layout().nodes == 1;
     BlockingCall guard("reduce_scatter", v.group);
     if (shared) return shared_reduce_scatter(send, recv, counts, dt, op, v.comm, v.rank, v.size);
+    if (std::all_of(counts.begin(), counts.end(), [&](std::int64_t n) { return n == counts[0]; })) {
+      // Equal parts (every rank sees the same counts): the block form, faster below 256 KiB here.
+      mpi_check(MPI_Reduce_scatter_block(send, recv, int_bytes(counts[0]), mpi_type(dt),
+                                         mpi_op(op, dt), v.comm),
+                "MPI_Reduce_scatter_block");
+      return;
+    }
     std::vector<int> parts;
     for (std::int64_t n : counts) parts.push_back(int_bytes(n));  // elements, within int as bytes
     mpi_check(MPI_Reduce_scatter(send, recv, parts.data(), mpi_type(dt), mpi_op(op, dt), v.comm),

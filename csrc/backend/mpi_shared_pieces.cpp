@@ -86,10 +86,8 @@ void round(const PieceView<T>& v, std::int64_t b, std::int64_t m, std::int64_t c
   meet(w, comm);
   T* done = slot(rank, p - 1);  // 2. my chunk: reduced in my pieces, published in my window
   v.runs(lo(rank), lo(rank + 1) - lo(rank), [&](T* at, std::int64_t k, std::int64_t pos) {
-    for (int s = 0; s + 1 < p; ++s) {
-      combine(op, at, slot(rank, s) + pos, k, s + 2 == p ? divisor : 1);
-    }
-    std::memcpy(done + pos, at, static_cast<std::size_t>(k) * sizeof(T));
+    for (int s = 0; s + 2 < p; ++s) combine(op, at, slot(rank, s) + pos, k, 1);
+    combine_and_copy(op, at, slot(rank, p - 2) + pos, done + pos, k, divisor);
   });
   meet(w, comm);
   for (int c = 0; c < p; ++c) {  // 3. the others' finished chunks, into my pieces

@@ -67,4 +67,27 @@ void combine(ReduceOp op, T* d, const T* got, std::int64_t n, int divisor) {
   }
 }
 
+// combine(), then the result also written to `copy` (one pass instead of a combine and a
+// memcpy).
+template <typename T>
+void combine_and_copy(ReduceOp op, T* d, const T* got, T* copy, std::int64_t n, int divisor) {
+  switch (op) {
+    case ReduceOp::Sum:
+      if (divisor != 1) {
+        const T inv = static_cast<T>(divisor);
+        for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = (d[i] + got[i]) / inv;
+      } else {
+        for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = d[i] + got[i];
+      }
+      return;
+    case ReduceOp::Min:
+      for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = d[i] < got[i] ? d[i] : got[i];
+      return;
+    case ReduceOp::Max:
+      for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = d[i] > got[i] ? d[i] : got[i];
+      return;
+    default: TORCH_INTERNAL_ASSERT(false, "the ring reduces sum, min and max, got ", op_name(op));
+  }
+}
+
 }  // namespace fluxmpi

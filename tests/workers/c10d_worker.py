@@ -450,6 +450,31 @@ def case_zero_redundancy_optimizer_equals_single_process():
         assert len(opt.state_dict()["state"]) == len(want)
 
 
+def case_fluxmpi_sync_batchnorm_under_ddp_equals_single_process():
+    # torch's nn.SyncBatchNorm needs CUDA modules under DDP; fm.SyncBatchNorm runs on CPU: the
+    # parameters and running statistics equal one process on every rank's batch.
+    def bn_net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+    setup()
+    steps = 3
+    model = fm.SyncBatchNorm.convert_sync_batchnorm(bn_net())
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    one = bn_net()
+    one_opt = torch.optim.SGD(one.parameters(), lr=0.1, momentum=0.9)
+    for xs, ys in full_batches(steps):
+        nn.functional.mse_loss(ddp(xs[rank()]), ys[rank()]).backward()
+        opt.step()
+        opt.zero_grad()
+        nn.functional.mse_loss(one(torch.cat(xs)), torch.cat(ys)).backward()
+        one_opt.step()
+        one_opt.zero_grad()
+    for (name, a), b in zip(model.state_dict().items(), one.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=labelled(name))
+
+
 def fully_shard_matches_one_process(mesh):
     """fully_shard on ``mesh`` (a replicate dimension too when it is 2-D), 3 SGD steps on each
     rank's batch: the full parameters equal one process on every rank's batch."""

@@ -168,12 +168,13 @@ void bind_gather_collectives(py::module_& m) {
       [](const py::object& tensors, const std::string& op, const std::string& call, bool async_op,
          const std::string& local_error) {
         std::string err;
-        Tensors ts = tensor_list(tensors, err);
+        // Held here too, so that a blocking call drops its references with the GIL held (below
+        // no_gil): dropping a Python tensor's reference without it takes the GIL for each one.
+        auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        return start(call, async_op, [ts = std::move(ts), op, err](Tensors&, Splits&) {
-          grouped_allreduce_checked(ts, op, err);
-        });
+        return start(call, async_op,
+                     [ts, op, err](Tensors&, Splits&) { grouped_allreduce_checked(*ts, op, err); });
       },
       py::arg("tensors"), py::arg("op"), py::arg("call"), py::arg("async_op"),
       py::arg("local_error") = "");
@@ -182,11 +183,11 @@ void bind_gather_collectives(py::module_& m) {
       [](const py::object& tensors, std::int64_t root, const std::string& call, bool async_op,
          const std::string& local_error) {
         std::string err;
-        Tensors ts = tensor_list(tensors, err);
+        auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));  // as above
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        return start(call, async_op, [ts = std::move(ts), root, err](Tensors&, Splits&) {
-          grouped_broadcast_checked(ts, root, err);
+        return start(call, async_op, [ts, root, err](Tensors&, Splits&) {
+          grouped_broadcast_checked(*ts, root, err);
         });
       },
       py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),

@@ -26,6 +26,9 @@ struct PendingTensors {
   std::shared_ptr<Work> work;
   std::shared_ptr<std::vector<at::Tensor>> tensors = std::make_shared<std::vector<at::Tensor>>();
   std::shared_ptr<Splits> received = std::make_shared<Splits>();
+  // The grouped calls' input list, released with the handle (under the GIL), not by the
+  // engine thread when an async call's job ends: each tensor would take the GIL back there.
+  std::shared_ptr<const std::vector<at::Tensor>> inputs;
 };
 
 using Body = std::function<void(std::vector<at::Tensor>&, Splits&)>;
@@ -173,8 +176,11 @@ void bind_gather_collectives(py::module_& m) {
         auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        return start(call, async_op,
-                     [ts, op, err](Tensors&, Splits&) { grouped_allreduce_checked(*ts, op, err); });
+        auto p = start(call, async_op, [ts, op, err](Tensors&, Splits&) {
+          grouped_allreduce_checked(*ts, op, err);
+        });
+        p.inputs = ts;
+        return p;
       },
       py::arg("tensors"), py::arg("op"), py::arg("call"), py::arg("async_op"),
       py::arg("local_error") = "");
@@ -186,9 +192,11 @@ void bind_gather_collectives(py::module_& m) {
         auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));  // as above
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        return start(call, async_op, [ts, root, err](Tensors&, Splits&) {
+        auto p = start(call, async_op, [ts, root, err](Tensors&, Splits&) {
           grouped_broadcast_checked(*ts, root, err);
         });
+        p.inputs = ts;
+        return p;
       },
       py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),
       py::arg("local_error") = "");

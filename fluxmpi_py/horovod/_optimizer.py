@@ -200,7 +200,7 @@ def DistributedOptimizer(
     float16. ``named_parameters`` names the parameters in errors; Horovod's checks apply
     (ValueError for duplicate names or an unnamed parameter). Sparse gradients are not
     supported (``sparse_as_dense`` is accepted for dense ones). ``process_set=`` averages
-    over that set's ranks only (its optimizers do not take part in ``hvd.join()``).
+    over that set's ranks only (a member that has called ``hvd.join()`` shadows its steps).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1)
@@ -235,13 +235,28 @@ def DistributedOptimizer(
         named_parameters=named,
         group=group,
     )
-    if group is None:
-        JOIN.register(opt)  # so that hvd.join() can take part in its steps
+    # So that hvd.join() can take part in its steps (on the world, or on the set's group).
+    (JOIN if group is None else set_join(group)).register(opt)
     return opt
 
 
-#: hvd.join()'s optimizers: every hvd.DistributedOptimizer, averaged over the world size.
+#: hvd.join()'s optimizers: every world hvd.DistributedOptimizer (averaged over the world
+#: size, a joined rank counting as zeros).
 JOIN = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+JOIN.shadows_allreduces = True
+
+#: The same per process set: id(group handle) -> (group, its optimizers' JoinState).
+SET_JOINS: dict = {}
+
+
+def set_join(group):
+    """The JoinState of the ``process_set=`` optimizers on ``group`` (made on first use)."""
+    key = id(group._handle)
+    if key not in SET_JOINS:
+        state = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+        state.shadows_allreduces = True
+        SET_JOINS[key] = (group, state)
+    return SET_JOINS[key][1]
 
 
 def _param_list(params):

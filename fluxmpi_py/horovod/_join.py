@@ -23,17 +23,20 @@ Process sets: the joined rank waits on the world on the calling thread and on ea
 sets (registered ones, and those ``process_set=`` optimizers were made on) on a thread of its
 own, that set's group current there; MPI_THREAD_MULTIPLE lets blocking collectives on
 different communicators run at once. A set's thread ends when every member of the set has
-joined, so all have ended once every rank has; ``join()`` returns after them, raising an
-error any of them met. Neither these waits nor the optimizer steps they shadow hold the
-engine while they block. Every member must have the same sets registered when it joins (sets
-are removed on every rank). Without MPI_THREAD_MULTIPLE only the world is waited on.
+joined, so all have ended once every rank has; ``join()`` returns after them. An error that
+a set's active ranks raised too (a shadowed step they disagree on) is raised by ``join()``
+then, the set's thread waiting on meanwhile; an error of this rank alone ends the job (the
+set's others would wait for it forever). Neither these waits nor the optimizer steps they
+shadow hold the engine while they block. Every member must have the same sets registered when
+it joins (sets are removed on every rank). Without MPI_THREAD_MULTIPLE only the world is
+waited on (a collective on a set with a joined member then waits until the timeout).
 """
 
 from __future__ import annotations
 
 from .._loader import C
 from ..join import JoinState, wait_for_all
-from ._optimizer import JOIN, SET_JOINS, set_join
+from ._optimizer import JOIN, SET_JOINS, join_state
 from ._process_sets import member_groups
 
 
@@ -54,4 +57,8 @@ def _sets() -> list[tuple[object, JoinState]]:
     groups = {id(g._handle): g for g in member_groups()}
     for key, (group, _) in SET_JOINS.items():
         groups.setdefault(key, group)
-    return [(g, set_join(g)) for g in groups.values() if g.size > 1 and g.rank is not None]
+    return [
+        (g, SET_JOINS[key][1] if key in SET_JOINS else join_state())  # no optimizers: empty
+        for key, g in groups.items()
+        if g.size > 1 and g.rank is not None
+    ]

@@ -240,22 +240,26 @@ def DistributedOptimizer(
     return opt
 
 
-#: hvd.join()'s optimizers: every world hvd.DistributedOptimizer (averaged over the world
-#: size, a joined rank counting as zeros).
-JOIN = JoinState(divide_by_initial_world_size=True, what="hvd.join")
-JOIN.shadows_allreduces = True
+def join_state() -> JoinState:
+    """hvd.join()'s bookkeeping of some optimizers: averaged over the world size (the set's
+    size on a set), a joined rank counting as zeros, which also shadows allreduces."""
+    state = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+    state.shadows_allreduces = True
+    return state
+
+
+#: hvd.join()'s world optimizers: every hvd.DistributedOptimizer without process_set=.
+JOIN = join_state()
 
 #: The same per process set: id(group handle) -> (group, its optimizers' JoinState).
 SET_JOINS: dict = {}
 
 
-def set_join(group):
+def set_join(group) -> JoinState:
     """The JoinState of the ``process_set=`` optimizers on ``group`` (made on first use)."""
     key = id(group._handle)
     if key not in SET_JOINS:
-        state = JoinState(divide_by_initial_world_size=True, what="hvd.join")
-        state.shadows_allreduces = True
-        SET_JOINS[key] = (group, state)
+        SET_JOINS[key] = (group, join_state())
     return SET_JOINS[key][1]
 
 

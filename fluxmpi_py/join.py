@@ -15,14 +15,18 @@ the optimizers given to Join (with their ``module=`` buffer sync and ``check_eve
 Anything else (a loss allreduce, ``synchronize_``, a closure step) meets the joined rank's
 mark: every rank raises (RuntimeError on the joined rank, naming this limit) instead of
 hanging. ``hvd.join()`` (:mod:`fluxmpi_py.horovod`) uses the same wait, and its joined ranks
-also reduce zeros with the others' allreduces.
+also reduce zeros with the others' allreduces, on the world and (one thread each) on the
+process sets they are in.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 
+from ._agreement import raised_on_every_rank
 from ._loader import C
+from .groups import on_group
 
 __all__ = ["Join"]
 
@@ -79,14 +83,61 @@ def grad_scale(state: JoinState, count: int) -> float:
     return C.size() / count
 
 
-def wait_for_all(state: JoinState, who: str) -> int:
+def wait_for_all(state: JoinState, who: str, sets=()) -> int:
     """This rank has joined: shadow the active ranks' steps until none is left. Returns the
-    last rank to join (the highest on a tie)."""
+    last rank to join (the highest on a tie).
+
+    ``sets``: (group, JoinState) of the process sets this rank is in (``hvd.join``): each is
+    waited on by a thread of its own (its group current there) while this thread waits on
+    the world; they end when every member of their set has joined, before this returns."""
+    if not sets:
+        return _wait(state, who, beside=False)
+    errors: list[BaseException] = []
+    threads = [
+        threading.Thread(
+            target=_wait_on_set,
+            args=(group, set_state, who, errors),
+            name=f"{who} on {list(group.ranks)}",
+            daemon=True,
+        )
+        for group, set_state in sets
+    ]
+    for t in threads:
+        t.start()
+    last = _wait(state, who, beside=True)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return last
+
+
+def _wait_on_set(group, state: JoinState, who: str, errors: list) -> None:
+    """One process set's wait. An error that the set's active ranks raised too (a shadowed
+    step they disagree on) is raised by ``wait_for_all`` once every rank has joined, and this
+    thread keeps waiting meanwhile, as the others may go on; an error of this rank alone
+    leaves the set's others waiting for it forever, so it stays uncaught: the thread's
+    excepthook (``_excepthooks``) reports it and ends the job."""
+    with on_group(group, who):
+        while True:
+            try:
+                _wait(state, who, beside=True)
+                return
+            except (ValueError, RuntimeError, TypeError) as e:
+                if not raised_on_every_rank(e):
+                    raise
+                errors.append(e)
+
+
+def _wait(state: JoinState, who: str, beside: bool) -> int:
+    """The wait on the current group (``beside``: other threads wait on other groups)."""
     rigid, first = not state.shadows_allreduces, True
     while True:
         try:
-            count, index, same, last = C.join_wait(rigid, first)
-        except (ValueError, RuntimeError, TypeError) as e:  # only when rigid
+            count, index, same, last = C.join_wait(rigid, first, beside)
+        except (ValueError, RuntimeError, TypeError) as e:
+            if not rigid:  # not the others' refused calls: those never reach here
+                raise
             raise RuntimeError(
                 f"{who}: rank {C.rank()} had joined and a rank still training issued a "
                 "collective other than a step of the joined DistributedOptimizers; inside a "

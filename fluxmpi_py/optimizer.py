@@ -196,7 +196,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from .join import round_
 
         state, index = self._join
-        self._join_count = round_(state, index)
+        with on_group(self._group, "DistributedOptimizer.step()"):  # backward's hook: no group
+            self._join_count = round_(state, index)
 
     def _reduce(self) -> None:
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
@@ -224,11 +225,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """A joined rank's part in an active rank's step: reduce zeros with the others and
         apply the reduced gradient, as they do."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._finish_reduction()
-        self._rescale_for_join(count)
-        self._synchronized = False
-        self._passes = 0
-        self._checked(self._step_and_sync_buffers(None))
+        with on_group(self._group, "hvd.join()"):
+            self._finish_reduction()
+            self._rescale_for_join(count)
+            self._synchronized = False
+            self._passes = 0
+            self._checked(self._step_and_sync_buffers(None))
 
     def _finish_reduction(self) -> None:
         changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()

@@ -206,20 +206,22 @@ bool joined_take_part(const std::int64_t* v) {
   return j == Joinable::Round || (j == Joinable::Allreduce && v[kJoinMode] == kModeShadows);
 }
 
-// Why a call that ranks have joined in the middle of cannot run.
-std::string refusal(const std::int64_t* v, int size) {
-  const std::int64_t lowest = size - v[kLowestJoined];
+// Why a call that ranks have joined in the middle of cannot run, on group `e`.
+std::string refusal(const std::int64_t* v, const Group& e) {
+  const int lowest = e.world_ranks()[e.size() - v[kLowestJoined]];
   const std::string kind = kind_name(static_cast<CallKind>(v[0]));
+  const std::string on = e.is_world() ? std::string() : " on the process set " + e.describe();
   if (v[kJoinMode] == kModeRigid) {
     return "rank " + std::to_string(lowest) +
            " has left its fluxmpi_py.Join block and waits there; inside a join only the steps "
            "of the Join's DistributedOptimizers may communicate, not this " +
-           kind;
+           kind + on;
   }
   return "rank " + std::to_string(lowest) +
          " has joined (hvd.join()): until every rank has, the joined ranks take part only in "
-         "world allreduces and in hvd.DistributedOptimizer steps, not in this " +
-         kind;
+         "allreduces (of the world and of the process sets they are in) and in "
+         "hvd.DistributedOptimizer steps, not in this " +
+         kind + on;
 }
 
 // The slow path, identical on every rank: gather signatures and texts, then raise everywhere.
@@ -301,7 +303,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   }
   if (v[kJoinMode] != 0) {
     if (!joined_take_part(v)) {
-      raise_on_every_rank(ErrorClass::Runtime, std::string(call) + ": " + refusal(v, e.size()));
+      raise_on_every_rank(ErrorClass::Runtime, std::string(call) + ": " + refusal(v, e));
     }
     *joined = true;
   }
@@ -310,7 +312,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
 
 JoinedView agree_as_joined(bool rigid) {
   const Group& e = current_group();
-  TORCH_INTERNAL_ASSERT(e.is_world() && e.size() > 1, "a join waits on the world");
+  TORCH_INTERNAL_ASSERT(e.size() > 1, "a join waits on a group of several ranks");
   std::int64_t v[kLanes];
   std::fill(v, v + kLanes, kNeutral);
   v[kSoftFlag] = 0;
@@ -324,7 +326,7 @@ JoinedView agree_as_joined(bool rigid) {
     return out;
   }
   if (needs_report(v)) report_all(nullptr, rigid ? "fluxmpi_py.Join" : "hvd.join()", "joined", e);
-  if (!joined_take_part(v)) raise_on_every_rank(ErrorClass::Runtime, refusal(v, e.size()));
+  if (!joined_take_part(v)) raise_on_every_rank(ErrorClass::Runtime, refusal(v, e));
   Signature& s = out.sig;
   s.kind = static_cast<CallKind>(v[0]);
   s.op = v[1];

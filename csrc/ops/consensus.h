@@ -99,7 +99,8 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
            const std::function<std::string()>& describe, bool* vetoed = nullptr,
            bool* joined = nullptr);
 
-// A joined rank's part in the active ranks' next world agreement, and what they agreed on.
+// A joined rank's part in the active ranks' next agreement on the current group (the world,
+// or a process set it is in: ops/join.h), and what they agreed on.
 // `rigid`: this rank's join answers rounds only (fluxmpi_py.Join), so an Allreduce raises.
 // Where the active ranks raise (their call is not joinable, or bad), this rank raises the
 // same RaisedOnEveryRank.

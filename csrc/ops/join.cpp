@@ -67,13 +67,11 @@ JoinRound join_round(std::int64_t index) {
 
 JoinEvent join_wait(bool rigid, bool first) {
   const Group& g = current_group();
-  TORCH_CHECK(g.is_world(), "a join waits on the world; this rank's current group is ",
-              g.describe());
   static std::int64_t joined_at = 0;  // one join at a time per process
-  if (first) joined_at = world_agreements();
+  if (first && g.is_world()) joined_at = world_agreements();
   JoinEvent out;
   if (g.size() == 1) {
-    out.last_rank = 0;
+    out.last_rank = g.world_ranks()[0];
     return out;
   }
   while (true) {
@@ -84,8 +82,8 @@ JoinEvent join_wait(bool rigid, bool first) {
       if (rigid) throw;
       continue;  // the active ranks raised; this rank keeps waiting (Horovod's semantics)
     }
-    if (view.all_joined) {
-      out.last_rank = last_to_join(joined_at, g.size());
+    if (view.all_joined) {  // on a process set: only its members have joined
+      if (g.is_world()) out.last_rank = last_to_join(joined_at, g.size());
       return out;
     }
     if (view.sig.joinable == Joinable::Round) {

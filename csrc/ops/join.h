@@ -1,9 +1,9 @@
 // Joins (fluxmpi_py.Join, hvd.join()): a rank that ran out of data waits in join_wait, taking
-// part in each world agreement of the ranks still active with a mark (ops/consensus.h) instead
-// of a signature. That costs the active ranks nothing while no rank has joined; once one has,
-// their allreduces (Joinable::Allreduce) tell it what they move and it reduces zeros with
-// them (hvd.join() only), their join rounds count it out, and anything else raises on every
-// rank.
+// part in each agreement of the ranks still active (on the world; with hvd.join() also on
+// each process set it is in) with a mark (ops/consensus.h) instead of a signature. That costs
+// the active ranks nothing while no rank has joined; once one has, their allreduces
+// (Joinable::Allreduce) tell it what they move and it reduces zeros with them (hvd.join() only),
+// their join rounds count it out, and anything else raises on every rank.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +28,14 @@ struct JoinEvent {
   std::int64_t last_rank = -1;  // when every rank has joined: the last one to join
 };
 
-// This rank has joined (on the world): wait until the active ranks start a round or every
-// rank has joined. Meanwhile it reduces zeros with their allreduces, unless `rigid`
-// (fluxmpi_py.Join: rounds only). The calls it cannot take part in raise on the active ranks;
-// here they raise too when `rigid`, else it keeps waiting. `first`: the first call of this
-// join (it marks when this rank joined: the last rank to join is the one that joined at the
-// latest agreement, the highest such rank on a tie).
+// This rank has joined: wait on the current group (the world, or a process set this rank is
+// in: hvd.join() waits in each of them on a thread of its own, the world on the caller's)
+// until its active members start a round or every member has joined. Meanwhile it reduces
+// zeros with their allreduces, unless `rigid` (fluxmpi_py.Join: rounds only, on the world).
+// The calls it cannot take part in raise on the active ranks; here they raise too when
+// `rigid`, else it keeps waiting. `first`: the first call of this join on the world (it marks
+// when this rank joined: the last rank to join is the one that joined at the latest world
+// agreement, the highest such rank on a tie; `last_rank` is -1 on a process set).
 JoinEvent join_wait(bool rigid, bool first);
 
 }  // namespace fluxmpi

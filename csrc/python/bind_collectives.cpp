@@ -146,16 +146,31 @@ void bind_collectives(py::module_& m) {
       "(active ranks, whether every active rank gave the same index)");
   m.def(
       "join_wait",
-      [](bool rigid, bool first) {
+      [](bool rigid, bool first, bool beside) {
         env();
         JoinEvent ev;
-        Engine::get().run_inline([&] { ev = join_wait(rigid, first); });
+        if (!beside) {
+          Engine::get().run_inline([&] { ev = join_wait(rigid, first); });
+        } else {
+          // hvd.join() waits on the world and on each of its process sets at once, one thread
+          // and communicator each (MPI_THREAD_MULTIPLE). None of them may hold the engine
+          // while it waits, or the optimizer steps shadowed on another thread could not run;
+          // earlier work still goes first.
+          TORCH_CHECK(env().thread_level >= MPI_THREAD_MULTIPLE,
+                      "hvd.join(): waiting on process sets needs MPI_THREAD_MULTIPLE; this MPI "
+                      "runs at thread level ",
+                      env().thread_level);
+          Engine::get().run_inline([] {});
+          ev = join_wait(rigid, first);
+        }
         return std::make_tuple(ev.count, ev.index, ev.same_index, ev.last_rank);
       },
-      py::arg("rigid"), py::arg("first"), py::call_guard<py::gil_scoped_release>(),
-      "A joined rank's wait (ops/join.h): (active ranks in the round that ended it, or 0 when "
-      "every rank has joined; the round's optimizer index; whether the active ranks agreed on "
-      "it; the last rank to join, when all have)");
+      py::arg("rigid"), py::arg("first"), py::arg("beside") = false,
+      py::call_guard<py::gil_scoped_release>(),
+      "A joined rank's wait on the current group (ops/join.h): (active ranks in the round that "
+      "ended it, or 0 when every member has joined; the round's optimizer index; whether the "
+      "active ranks agreed on it; the last rank to join, when all have, on the world). "
+      "`beside`: other waits of the same join run on other threads (the engine is not held)");
   m.def("world_agreements", &world_agreements,
         "How many world agreements (the check every collective starts with) this process took "
         "part in: the same on every rank at the same point of the program (for tests)");

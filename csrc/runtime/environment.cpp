@@ -49,6 +49,20 @@ struct CallGroup {
 };
 std::vector<CallGroup> g_groups(1);
 int g_wd_group = 0;  // the group of the call in flight (or the last one), 0 for the world
+// The blocking calls in flight, one per thread, oldest first: hvd.join() with process sets
+// waits on the world and on each set at once, one thread each (ops/join.h). The exit check
+// looks at every one; the stall report names the oldest.
+struct ActiveCall {
+  int group = 0;
+  std::int64_t number = 0;  // its index among its group's calls, from 0 (the world's: calls)
+  const char* what = "";
+  const char* call = "";
+  char label[160] = "";
+  std::chrono::steady_clock::time_point since;
+};
+thread_local ActiveCall t_active;
+thread_local int t_active_depth = 0;
+std::vector<const ActiveCall*> g_active;
 bool g_wd_stop = false;
 std::thread g_wd_thread;
 
@@ -88,13 +102,26 @@ void receive_exit_notices() {
 // This rank's status for stall reports (called with g_wd_mu held).
 CallStatus call_status() {
   CallStatus s;
+  auto on = [](int g) { return g == 0 ? std::string() : " on group " + g_groups[g].label; };
   s.started = g_calls_started;
   s.active = g_calls_active > 0;
-  s.for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_wd_since).count();
-  s.kind = g_wd_what;
-  if (g_wd_group != 0) s.kind += " on group " + g_groups[g_wd_group].label;
+  auto since = g_wd_since;
+  s.kind = g_wd_what + on(g_wd_group);
   s.call = g_wd_call;
   s.detail = g_wd_label;
+  if (!g_active.empty()) {
+    const ActiveCall& a = *g_active.front();
+    since = a.since;
+    s.kind = a.what + on(a.group);
+    s.call = a.call;
+    s.detail = a.label;
+    for (std::size_t i = 1; i < g_active.size(); ++i) {
+      s.kind += (i == 1 ? " (and at once " : "; ") + std::string(g_active[i]->what) +
+                on(g_active[i]->group);
+    }
+    if (g_active.size() > 1) s.kind += ")";
+  }
+  s.for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   return s;
 }
 
@@ -118,30 +145,31 @@ void watchdog_loop() {
       lk.lock();
       if (g_wd_stop) break;
     }
-    if (g_calls_active == 0) continue;
-    // The call in flight is number g_calls_started - 1 (counting from 0) on every rank. A
-    // rank that completed no more calls than that never entered it and never will.
-    // On a group: the same, counting the group's calls, among its members only.
-    const int g = g_wd_group;
-    const std::int64_t current = (g == 0 ? g_calls_started : g_groups[g].started) - 1;
-    std::vector<int> everyone;
-    if (g == 0) {
-      for (int r = 0; r < g_env.size; ++r) everyone.push_back(r);
-    }
-    const std::vector<int>& ranks = g == 0 ? everyone : g_groups[g].world_ranks;
-    for (int r : ranks) {
-      const auto& notice = g_exit_count[r];
-      if (notice.empty()) continue;
-      const std::int64_t done = static_cast<std::size_t>(g) < notice.size() ? notice[g] : 0;
-      if (done > current) continue;
-      std::string what = *g_wd_call ? std::string(g_wd_call) + " (its " + g_wd_what + ", "
-                                    : std::string(g_wd_what) + " (";
-      const std::string on = g == 0 ? std::string() : " on group " + g_groups[g].label;
-      lk.unlock();
-      abort_job("rank " + std::to_string(r) + " has exited (after " + std::to_string(done) +
-                " collective calls" + on + ") while this rank waits in " + what +
-                "collective call " + std::to_string(current + 1) + on +
-                "), which it can never join; aborting the job");
+    // A call in flight is number `number` (counting from 0) of its group on every rank. A
+    // rank that completed no more calls than that never entered it and never will. On a group:
+    // its calls are counted apart, among its members only.
+    for (const ActiveCall* a : g_active) {
+      const int g = a->group;
+      std::vector<int> everyone;
+      if (g == 0) {
+        for (int r = 0; r < g_env.size; ++r) everyone.push_back(r);
+      }
+      const std::vector<int>& ranks = g == 0 ? everyone : g_groups[g].world_ranks;
+      for (int r : ranks) {
+        const auto& notice = g_exit_count[r];
+        if (notice.empty()) continue;
+        const std::int64_t done = static_cast<std::size_t>(g) < notice.size() ? notice[g] : 0;
+        if (done > a->number) continue;
+        std::string what = *a->call ? std::string(a->call) + " (its " + a->what + ", "
+                                    : std::string(a->what) + " (";
+        const std::string on = g == 0 ? std::string() : " on group " + g_groups[g].label;
+        const std::int64_t number = a->number;
+        lk.unlock();
+        abort_job("rank " + std::to_string(r) + " has exited (after " + std::to_string(done) +
+                  " collective calls" + on + ") while this rank waits in " + what +
+                  "collective call " + std::to_string(number + 1) + on +
+                  "), which it can never join; aborting the job");
+      }
     }
   }
 }
@@ -153,6 +181,7 @@ void start_watchdog() {
   reset_stall_watch(g_env.size);
   g_calls_started = 0;
   g_calls_active = 0;
+  g_active.clear();
   if (g_env.size <= 1 || g_env.thread_level < MPI_THREAD_MULTIPLE) return;
   g_wd_stop = false;
   g_wd_thread = std::thread(watchdog_loop);
@@ -220,6 +249,14 @@ BlockingCall::BlockingCall(const char* what, int group) {
   std::strncpy(g_wd_label, running_work_label(), sizeof g_wd_label - 1);
   g_wd_since = std::chrono::steady_clock::now();
   ++g_calls_active;
+  if (t_active_depth++ > 0) return;
+  t_active.group = group;
+  t_active.number = (group == 0 ? g_calls_started : g_groups[group].started) - 1;
+  t_active.what = what;
+  t_active.call = g_wd_call;
+  std::memcpy(t_active.label, g_wd_label, sizeof t_active.label);
+  t_active.since = g_wd_since;
+  g_active.push_back(&t_active);
 }
 
 BlockingCall::~BlockingCall() {
@@ -227,6 +264,7 @@ BlockingCall::~BlockingCall() {
   std::lock_guard<std::mutex> lk(g_wd_mu);
   --g_calls_active;
   g_wd_since = std::chrono::steady_clock::now();
+  if (--t_active_depth == 0) g_active.erase(std::find(g_active.begin(), g_active.end(), &t_active));
 }
 
 int register_call_group(std::vector<int> world_ranks, std::string label, int index) {

@@ -74,6 +74,9 @@ std::string mpi_standard_version();
 // A call on a sub-group (runtime/group.h) passes the group's index: it counts in that group's
 // count instead (entered by the group's members only, in the same order), the exit notice
 // carries every group's count, and the watchdog compares only the group's members.
+// Several threads may be inside calls at once, on different groups (hvd.join() waits on the
+// world and on each of its process sets, a thread each): the watchdog checks every one, and
+// the stall report names the oldest and lists the others.
 class BlockingCall {
  public:
   explicit BlockingCall(const char* what, int group = 0);

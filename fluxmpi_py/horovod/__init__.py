@@ -228,10 +228,11 @@ def barrier(process_set=None) -> None:
 def join(device=-1) -> int:
     """This rank ran out of data: until every rank has joined, take part in the others'
     ``hvd.DistributedOptimizer`` steps with zero gradients (applying the reduced steps too,
-    so all ranks end with the same weights) and in their world ``hvd.allreduce`` calls (all
-    forms) with zeros; return the last rank to join. Averages divide by the world size (a
-    joined rank counts as zeros). Other collectives, issued while some rank has joined, raise
-    on the ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
+    so all ranks end with the same weights) and in their ``hvd.allreduce`` calls (all forms)
+    with zeros, on the world and on every process set this rank is in; return the last rank to
+    join. Averages divide by the world size (the set's size on a set; a joined rank counts as
+    zeros). Other collectives, issued while some rank of their set has joined, raise on the
+    ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
     True

@@ -200,7 +200,7 @@ def DistributedOptimizer(
     float16. ``named_parameters`` names the parameters in errors; Horovod's checks apply
     (ValueError for duplicate names or an unnamed parameter). Sparse gradients are not
     supported (``sparse_as_dense`` is accepted for dense ones). ``process_set=`` averages
-    over that set's ranks only (its optimizers do not take part in ``hvd.join()``).
+    over that set's ranks only (a member that has called ``hvd.join()`` shadows its steps).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1)
@@ -235,13 +235,32 @@ def DistributedOptimizer(
         named_parameters=named,
         group=group,
     )
-    if group is None:
-        JOIN.register(opt)  # so that hvd.join() can take part in its steps
+    # So that hvd.join() can take part in its steps (on the world, or on the set's group).
+    (JOIN if group is None else set_join(group)).register(opt)
     return opt
 
 
-#: hvd.join()'s optimizers: every hvd.DistributedOptimizer, averaged over the world size.
-JOIN = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+def join_state() -> JoinState:
+    """hvd.join()'s bookkeeping of some optimizers: averaged over the world size (the set's
+    size on a set), a joined rank counting as zeros, which also shadows allreduces."""
+    state = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+    state.shadows_allreduces = True
+    return state
+
+
+#: hvd.join()'s world optimizers: every hvd.DistributedOptimizer without process_set=.
+JOIN = join_state()
+
+#: The same per process set: id(group handle) -> (group, its optimizers' JoinState).
+SET_JOINS: dict = {}
+
+
+def set_join(group) -> JoinState:
+    """The JoinState of the ``process_set=`` optimizers on ``group`` (made on first use)."""
+    key = id(group._handle)
+    if key not in SET_JOINS:
+        SET_JOINS[key] = (group, join_state())
+    return SET_JOINS[key][1]
 
 
 def _param_list(params):

@@ -168,6 +168,13 @@ def group_of(process_set, call: str):
     return process_set._group
 
 
+def member_groups() -> list:
+    """The groups of the registered sets this process is in, other than the world (for
+    ``hvd.join()``: it waits on each)."""
+    groups = (sets[0]._group for i, sets in sorted(_registry.items()) if i)
+    return [g for g in groups if g is not None and g.rank is not None]
+
+
 def group_root(group, root_rank: int, call: str) -> tuple[int, str]:
     """Horovod's world ``root_rank`` as a rank in ``group``: (rank, error text for the
     compiled call to raise on every rank; empty when fine)."""

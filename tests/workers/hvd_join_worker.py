@@ -1,6 +1,8 @@
 """hvd.join() against closed forms: what a joined rank costs the others (nothing while no
 rank has joined: one agreement per allreduce), who is the last rank to join, and what the
-joined ranks do with the others' differentiable allreduces, bad calls and mismatched calls.
+joined ranks do with the others' differentiable allreduces, bad calls and mismatched calls,
+and on process sets: a joined member reduces zeros with the set's allreduces and shadows its
+DistributedOptimizer steps while the others run world calls (3 ranks; a set of every rank at 2).
 
 Run by tests/test_join.py under mpiexec at 1, 2 and 3 ranks.
 """
@@ -118,6 +120,137 @@ def case_join_round_of_other_optimizers_while_joined():
     active = max(n - 1, 1)
     assert torch.allclose(w.detach(), torch.full((2,), -2.0 * active / n)), w
     assert torch.equal(hvd.allgather(w.detach().unsqueeze(0)), w.detach().expand(n, 2))
+
+
+def _sets_done(*sets):
+    """Every rank drops the case's sets, so that later joins see the same registry."""
+    for ps in sets:
+        hvd.remove_process_set(ps)
+
+
+def case_set_allreduces_with_a_joined_member():
+    # Rank 1 joins; rank 0 reduces on the set [0, 1] in every form (rank 1 adds zeros),
+    # rank 2 on the world (ranks 0 and 1 add zeros once rank 0 has joined too).
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        return
+    ps = hvd.add_process_set([0, 1])  # the world itself at 2 ranks
+    last = 2 if n > 2 else 0  # rank 2 reduces after rank 0 has joined
+    if r == 1:
+        assert hvd.join() == last
+    elif r == 0:
+        t = torch.full((3,), 2.0)
+        assert hvd.allreduce(t, op=hvd.Sum, process_set=ps).tolist() == [2.0] * 3
+        assert hvd.allreduce(t, process_set=ps).tolist() == [1.0] * 3  # average: / set size
+        u = t.clone()
+        hvd.allreduce_(u, op=hvd.Sum, process_set=ps)
+        assert u.tolist() == [2.0] * 3
+        h = hvd.allreduce_async(t.double(), op=hvd.Sum, process_set=ps)
+        assert hvd.synchronize(h).tolist() == [2.0] * 3
+        got = hvd.grouped_allreduce([t, t.double(), torch.ones(5)], op=hvd.Sum, process_set=ps)
+        assert [g.tolist() for g in got] == [[2.0] * 3, [2.0] * 3, [1.0] * 5], got
+        assert hvd.join() == last
+    else:
+        for _ in range(2):
+            assert hvd.allreduce(torch.full((2,), 3.0), op=hvd.Sum).tolist() == [3.0] * 2
+        assert hvd.join() == 2
+    _sets_done(ps)
+
+
+def case_set_optimizer_step_with_a_joined_member():
+    # A DistributedOptimizer on the set [0, 1]: rank 1 has joined and shadows rank 0's step
+    # (zeros, averaged over the set's 2 ranks), so the weights end equal on both.
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        return
+    ps = hvd.add_process_set([0, 1])
+    w = torch.nn.Parameter(torch.zeros(2))
+    if r in (0, 1):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
+    if r == 0:
+        for _ in range(2):
+            (w * 2.0).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    if r == 2:
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == 1.0
+    assert hvd.join() == (2 if n > 2 else 0)
+    if r in (0, 1):
+        assert w.detach().tolist() == [-2.0, -2.0], w  # two steps of -(2 + 0) / 2
+        both = hvd.allgather(w.detach().unsqueeze(0), process_set=ps)
+        assert torch.equal(both, w.detach().expand(2, 2)), both
+    _sets_done(ps)
+
+
+def case_refused_set_collective_raises_on_the_active_members_only():
+    # Rank 2 joins; an allgather on the set [0, 2] raises on rank 0 (naming the joined world
+    # rank, the set and the call) while rank 2 keeps waiting; then an allreduce on the set
+    # works, and rank 1 (on the world) joins last.
+    n, r = hvd.size(), hvd.rank()
+    if n < 3:
+        return
+    ps = hvd.add_process_set([0, 2])
+    if r == 2:
+        assert hvd.join() == 1
+    elif r == 0:
+        msg = raises(
+            RuntimeError,
+            lambda: hvd.allgather(torch.ones(1), process_set=ps),
+            "rank 2 has joined",
+            "allgather",
+            "[0, 2]",
+        )
+        assert "rank 1" not in msg, msg
+        assert hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=ps).tolist() == [1.0] * 2
+        assert hvd.join() == 1
+    else:
+        assert hvd.allreduce(torch.full((1,), 5.0), op=hvd.Sum).item() == 5.0
+        assert hvd.join() == 1
+    _sets_done(ps)
+
+
+def case_joined_rank_in_two_sets():
+    # Rank 1 is in [0, 1] and [1, 2] and joins: ranks 0 and 2 reduce on their sets at the
+    # same time (rank 1 waits in both), then on the world together.
+    n, r = hvd.size(), hvd.rank()
+    if n < 3:
+        return
+    a, b = hvd.add_process_set([0, 1]), hvd.add_process_set([1, 2])
+    if r == 1:
+        assert hvd.join() == 2  # ranks 0 and 2 join at the same agreement: the highest
+    else:
+        mine = a if r == 0 else b
+        for _ in range(3):
+            got = hvd.allreduce(torch.full((4,), r + 1.0), op=hvd.Sum, process_set=mine)
+            assert got.tolist() == [r + 1.0] * 4, got
+        assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [2.0] * 2
+        assert hvd.join() == 2
+    _sets_done(a, b)
+
+
+def case_set_step_error_reaches_the_joined_rank():
+    # Rank 0 freezes a parameter of the set's optimizer alone: its step raises on both
+    # members, the shadowing rank 1 included (on its set's thread). Rank 1 keeps waiting (a
+    # set allreduce still works) and its hvd.join() raises that error once all have joined.
+    n, r = hvd.size(), hvd.rank()
+    if n < 3:
+        return
+    ps = hvd.add_process_set([0, 1])
+    w, v = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    if r < 2:
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w, v], lr=1.0), process_set=ps)
+    if r == 1:
+        raises(ValueError, hvd.join, "parameters differ across ranks", "requires_grad")
+    elif r == 0:
+        v.requires_grad_(False)
+        w.sum().backward()
+        raises(ValueError, opt.step, "parameters differ across ranks")
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps).item() == 1.0
+        assert hvd.join() == 2
+    else:
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == 1.0
+        assert hvd.join() == 2
+    _sets_done(ps)
 
 
 if __name__ == "__main__":

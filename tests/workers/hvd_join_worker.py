@@ -149,6 +149,9 @@ def case_set_allreduces_with_a_joined_member():
         assert hvd.synchronize(h).tolist() == [2.0] * 3
         got = hvd.grouped_allreduce([t, t.double(), torch.ones(5)], op=hvd.Sum, process_set=ps)
         assert [g.tolist() for g in got] == [[2.0] * 3, [2.0] * 3, [1.0] * 5], got
+        big = [torch.full((1000 + i,), 2.0) for i in range(300)]  # 1.4 MB: reduced in place
+        got = hvd.grouped_allreduce(big, op=hvd.Sum, process_set=ps)
+        assert all(torch.equal(g, b) for g, b in zip(got, big)), "in-place list on the set"
         assert hvd.join() == last
     else:
         for _ in range(2):

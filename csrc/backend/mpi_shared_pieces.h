@@ -38,7 +38,7 @@ std::int64_t shared_pieces_calls();
 // (`op`: Sum, Min, Max; averages are divided by the caller). Each rank writes its parts of the
 // others' chunks into their windows and reduces its own chunk straight into `recv`: one copy
 // and the reduction per element, where Open MPI 4.1's MPI_Reduce_scatter and
-// MPI_Reduce_scatter_block took 5-8x an allgather of the same bytes on one host
+// MPI_Reduce_scatter_block took 2-10x an allgather of the same bytes on one host
 // (docs/measurements.md). Reduced in rank order (rank 0's part, then rank 1's, ...): identical
 // whatever the window's rounds. Same requirements as shared_allreduce_pieces; `counts` must be
 // the same on every rank.
@@ -49,7 +49,7 @@ void shared_reduce_scatter(const void* send, void* recv, const std::vector<std::
 bool shared_reduce_scatter_takes(c10::ScalarType dt, ReduceOp op);
 
 // A reduce-scatter of at least this many bytes in all goes through shared memory on one host.
-constexpr std::int64_t kSharedReduceScatterMinBytes = std::int64_t(256) << 10;
+constexpr std::int64_t kSharedReduceScatterMinBytes = std::int64_t(128) << 10;
 
 // How many shared_reduce_scatter calls this process has made (for tests).
 std::int64_t shared_reduce_scatter_calls();

@@ -54,7 +54,7 @@ void bind_ring_options(py::module_& m) {
                      "grouped allreduces whose tensors of one dtype total at least this many "
                      "bytes reduce them where they lie (no pack, no unpack)")
       .def_readwrite("list_shared_memory", &RingOptions::list_shared_memory,
-                     "such lists, and reduce-scatters of 256 KiB and more, move through shared "
+                     "such lists, and reduce-scatters of 128 KiB and more, move through shared "
                      "memory when every rank is on one host; False: through the ring over MPI "
                      "datatypes, and MPI_Reduce_scatter");
   def_fields(cls, {"enabled", "sum_min_bytes", "average_min_bytes", "min_segment_bytes",

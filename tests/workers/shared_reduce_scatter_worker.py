@@ -1,4 +1,4 @@
-"""reduce_scatter through shared memory (one host, 256 KiB and more: every rank writes its
+"""reduce_scatter through shared memory (one host, 128 KiB and more: every rank writes its
 parts of the others' chunks into their windows and reduces its own chunk) against closed
 forms, against MPI_Reduce_scatter (RingOptions.list_shared_memory=False) and against the sum in
 rank order computed here: every dtype and op it takes, uneven and empty parts, parts past one
@@ -19,7 +19,7 @@ from harness import run_cases  # noqa: E402
 import fluxmpi_py as fm  # noqa: E402
 import fluxmpi_py._C as C  # noqa: E402
 
-MIN_BYTES = 256 << 10  # kSharedReduceScatterMinBytes (csrc/backend/mpi_shared_pieces.h)
+MIN_BYTES = 128 << 10  # kSharedReduceScatterMinBytes (csrc/backend/mpi_shared_pieces.h)
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
 OPS = ["sum", "average", "min", "max"]
 

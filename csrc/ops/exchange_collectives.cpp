@@ -71,13 +71,13 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
       const at::Tensor send = t0.contiguous();
       auto sizes = t0.sizes().vec();
       sizes[0] = sp[idx[0]][e.rank()];
-      at::Tensor recv = at::empty(sizes, t0.options());
+      at::Tensor recv = new_output(sizes, t0.options());
       b.reduce_scatter(send.data_ptr(), recv.data_ptr(), counts, wire, wire_op(op, dt));
       if (op == ReduceOp::Average) divide_by(recv, n);
       out[idx[0]] = recv;
       continue;
     }
-    at::Tensor send = at::empty({sum_of(counts)}, t0.options().dtype(wire));
+    at::Tensor send = new_output({sum_of(counts)}, t0.options().dtype(wire));
     std::int64_t pos = 0;
     std::vector<std::int64_t> row(k, 0);  // next row of each tensor
     for (int r = 0; r < n; ++r) {
@@ -88,7 +88,7 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
         pos += m;
       }
     }
-    at::Tensor recv = at::empty({counts[e.rank()]}, t0.options().dtype(wire));
+    at::Tensor recv = new_output({counts[e.rank()]}, t0.options().dtype(wire));
     b.reduce_scatter(send.data_ptr(), recv.data_ptr(), counts, wire, wire_op(op, dt));
     if (op == ReduceOp::Average) divide_by(recv, n);
     pos = 0;

@@ -37,6 +37,9 @@ struct Bytes {
   at::Tensor flat() const { return t.view({-1}).view(at::kByte); }
 };
 
+// A new uninitialized tensor for a collective's result. On the CPU its block comes from
+// malloc, so a loop that frees each result gets the same warm block back (see row_lists.cpp).
+at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options);
 // A new tensor like t with `rows` rows.
 at::Tensor with_rows(const at::Tensor& t, std::int64_t rows);
 Bytes byte_buffer(const at::Tensor& like, std::int64_t n);

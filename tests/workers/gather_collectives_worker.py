@@ -68,6 +68,34 @@ def case_allgather_first_dim_differs_by_rank():
     check_equal(fm.allgather(torch.zeros(0, 5)), torch.zeros(0, 5), "empty")
 
 
+def case_outputs_are_ordinary_tensors():
+    # Host outputs come from malloc (csrc/ops/row_lists.cpp new_output), not torch's allocator:
+    # they must be aligned as torch's, grow, move to shared memory, save and load like any
+    # tensor.
+    import io
+
+    n, r = world(), rank()
+    for numel in (5, 300_000, (4 << 20) // 4 + 1):  # small, large, past the huge-page size
+        x = torch.full((numel,), float(r))
+        want = torch.cat([torch.full((numel,), float(k)) for k in range(n)])
+        for out in (fm.allgather(x), fm.alltoall(torch.cat([x] * n)),
+                    fm.reduce_scatter(torch.cat([x] * n))):  # fmt: skip
+            assert out.data_ptr() % 64 == 0, out.data_ptr()
+            assert out.untyped_storage().resizable()
+        g = fm.allgather(x)
+        check_equal(g, want, "allgather")
+        g.resize_(2 * g.numel())  # grows through our allocator and keeps the values
+        check_equal(g[: want.numel()], want, "allgather after resize_")
+        s = fm.allgather(x).share_memory_()
+        assert s.is_shared()
+        check_equal(s, want, "allgather after share_memory_")
+        buf = io.BytesIO()
+        torch.save(fm.allgather(x), buf)
+        buf.seek(0)
+        check_equal(torch.load(buf), want, "allgather saved and loaded")
+        assert torch.equal(torch.from_numpy(fm.allgather(x).numpy().copy()), want)
+
+
 def case_gather_every_root():
     n, r = world(), rank()
     for root in range(n):

@@ -129,7 +129,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
   for (std::int64_t b = 0; b < longest; b += cap) {
     for (int c = 0; c < p; ++c) {  // my parts of the others' chunks, into their slots
       const std::int64_t k = take(c, b);
-      if (c == rank || k == 0) continue;
+      if (c == rank || k <= 0) continue;
       std::memcpy(slot(c, (rank - c - 1 + p) % p), send + off[c] + b,
                   static_cast<std::size_t>(k) * sizeof(T));
     }

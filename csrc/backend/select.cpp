@@ -46,13 +46,7 @@ Backend& mpi_backend() { return current_group().backend(); }
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
   if (t.is_cuda()) {
-    const Group& g = current_group();
-    TORCH_CHECK_NOT_IMPLEMENTED(g.is_world(),
-                                "fluxmpi_py: group= with CUDA tensors is not supported yet "
-                                "(group ",
-                                g.describe(),
-                                "); move the tensors to the CPU for "
-                                "calls on a group");
+    if (!current_group().is_world()) return nccl_group_backend(t.get_device());
     return nccl_backend(t.get_device());
   }
 #endif

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 
@@ -59,7 +59,7 @@ void StagedBackend::stage_out(void* device, const at::Tensor& host, std::int64_t
 void StagedBackend::allreduce(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
   const std::int64_t bytes = bytes_of(count, dtype);
   at::Tensor h = stage_in(buf, bytes);
-  host_.allreduce(h.data_ptr(), count, dtype, op);
+  mpi_backend().allreduce(h.data_ptr(), count, dtype, op);
   stage_out(buf, h, bytes);
 }
 
@@ -67,25 +67,25 @@ void StagedBackend::allreduce_divided(void* buf, std::int64_t count, c10::Scalar
                                       int divisor) {
   const std::int64_t bytes = bytes_of(count, dtype);
   at::Tensor h = stage_in(buf, bytes);
-  host_.allreduce_divided(h.data_ptr(), count, dtype, divisor);
+  mpi_backend().allreduce_divided(h.data_ptr(), count, dtype, divisor);
   stage_out(buf, h, bytes);
 }
 
 void StagedBackend::broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) {
   const std::int64_t bytes = bytes_of(count, dtype);
   // Only the root's bytes matter on the way in.
-  at::Tensor h = stage_in(env().rank == root ? buf : nullptr, bytes);
-  host_.broadcast(h.data_ptr(), count, dtype, root);
-  if (env().rank != root) stage_out(buf, h, bytes);
+  at::Tensor h = stage_in(current_group().rank() == root ? buf : nullptr, bytes);
+  mpi_backend().broadcast(h.data_ptr(), count, dtype, root);
+  if (current_group().rank() != root) stage_out(buf, h, bytes);
 }
 
 void StagedBackend::reduce(const void* send, void* recv, std::int64_t count, c10::ScalarType dtype,
                            ReduceOp op, int root) {
   const std::int64_t bytes = bytes_of(count, dtype);
   at::Tensor hs = stage_in(send, bytes);
-  const bool is_root = env().rank == root;
+  const bool is_root = current_group().rank() == root;
   at::Tensor hr = stage_in(nullptr, is_root ? bytes : 0);
-  host_.reduce(hs.data_ptr(), is_root ? hr.data_ptr() : nullptr, count, dtype, op, root);
+  mpi_backend().reduce(hs.data_ptr(), is_root ? hr.data_ptr() : nullptr, count, dtype, op, root);
   if (is_root) stage_out(recv, hr, bytes);
 }
 
@@ -93,35 +93,37 @@ void StagedBackend::allgather(const void* send, void* recv, std::int64_t count,
                               c10::ScalarType dtype) {
   const std::int64_t bytes = bytes_of(count, dtype);
   at::Tensor hs = stage_in(send, bytes);
-  at::Tensor hr = stage_in(nullptr, bytes * env().size);
-  host_.allgather(hs.data_ptr(), hr.data_ptr(), count, dtype);
-  stage_out(recv, hr, bytes * env().size);
+  at::Tensor hr = stage_in(nullptr, bytes * current_group().size());
+  mpi_backend().allgather(hs.data_ptr(), hr.data_ptr(), count, dtype);
+  stage_out(recv, hr, bytes * current_group().size());
 }
 
 void StagedBackend::allgatherv(const void* send, std::int64_t send_bytes, void* recv,
                                const std::vector<std::int64_t>& recv_bytes) {
   at::Tensor hs = stage_in(send, send_bytes);
   at::Tensor hr = stage_in(nullptr, total(recv_bytes));
-  host_.allgatherv(hs.data_ptr(), send_bytes, hr.data_ptr(), recv_bytes);
+  mpi_backend().allgatherv(hs.data_ptr(), send_bytes, hr.data_ptr(), recv_bytes);
   stage_out(recv, hr, total(recv_bytes));
 }
 
 void StagedBackend::gatherv(const void* send, std::int64_t send_bytes, void* recv,
                             const std::vector<std::int64_t>& recv_bytes, int root) {
-  const bool is_root = env().rank == root;
+  const bool is_root = current_group().rank() == root;
   at::Tensor hs = stage_in(send, send_bytes);
   const std::int64_t received = is_root ? total(recv_bytes) : 0;
   at::Tensor hr = stage_in(nullptr, received);
-  host_.gatherv(hs.data_ptr(), send_bytes, is_root ? hr.data_ptr() : nullptr, recv_bytes, root);
+  mpi_backend().gatherv(hs.data_ptr(), send_bytes, is_root ? hr.data_ptr() : nullptr, recv_bytes,
+                        root);
   if (is_root) stage_out(recv, hr, received);
 }
 
 void StagedBackend::scatterv(const void* send, const std::vector<std::int64_t>& send_bytes,
                              void* recv, std::int64_t recv_bytes, int root) {
-  const bool is_root = env().rank == root;
+  const bool is_root = current_group().rank() == root;
   at::Tensor hs = stage_in(is_root ? send : nullptr, is_root ? total(send_bytes) : 0);
   at::Tensor hr = stage_in(nullptr, recv_bytes);
-  host_.scatterv(is_root ? hs.data_ptr() : nullptr, send_bytes, hr.data_ptr(), recv_bytes, root);
+  mpi_backend().scatterv(is_root ? hs.data_ptr() : nullptr, send_bytes, hr.data_ptr(), recv_bytes,
+                         root);
   stage_out(recv, hr, recv_bytes);
 }
 
@@ -129,7 +131,7 @@ void StagedBackend::alltoallv(const void* send, const std::vector<std::int64_t>&
                               void* recv, const std::vector<std::int64_t>& recv_bytes) {
   at::Tensor hs = stage_in(send, total(send_bytes));
   at::Tensor hr = stage_in(nullptr, total(recv_bytes));
-  host_.alltoallv(hs.data_ptr(), send_bytes, hr.data_ptr(), recv_bytes);
+  mpi_backend().alltoallv(hs.data_ptr(), send_bytes, hr.data_ptr(), recv_bytes);
   stage_out(recv, hr, total(recv_bytes));
 }
 
@@ -137,14 +139,14 @@ void StagedBackend::reduce_scatter(const void* send, void* recv,
                                    const std::vector<std::int64_t>& counts, c10::ScalarType dtype,
                                    ReduceOp op) {
   at::Tensor hs = stage_in(send, bytes_of(total(counts), dtype));
-  const std::int64_t mine = bytes_of(counts.at(static_cast<size_t>(env().rank)), dtype);
+  const std::int64_t mine = bytes_of(counts.at(static_cast<size_t>(current_group().rank())), dtype);
   at::Tensor hr = stage_in(nullptr, mine);
-  host_.reduce_scatter(hs.data_ptr(), hr.data_ptr(), counts, dtype, op);
+  mpi_backend().reduce_scatter(hs.data_ptr(), hr.data_ptr(), counts, dtype, op);
   stage_out(recv, hr, mine);
 }
 
 Backend& staged_host_backend() {
-  static StagedBackend backend(mpi_backend(), host_copier(), "mpi");
+  static StagedBackend backend(host_copier(), "mpi");
   return backend;
 }
 

@@ -1,7 +1,9 @@
 // A backend for device memory that stages every buffer through host memory and runs the
-// collective on a host backend (MPI): copy in, collect, copy out. CUDA tensors take it for
-// the collectives NCCL lacks (variable-size gather, scatter, alltoall, uneven reduce-scatter)
-// when the MPI library is not CUDA-aware or disable_cudampi_support() is set. The staging
+// collective on the MPI backend of the current group (mpi_backend()): copy in, collect, copy
+// out. CUDA tensors take it for the collectives NCCL lacks (variable-size gather, scatter,
+// alltoall, uneven reduce-scatter) when the MPI library is not CUDA-aware or
+// disable_cudampi_support() is set, and for every collective on a group (group=), which has
+// no NCCL communicator of its own. Roots, ranks and sizes are the current group's. The staging
 // logic is device-neutral: a DeviceCopier does the copies, and the CPU build tests it with a
 // host copier that stages host buffers through a second host buffer (staged_host_backend()).
 #pragma once
@@ -27,20 +29,20 @@ class DeviceCopier {
 
 class StagedBackend final : public Backend {
  public:
-  // `host` runs the collectives; `copier` moves bytes; both outlive this backend.
-  StagedBackend(Backend& host, DeviceCopier& copier, std::string name)
-      : host_(host), copier_(copier), name_(std::move(name)) {}
+  // `copier` moves bytes and outlives this backend; the current group's MPI backend runs the
+  // collectives.
+  StagedBackend(DeviceCopier& copier, std::string name) : copier_(copier), name_(std::move(name)) {}
   const char* name() const override { return name_.c_str(); }
 
   void allreduce(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) override;
-  bool fuses_division() const override { return host_.fuses_division(); }
+  bool fuses_division() const override { return mpi_backend().fuses_division(); }
   void allreduce_divided(void* buf, std::int64_t count, c10::ScalarType dtype,
                          int divisor) override;
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dtype, int root) override;
   void reduce(const void* send, void* recv, std::int64_t count, c10::ScalarType dtype, ReduceOp op,
               int root) override;
   void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dtype) override;
-  void barrier() override { host_.barrier(); }
+  void barrier() override { mpi_backend().barrier(); }
   void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
                   const std::vector<std::int64_t>& recv_bytes) override;
   void gatherv(const void* send, std::int64_t send_bytes, void* recv,
@@ -57,7 +59,6 @@ class StagedBackend final : public Backend {
   at::Tensor stage_in(const void* device, std::int64_t bytes);
   void stage_out(void* device, const at::Tensor& host, std::int64_t bytes);
 
-  Backend& host_;
   DeviceCopier& copier_;
   std::string name_;
 };

@@ -142,9 +142,11 @@ class CudaCopier final : public DeviceCopier {
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(int device)
-      : device_(device),
-        copier_(device),
-        staged_(mpi_backend(), copier_, "mpi (staged from cuda)") {}
+      : device_(device), copier_(device), staged_(copier_, "mpi (staged from cuda)") {}
+
+  // A group's collectives (group=): staged through host memory, over the group's MPI
+  // communicator (a group has no NCCL communicator).
+  Backend& staged() { return staged_; }
 
   // The collectives NCCL has no call for go over MPI (see mpi_route()).
   void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
@@ -314,6 +316,10 @@ Backend& nccl_backend(int device) {
   auto& slot = (*backends)[device];
   if (!slot) slot = std::make_unique<NcclBackend>(device);
   return *slot;
+}
+
+Backend& nccl_group_backend(int device) {
+  return static_cast<NcclBackend&>(nccl_backend(device)).staged();
 }
 
 std::string nccl_version_string() {

@@ -70,6 +70,25 @@ def case_collectives_on_a_group_against_closed_forms():
     assert t.tolist() == [3.0], t
 
 
+def case_row_collectives_on_a_group_with_group_roots():
+    # Roots, ranks and splits are the group's: on [2, 0], rank 2 is group rank 1.
+    pair, _, _ = groups()
+    r = rank()
+    if r not in pair:
+        return
+    me = pair.rank
+    g = fm.gather(torch.full((1,), float(r)), root_rank=1, group=pair)
+    assert (g.tolist() == [0.0, 2.0]) if me == 1 else g is None, g
+    s = fm.scatter(torch.arange(4.0) + 10 * r, root_rank=1, group=pair)
+    assert s.tolist() == [20.0 + 2 * me, 21.0 + 2 * me], s  # rank 2's values
+    rs = fm.reduce_scatter(torch.arange(4.0) * (r + 1), op="sum", group=pair)
+    assert rs.tolist() == [4.0 * (2 * me), 4.0 * (2 * me + 1)], rs  # (1 + 3) * arange
+    a = fm.alltoall(torch.tensor([10.0 * r, 10.0 * r + 1]), group=pair)
+    assert a.tolist() == [0.0 + me, 20.0 + me], a
+    t = fm.reduce_(torch.full((2,), float(r + 1)), root_rank=1, group=pair)
+    assert t.tolist() == ([4.0, 4.0] if me == 1 else [1.0, 1.0]), t
+
+
 def _data(r):
     g = torch.Generator().manual_seed(100 + r)
     return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)

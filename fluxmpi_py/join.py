@@ -17,6 +17,10 @@ mark: every rank raises (RuntimeError on the joined rank, naming this limit) ins
 hanging. ``hvd.join()`` (:mod:`fluxmpi_py.horovod`) uses the same wait, and its joined ranks
 also reduce zeros with the others' allreduces, on the world and (one thread each) on the
 process sets they are in.
+
+A Join whose optimizers were made on a group (``DistributedOptimizer(group=...)``, all on the
+same one) runs its rounds and its joined ranks' wait on that group: only its members enter
+the block, and the others may meanwhile do anything but call with the group.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class JoinState:
     """The optimizers taking part in one join (a Join context, or ``hvd.join``'s registry)
     and this rank's bookkeeping."""
 
-    def __init__(self, divide_by_initial_world_size: bool, what: str):
+    def __init__(self, divide_by_initial_world_size: bool, what: str, group=None):
         # Weak: hvd.join's registry must not keep every optimizer ever made alive. Indices
         # stay stable (ranks register in the same order); a dead one is never stepped.
         self.optimizers: list[weakref.ref] = []
@@ -44,6 +48,8 @@ class JoinState:
         # hvd.join: joined ranks also reduce zeros with the others' allreduces (and keep
         # waiting when the others' other calls raise); fluxmpi_py.Join: rounds only.
         self.shadows_allreduces = False
+        self.group = group  # the optimizers' group (fluxmpi_py.Join), None for the world
+        self.rounds = 0  # rounds this rank took part in while active: the last to join has most
 
     def register(self, opt) -> None:
         if getattr(opt, "_join", None) is not None:
@@ -66,6 +72,7 @@ def round_(state: JoinState, index: int) -> int:
     count, same = C.join_round(index)
     if not same:
         raise RuntimeError(_different_optimizers(state))
+    state.rounds += 1
     return count
 
 
@@ -80,7 +87,7 @@ def grad_scale(state: JoinState, count: int) -> float:
     """Factor on the averaged gradients of a round with ``count`` active ranks."""
     if state.divide_by_initial_world_size or count == 0:
         return 1.0
-    return C.size() / count
+    return (C.size() if state.group is None else state.group.size) / count
 
 
 def wait_for_all(state: JoinState, who: str, sets=()) -> int:
@@ -189,6 +196,7 @@ class Join:
                     f"Join takes fluxmpi_py.DistributedOptimizer objects; joinables[{i}] is a "
                     f"{type(opt).__name__}"
                 )
+        self._group = _group_of(self._joinables)
         self._enable = bool(enable)
         self._divide = bool(divide_by_initial_world_size)
         self._state = None
@@ -196,7 +204,7 @@ class Join:
 
     def __enter__(self):
         if self._enable:
-            self._state = JoinState(self._divide, "fluxmpi_py.Join")
+            self._state = JoinState(self._divide, "fluxmpi_py.Join", self._group)
             for opt in self._joinables:
                 self._state.register(opt)
         return self
@@ -213,7 +221,40 @@ class Join:
                         "the Join's DistributedOptimizers may communicate"
                     )
                 return False
-            self.last_joined_rank = wait_for_all(state, "fluxmpi_py.Join")
+            if self._group is None:
+                self.last_joined_rank = wait_for_all(state, "fluxmpi_py.Join")
+                return False
+            with on_group(self._group, "fluxmpi_py.Join"):
+                wait_for_all(state, "fluxmpi_py.Join")
+                self.last_joined_rank = _last_on_group(state)
             return False
         finally:
             state.release()
+
+
+def _group_of(joinables):
+    """The group the optimizers were made on (None: the world). ValueError when they differ:
+    a Join's rounds run on one communicator."""
+    handles = {id(_handle(opt)): opt._group for opt in joinables}
+    if len(handles) > 1:
+        found = ", ".join("the world" if g is None else f"group {list(g.ranks)}"
+                          for g in handles.values())  # fmt: skip
+        raise ValueError(
+            f"fluxmpi_py.Join: its DistributedOptimizers were made on different groups ({found}); "
+            "one Join takes the optimizers of one group"
+        )
+    return next(iter(handles.values())) if handles else None
+
+
+def _handle(opt):
+    return None if opt._group is None else opt._group._handle
+
+
+def _last_on_group(state: JoinState) -> int:
+    """Every member of the Join's group has joined: the world rank of the one that took part
+    in the most rounds while active (the highest on a tie), by a gather on the group."""
+    from .object_collectives import allgather_object
+
+    rounds = allgather_object(state.rounds)
+    best = max(range(len(rounds)), key=lambda i: (rounds[i], i))
+    return state.group.ranks[best]

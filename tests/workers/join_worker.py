@@ -125,5 +125,48 @@ def case_join_rejects_what_it_cannot_shadow():
         raises(ValueError, lambda: fm.Join([opt]).__enter__(), "already in a join")
 
 
+def case_join_on_a_group_runs_among_its_members():
+    # Optimizers made on a group: only the members enter the Join (at 3 ranks, rank 1 trains
+    # alone meanwhile), its rounds and waits run on the group, the average divides by the
+    # group's size, and last_joined_rank is a world rank.
+    n, r = fm.total_workers(), fm.local_rank()
+    members = [0, n - 1] if n > 2 else list(range(n))
+    pair = fm.new_group(members)
+    data = _data()
+    if r in members:
+        m, me = len(members), members.index(r)
+        for divide in (True, False):
+            w = torch.nn.Parameter(torch.zeros(3))
+            opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), group=pair)
+            with fm.Join([opt], divide_by_initial_world_size=divide) as j:
+                for s in range(BATCHES - (me + 1)):  # group rank k has k + 1 batches fewer
+                    (w * data[s, r]).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+            want = torch.zeros(3)
+            for s in range(BATCHES):
+                act = [members[k] for k in range(m) if s < BATCHES - (k + 1)]
+                if act:
+                    want -= sum(data[s, k] for k in act) / (m if divide else len(act))
+            assert torch.allclose(w.detach(), want, atol=1e-6), (divide, w, want)
+            assert j.last_joined_rank == members[0], j.last_joined_rank
+    else:
+        w = torch.nn.Parameter(torch.zeros(3))
+        opt = torch.optim.SGD([w], lr=1.0)
+        for s in range(BATCHES):
+            (w * data[s, r]).sum().backward()
+            opt.step()
+    assert fm.allreduce_(torch.ones(1)).item() == n  # the world is in step again
+
+
+def case_join_refuses_optimizers_of_different_groups():
+    n = fm.total_workers()
+    pair = fm.new_group(range(n))
+    a = fm.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+    b = fm.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
+                                group=pair)  # fmt: skip
+    raises(ValueError, lambda: fm.Join([a, b]), "different groups", "the world", "one Join")
+
+
 if __name__ == "__main__":
     run_cases(globals())

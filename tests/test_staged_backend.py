@@ -21,6 +21,7 @@ def test_gather_collectives_hold_when_staged_through_host_buffers(np):
 
 def test_groups_hold_when_staged_through_host_buffers():
     # What CUDA tensors take on a group: the group's communicator, ranks and roots.
-    _, out = run_mpi("staged_groups_worker.py", 3, timeout=400)
+    _, out = run_mpi("staged_worker.py", 3, timeout=400, env={"STAGED_WORKER": "groups_worker"})
     assert "HARNESS: all" in out and "passed on 3 ranks" in out, out[-4000:]
+    assert "ok case_row_collectives_on_a_group_with_group_roots" in out, out[-4000:]
     assert "ok case_staging_moved_the_bytes" in out, out[-4000:]

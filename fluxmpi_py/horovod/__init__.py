@@ -23,7 +23,7 @@ from .._loader import C as _C
 from ..groups import on_group as _on_group
 from . import _collectives, _extras, _join, _optimizer, _process_sets, _topology
 from ._collectives import *  # noqa: F403
-from ._collectives import _Handle, _in_set
+from ._collectives import _Handle, _in_set, named
 from ._extras import *  # noqa: F403
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
@@ -183,7 +183,8 @@ def allreduce_(
     >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
     True
     """
-    with _in_set(process_set, "hvd.allreduce_()"):
+    call = "hvd.allreduce_()"
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
         op = _op(average, op)
         _fm.allreduce_(_scale_(tensor, prescale_factor), op)
         return _scale_(tensor, postscale_factor)
@@ -206,7 +207,8 @@ def allreduce(
     [1.0, 1.0]
     """
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        with _in_set(process_set, "hvd.allreduce()"):
+        call = "hvd.allreduce()"
+        with named(name, process_set, call, hold=False), _in_set(process_set, call):
             x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
             op = _op(average, op)
             out = _diff.allreduce(x, op)
@@ -223,6 +225,7 @@ def barrier(process_set=None) -> None:
     """
     with _in_set(process_set, "hvd.barrier()"):
         _fm.barrier()
+    _collectives.settled()
 
 
 def join(device=-1) -> int:
@@ -258,8 +261,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
     {'epoch': 3}
     """
-    group, root = _root(process_set, root_rank, "hvd.broadcast_object()")
-    return _fm.broadcast_object(obj, root, group=group)
+    call = "hvd.broadcast_object()"
+    with named(name, process_set, call, hold=False):
+        group, root = _root(process_set, root_rank, call)
+        return _fm.broadcast_object(obj, root, group=group)
 
 
 def allgather_object(obj, name=None, process_set=None):
@@ -269,8 +274,9 @@ def allgather_object(obj, name=None, process_set=None):
     >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
     True
     """
-    group = _process_sets.group_of(process_set, "hvd.allgather_object()")
-    return _fm.allgather_object(obj, group=group)
+    call = "hvd.allgather_object()"
+    with named(name, process_set, call, hold=False):
+        return _fm.allgather_object(obj, group=_process_sets.group_of(process_set, call))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
@@ -281,8 +287,10 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
     >>> hvd.broadcast_(torch.full((2,), float(hvd.rank())), 0).tolist()
     [0.0, 0.0]
     """
-    group, root = _root(process_set, root_rank, "hvd.broadcast_()", tensor)
-    return _fm.bcast_(tensor, root, group=group)
+    call = "hvd.broadcast_()"
+    with named(name, process_set, call, hold=False):
+        group, root = _root(process_set, root_rank, call, tensor)
+        return _fm.bcast_(tensor, root, group=group)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -294,8 +302,10 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     [0.0, 0.0]
     """
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        group, root = _root(process_set, root_rank, "hvd.broadcast()", tensor)
-        return _diff.broadcast(tensor, root, group=group)
+        call = "hvd.broadcast()"
+        with named(name, process_set, call, hold=False):
+            group, root = _root(process_set, root_rank, call, tensor)
+            return _diff.broadcast(tensor, root, group=group)
     return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
@@ -307,8 +317,9 @@ def allgather(tensor, name=None, process_set=None):
     >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
     True
     """
-    group = _process_sets.group_of(process_set, "hvd.allgather()")
-    return _fm.allgather(tensor, group=group)
+    call = "hvd.allgather()"
+    with named(name, process_set, call, hold=False):
+        return _fm.allgather(tensor, group=_process_sets.group_of(process_set, call))
 
 
 def allreduce_async_(
@@ -326,10 +337,11 @@ def allreduce_async_(
     >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
     [1.0, 1.0]
     """
-    with _in_set(process_set, "hvd.allreduce_async_()"):
+    call = "hvd.allreduce_async_()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
         op = _op(average, op)
         req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
-    return _Handle(req, lambda t: _scale_(t, postscale_factor))
+        return _Handle(req, lambda t: _scale_(t, postscale_factor), key)
 
 
 def allreduce_async(
@@ -359,7 +371,7 @@ def poll(handle) -> bool:
     >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h).shape, hvd.poll(h)
     (torch.Size([2]), True)
     """
-    return handle.request.test()
+    return handle.request.test()  # the name stays taken until synchronize (see _collectives)
 
 
 def synchronize(handle):
@@ -369,6 +381,10 @@ def synchronize(handle):
     >>> hvd.synchronize(hvd.allreduce_async(torch.ones(1))).tolist()
     [1.0]
     """
-    out = handle.request.wait()
+    try:
+        out = handle.request.wait()
+    finally:
+        handle.release_name()
+        _collectives.settled()
     finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
     return finish(out) if finish is not None else out

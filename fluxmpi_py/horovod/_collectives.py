@@ -7,10 +7,14 @@ runs a call on that set's group (:mod:`._process_sets`).
 
 from __future__ import annotations
 
+import weakref
+from contextlib import contextmanager
+
 import torch
 
 from .. import _row_calls as rows
 from .. import gather_collectives as _gc
+from .._agreement import user_call
 from .._loader import C
 from ..groups import on_group, on_handle
 from ._process_sets import group_of
@@ -34,14 +38,101 @@ __all__ = [
 ]
 
 
+#: (process set, name) -> (weak reference to the handle, the settle count when it was made),
+#: for each ``name=`` async call not yet synchronized: Horovod's duplicate-name rule, which it
+#: keeps per process set. Our collectives match by call order, so a reused name would not mix
+#: two tensors here; the error is for code that relies on Horovod's (its duplicate-name tests)
+#: and catches names reused by mistake. Horovod frees a name when its collective finishes, a
+#: moment that differs by rank; here every step is one of the program's, so that ranks running
+#: the same program agree on whether a name is taken: ``hvd.synchronize`` frees the handle's
+#: name, and a handle dropped unsynchronized (Horovod's handles are integers) holds its name
+#: until the next blocking hvd collective or ``hvd.synchronize`` returns (collectives finish
+#: in call order, so its own has finished by then).
+_NAMES_IN_FLIGHT: dict = {}
+_settled = 0
+
+
+def settled() -> None:
+    """A blocking hvd call or ``hvd.synchronize`` returned: dropped handles' names are free."""
+    global _settled
+    _settled += 1
+
+
+def _taken(key) -> bool:
+    if key not in _NAMES_IN_FLIGHT:
+        return False
+    entry = _NAMES_IN_FLIGHT[key]
+    if entry is None:  # held by a call that is making its handle
+        return True
+    handle, made_at = entry
+    if handle() is None and _settled > made_at:
+        del _NAMES_IN_FLIGHT[key]
+        return False
+    return True
+
+
+def _name_key(name, process_set, call: str):
+    if name is None:
+        return None
+    group = group_of(process_set, call)
+    return (None if group is None else id(group._handle), str(name))
+
+
+class NameInFlightError(ValueError, TypeError):
+    """A ``name=`` reused while an async call holds it: Horovod's ValueError on the rank that
+    reused it. The set's other ranks, inside whatever call they made, raise the TypeError of
+    a local error on another rank, with the same message."""
+
+
+@contextmanager
+def named(name, process_set, call: str, *, hold: bool = True):
+    """Context for a call with Horovod's ``name=``: a name still held by an async call on the
+    same process set raises a ValueError on every rank of the set (through the agreement, so
+    that the set's other ranks never wait in a collective this rank left), else yields the
+    name's key, held (``hold``) by the handle made with it (see ``_NAMES_IN_FLIGHT``). A
+    call that raises inside frees it; a blocking call (not ``hold``) that returns settles."""
+    key = _name_key(name, process_set, call)
+    if key is not None and _taken(key):
+        error = (
+            f"name {key[1]!r} is taken by an async collective whose handle is not done yet "
+            "(Horovod's duplicate-name rule): hvd.synchronize() that handle first, or give "
+            "this call another name"
+        )
+        try:
+            with _in_set(process_set, call), user_call(call):
+                C.allreduce_(torch.zeros(1), "sum", error)  # raises on every rank of the set
+        except TypeError as e:  # the class of local errors on the other ranks
+            raise NameInFlightError(str(e)) from None
+        raise AssertionError("unreachable: the agreement raises")
+    if key is not None and hold:
+        _NAMES_IN_FLIGHT[key] = None  # taken; the handle made inside fills it in
+    try:
+        yield key if hold else None
+    except BaseException:
+        if hold:
+            _NAMES_IN_FLIGHT.pop(key, None)
+        raise
+    if not hold:
+        settled()
+
+
 class _Handle:
-    """What the ``*_async`` calls return: a request and the step that finishes its result."""
+    """What the ``*_async`` calls return: a request, the step that finishes its result, and
+    the ``name=`` it holds (see :func:`named`)."""
 
-    __slots__ = ("request", "finish")
+    __slots__ = ("request", "finish", "name", "__weakref__")
 
-    def __init__(self, request, finish=None):
+    def __init__(self, request, finish=None, name=None):
         self.request = request
         self.finish = finish
+        self.name = name
+        if name is not None:
+            _NAMES_IN_FLIGHT[name] = (weakref.ref(self), _settled)
+
+    def release_name(self) -> None:
+        if self.name is not None:
+            _NAMES_IN_FLIGHT.pop(self.name, None)
+            self.name = None
 
 
 def _scale_op(op, prescale_factor, postscale_factor, tensors):
@@ -141,7 +232,10 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     >>> out, got = hvd.alltoall(torch.ones(n, 2), splits=[1] * n); out.shape[0] == n, got.tolist() == [1] * n
     (True, True)
     """
-    with _in_set(process_set, "hvd.alltoall()"):
+    with (
+        named(name, process_set, "hvd.alltoall()", hold=False),
+        _in_set(process_set, "hvd.alltoall()"),
+    ):
         if splits is None:
             return _gc.alltoall(tensor)
         try:
@@ -163,12 +257,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     >>> hvd.synchronize(hvd.alltoall_async(torch.ones(n))).tolist() == [1.0] * n
     True
     """
-    with _in_set(process_set, "hvd.alltoall_async()"):
+    call = "hvd.alltoall_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
         p = rows.start(
-            "alltoall", tensor, grouped=False, async_op=True, call="hvd.alltoall_async()",
-            splits=splits,
+            "alltoall", tensor, grouped=False, async_op=True, call=call, splits=splits
         )  # fmt: skip
-    return _Handle(rows.finish(p, True, rows.first if splits is None else _with_received))
+        done = rows.first if splits is None else _with_received
+        return _Handle(rows.finish(p, True, done), name=key)
 
 
 def reducescatter(
@@ -200,11 +295,12 @@ def reducescatter_async(
     >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(n))).tolist()
     [1.0]
     """
-    with _in_set(process_set, "hvd.reducescatter_async()"):
+    call = "hvd.reducescatter_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
         tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
         op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
         req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
-    return _Handle(req, finish)
+        return _Handle(req, finish, key)
 
 
 def grouped_reducescatter(
@@ -234,14 +330,15 @@ def grouped_reducescatter_async(
     >>> len(hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(n)])))
     1
     """
-    with _in_set(process_set, "hvd.grouped_reducescatter_async()"):
+    call = "hvd.grouped_reducescatter_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
         tensors = list(tensors)
         if prescale_factor != 1.0:
             tensors = [t.detach().clone() for t in tensors]
         op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
         splits = [_horovod_splits(t) for t in tensors]
         req = _gc.grouped_reduce_scatter(tensors, op, splits, async_op=True)
-    return _Handle(req, finish)
+        return _Handle(req, finish, key)
 
 
 def grouped_allreduce_async_(
@@ -256,12 +353,13 @@ def grouped_allreduce_async_(
     """
     from . import _op, _scale_
 
-    with _in_set(process_set, "hvd.grouped_allreduce_async_()"):
+    call = "hvd.grouped_allreduce_async_()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
         op = _op(average, op)
         tensors = list(tensors)
         tensors = [_scale_(t, prescale_factor) for t in tensors]
         req = _gc.grouped_allreduce_(tensors, op, async_op=True)
-    return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out])
+        return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out], key)
 
 
 def grouped_allreduce_async(
@@ -295,7 +393,8 @@ def grouped_allreduce_(
 
     # Blocking on this thread: no hand-off to the engine thread and back (with a thousand
     # tensors that hand-off cost more than the call's checks).
-    with _in_set(process_set, "hvd.grouped_allreduce_()"):
+    call = "hvd.grouped_allreduce_()"
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
         op = _op(average, op)
         tensors = list(tensors)
         out = _gc.grouped_allreduce_([_scale_(t, prescale_factor) for t in tensors], op)
@@ -319,7 +418,8 @@ def grouped_allreduce(
     ):
         from . import _op
 
-        with _in_set(process_set, "hvd.grouped_allreduce()"):
+        call = "hvd.grouped_allreduce()"
+        with named(name, process_set, call, hold=False), _in_set(process_set, call):
             op = _op(average, op)
             if op in ("sum", "average"):
                 xs = [t * prescale_factor if prescale_factor != 1.0 else t for t in tensors]
@@ -340,9 +440,9 @@ def grouped_allgather(tensors, name=None, process_set=None):
     >>> [t.shape[0] for t in hvd.grouped_allgather([torch.ones(1), torch.ones(2)])] == [hvd.size(), 2 * hvd.size()]
     True
     """
-    return _gc.grouped_allgather(
-        list(tensors), group=group_of(process_set, "hvd.grouped_allgather()")
-    )
+    call = "hvd.grouped_allgather()"
+    with named(name, process_set, call, hold=False):
+        return _gc.grouped_allgather(list(tensors), group=group_of(process_set, call))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
@@ -352,8 +452,10 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     >>> len(hvd.synchronize(hvd.grouped_allgather_async([torch.ones(1)])))
     1
     """
-    group = group_of(process_set, "hvd.grouped_allgather_async()")
-    return _Handle(_gc.grouped_allgather(list(tensors), async_op=True, group=group))
+    call = "hvd.grouped_allgather_async()"
+    with named(name, process_set, call) as key:
+        group = group_of(process_set, call)
+        return _Handle(_gc.grouped_allgather(list(tensors), async_op=True, group=group), name=key)
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -363,8 +465,10 @@ def allgather_async(tensor, name=None, process_set=None):
     >>> hvd.synchronize(hvd.allgather_async(torch.ones(1))).shape[0] == hvd.size()
     True
     """
-    group = group_of(process_set, "hvd.allgather_async()")
-    return _Handle(_gc.allgather(tensor, async_op=True, group=group))
+    call = "hvd.allgather_async()"
+    with named(name, process_set, call) as key:
+        group = group_of(process_set, call)
+        return _Handle(_gc.allgather(tensor, async_op=True, group=group), name=key)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
@@ -377,8 +481,10 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     from ..collectives import Ibcast
     from . import _root
 
-    group, root = _root(process_set, root_rank, "hvd.broadcast_async_()", tensor)
-    return _Handle(Ibcast(tensor, root, group=group))
+    call = "hvd.broadcast_async_()"
+    with named(name, process_set, call) as key:
+        group, root = _root(process_set, root_rank, call, tensor)
+        return _Handle(Ibcast(tensor, root, group=group), name=key)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
@@ -393,5 +499,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 
 def synchronize_now(handle):
     """Wait for ``handle`` and apply its finishing step."""
-    out = handle.request.wait()
+    try:
+        out = handle.request.wait()
+    finally:
+        handle.release_name()
+        settled()
     return handle.finish(out) if handle.finish is not None else out

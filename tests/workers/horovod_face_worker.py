@@ -389,5 +389,44 @@ def case_join_takes_part_in_plain_allreduce():
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # in step again
 
 
+def case_a_name_in_flight_is_horovods_duplicate_name_error():
+    n, r = hvd.size(), hvd.rank()
+    t = torch.ones(3)
+    h = hvd.allreduce_async(t, name="grad.w", op=hvd.Sum)
+    taken = "name 'grad.w' is taken"
+    # Horovod keeps one table of names per process set, across ops and sync calls
+    raises(ValueError, lambda: hvd.allreduce_async(t, name="grad.w"), taken, "rank 0")
+    raises(ValueError, lambda: hvd.allgather_async(t, name="grad.w"), taken)
+    raises(ValueError, lambda: hvd.broadcast(t, 0, name="grad.w"), taken)
+    raises(ValueError, lambda: hvd.grouped_allreduce([t], name="grad.w"), taken)
+    assert hvd.allreduce(t, name="grad.b", op=hvd.Sum).tolist() == [n] * 3  # other names run
+    assert hvd.synchronize(h).tolist() == [n] * 3  # the first call was not disturbed
+    h = hvd.allgather_async(t, name="grad.w")  # free again after synchronize
+    while not hvd.poll(h):
+        pass
+    # poll() may say done on one rank and not on another: the name waits for synchronize
+    raises(ValueError, lambda: hvd.broadcast_async(t, 0, name="grad.w"), taken)
+    assert hvd.synchronize(h).shape[0] == 3 * n
+    assert hvd.synchronize(hvd.broadcast_async(t, 0, name="grad.w")).tolist() == [1.0] * 3
+    hvd.allreduce_async(t, name="dropped")  # a dropped handle: taken until a blocking call
+    raises(ValueError, lambda: hvd.allreduce_async(t, name="dropped"), "'dropped' is taken")
+    hvd.barrier()  # collectives finish in call order: the dropped one is done after this
+    assert hvd.allreduce(t, name="dropped", op=hvd.Sum).tolist() == [n] * 3
+    raises(ValueError, lambda: hvd.reducescatter(torch.ones(n), name="x", op=hvd.Max))
+    assert hvd.reducescatter(torch.ones(n), name="x", op=hvd.Sum).tolist() == [n]  # freed
+    if n > 1:
+        # only rank 0 reuses a name: every rank raises, naming rank 0, and none hangs. Rank 0
+        # raises Horovod's ValueError; the others the TypeError of another rank's local error
+        h = hvd.allreduce_async(t, name="a")
+        try:
+            hvd.allreduce(t, name="b" if r else "a")
+            raise AssertionError("no rank may finish this call")
+        except TypeError as e:
+            assert "rank 0" in str(e) and "name 'a' is taken" in str(e), e
+            assert isinstance(e, ValueError) == (r == 0), type(e)
+        hvd.synchronize(h)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # in step again
+
+
 if __name__ == "__main__":
     run_cases(globals())

@@ -101,5 +101,22 @@ def case_distributed_optimizer_on_a_set():
     assert w.tolist() == [-mean] * 2
 
 
+def case_names_are_per_process_set():
+    n = hvd.size()
+    ps, ranks, member = _edge_set()
+    h = hvd.allreduce_async(torch.ones(2), name="g", op=hvd.Sum)  # the world holds "g"
+    if ranks == list(range(n)):  # the set of every rank is the global set: "g" is taken
+        raises(ValueError, lambda: hvd.allgather_async(torch.ones(1), name="g", process_set=ps),
+               "name 'g' is taken")  # fmt: skip
+    elif member:  # Horovod keeps a table of names per set: "g" is free on this one
+        hs = hvd.allreduce_async(torch.ones(2), name="g", op=hvd.Sum, process_set=ps)
+        raises(ValueError, lambda: hvd.allgather_async(torch.ones(1), name="g", process_set=ps),
+               "name 'g' is taken")  # fmt: skip
+        assert hvd.synchronize(hs).tolist() == [float(len(ranks))] * 2
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), name="g"), "name 'g' is taken")
+    assert hvd.synchronize(h).tolist() == [float(n)] * 2
+    hvd.remove_process_set(ps)
+
+
 if __name__ == "__main__":
     run_cases(globals())

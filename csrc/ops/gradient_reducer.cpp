@@ -72,15 +72,20 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   }
   buckets_ = plan_buckets(metas, opts_.plan);
   bucket_of_.assign(params_.size(), -1);
+  slot_of_.assign(params_.size(), -1);
   state_.resize(buckets_.size());
   // "average" pre-scales every contribution by 1/world in the bucket's pack, on every rank
   // alike, so a fused bucket is summed with no division pass afterwards.
   const int world = current_group().size();
   const double scale = opts_.op == ReduceOp::Average && world > 1 ? 1.0 / world : 1.0;
+  scaled_ = scale != 1.0;
   const auto comp = compressed_dtype(opts_.compression);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bk = buckets_[b];
-    for (auto i : bk.members) bucket_of_[i] = static_cast<std::int64_t>(b);
+    for (std::size_t k = 0; k < bk.members.size(); ++k) {
+      bucket_of_[bk.members[k]] = static_cast<std::int64_t>(b);
+      slot_of_[bk.members[k]] = static_cast<std::int64_t>(k);
+    }
     if (bk.direct) continue;
     auto& st = state_[b];
     st.flat = at::zeros({bk.numel}, at::TensorOptions().dtype(bk.dtype).device(bk.device));
@@ -98,6 +103,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     st.pack = plan_pack(sources, wire);
     if (wire != real) st.wire = at::zeros({st.pack.numel}, st.flat.options().dtype(wire));
   }
+  all_host_ = std::all_of(buckets_.begin(), buckets_.end(),
+                          [](const Bucket& bk) { return bk.device.is_cpu(); });
   present_.assign(params_.size(), 0);
   ready_.assign(params_.size(), 0);
   zeros_.resize(params_.size());
@@ -157,7 +164,7 @@ void GradientReducer::open_step() {
   auto failed = failed_;
   std::string text = std::to_string(params_.size()) + " parameters in " +
                      std::to_string(buckets_.size()) + " buckets";
-  agree_work_ = Engine::get().submit("gradient agreement", [s, failed, text] {
+  agree_work_ = start("gradient agreement", [s, failed, text] {
     try {
       agree(s, "DistributedOptimizer.step()", text);
     } catch (...) {
@@ -166,6 +173,11 @@ void GradientReducer::open_step() {
     }
   });
   step_open_ = true;
+}
+
+std::shared_ptr<Work> GradientReducer::start(std::string label, std::function<void()> fn) {
+  return run_inline_ ? Engine::get().run_now(std::move(label), fn)
+                     : Engine::get().submit(std::move(label), std::move(fn));
 }
 
 void GradientReducer::prepare(std::int64_t i) {
@@ -188,8 +200,7 @@ void GradientReducer::prepare(std::int64_t i) {
     return;
   }
   auto& st = state_[bucket_of_[i]];
-  std::size_t k = 0;
-  while (bk.members[k] != i) ++k;
+  const auto k = static_cast<std::size_t>(slot_of_[i]);  // a search here made a step O(n^2)
   at::Tensor& slot = st.slots[k];
   st.fresh[k] = 0;
   if (!g.defined()) {
@@ -221,8 +232,16 @@ void GradientReducer::launch(std::int64_t b) {
   at::Tensor wire = st.wire;
   std::vector<at::Tensor> unpack_into;
   PackPlan unpack_plan;
-  if (!bk.direct) {
+  // Every member accumulated in its slot, no scale and no cast: the pack has nothing to do.
+  // (An average must scale in the pack on every rank alike: whether a rank's gradients are in
+  // place is its own affair, so it may not decide how the ranks reduce.)
+  const bool nothing_to_pack =
+      !wire.defined() && !scaled_ &&
+      std::none_of(st.fresh.begin(), st.fresh.end(), [](auto f) { return f; });
+  if (!bk.direct && !nothing_to_pack) {
     pack(st.pack, real_views(st.sources), wire.defined() ? wire : real_view(st.flat));
+  }
+  if (!bk.direct) {
     std::fill(st.sources.begin(), st.sources.end(), at::Tensor());
     if (wire.defined()) {
       unpack_into = real_views(st.slots);
@@ -241,8 +260,8 @@ void GradientReducer::launch(std::int64_t b) {
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work = Engine::get().submit(labels_[b], [t, op, comp, world, failed, direct, wire,
-                                                     unpack_plan, unpack_into, produced, done] {
+  state_[b].work = start(labels_[b], [t, op, comp, world, failed, direct, wire, unpack_plan,
+                                      unpack_into, produced, done] {
     if (failed->load()) return;  // the step's agreement failed: move no data
     try {
       if (produced) produced->make_current_stream_wait();
@@ -306,7 +325,16 @@ bool GradientReducer::finalize(bool flag) {
   GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
   if (params_.empty()) return flag;
-  if (!step_open_) open_step();
+  // No backward hook opened this step (allreduce_gradients, or a step with no gradients):
+  // nothing can overlap, so a host plan's collectives run here, on this thread.
+  struct InlineStep {
+    bool& on;
+    ~InlineStep() { on = false; }
+  } inline_step{run_inline_};
+  if (!step_open_) {
+    run_inline_ = all_host_;
+    open_step();
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;
     ready_[i] = 1;
@@ -364,9 +392,7 @@ bool GradientReducer::finalize(bool flag) {
     if (bk.direct) {
       p.mutable_grad() = zeros_[i];
     } else {
-      std::size_t k = 0;
-      while (bk.members[k] != static_cast<std::int64_t>(i)) ++k;
-      p.mutable_grad() = state_[bucket_of_[i]].slots[k];
+      p.mutable_grad() = state_[bucket_of_[i]].slots[slot_of_[i]];
     }
   }
   for (auto& z : zeros_) z.reset();

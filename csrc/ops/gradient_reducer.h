@@ -20,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,12 +105,15 @@ class GradientReducer {
   void prepare(std::int64_t i);  // put params_[i]'s grad where its bucket reduces it
   void launch(std::int64_t b);
   void launch_ready();
+  // Engine work of this step: submitted, or run now on this thread when run_inline_.
+  std::shared_ptr<Work> start(std::string label, std::function<void()> fn);
   at::Tensor bucket_tensor(std::int64_t b);
 
   std::vector<at::Tensor> params_;
   ReducerOptions opts_;
   std::vector<Bucket> buckets_;
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
+  std::vector<std::int64_t> slot_of_;    // param index -> its place among the bucket's members
   std::vector<BucketState> state_;
   std::vector<std::string> labels_;    // per bucket, the engine work's label
   std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
@@ -120,6 +124,9 @@ class GradientReducer {
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;
   bool step_open_ = false;
+  bool scaled_ = false;      // the packs scale by 1/world ("average" on several ranks)
+  bool all_host_ = false;    // every bucket on the host (see finalize: the inline step)
+  bool run_inline_ = false;  // this step's collectives run on the calling thread (start)
   std::shared_ptr<Work> agree_work_;
   std::shared_ptr<std::atomic<bool>> failed_;
   std::mutex mu_;

@@ -81,6 +81,18 @@ std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn)
   return work;
 }
 
+std::shared_ptr<Work> Engine::run_now(std::string what, const std::function<void()>& fn) {
+  auto work = std::make_shared<Work>(std::move(what));
+  run_inline([&] {
+    const char* outer = t_work_label;
+    t_work_label = work->what().c_str();
+    auto err = run_catching(fn);
+    t_work_label = outer;
+    work->finish(err);
+  });
+  return work;
+}
+
 void Engine::run_inline(const std::function<void()>& fn) {
   if (t_on_engine_thread) {
     fn();

@@ -62,6 +62,12 @@ class Engine {
   // the engine there would wait for itself).
   void run_inline(const std::function<void()>& fn);
 
+  // submit()'s work run as run_inline() runs it: now, on the calling thread, labelled `what`
+  // for stall reports; returns it finished (an error it threw is rethrown by wait()). For a
+  // caller that would only wait for submitted work: it saves the hand-off to the engine
+  // thread and back.
+  std::shared_ptr<Work> run_now(std::string what, const std::function<void()>& fn);
+
   // Finish queued work and join the thread (at exit). submit() after stop() runs inline.
   void stop();
 

@@ -354,5 +354,54 @@ def case_allreduce_gradients_function():
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=labelled(k))
 
 
+def case_allreduce_gradients_in_place_fresh_and_missing_mixed():
+    # 300 small parameters in one fused bucket and one direct: steps whose gradients are fresh
+    # tensors, accumulated in their slots (views of the bucket after the first step), or
+    # missing, differently on different ranks; sum and average against closed forms
+    n, r = fm.total_workers(), fm.local_rank()
+    ps = [torch.nn.Parameter(torch.zeros(5)) for _ in range(300)]
+    ps.append(torch.nn.Parameter(torch.zeros(4096)))  # past direct_min_bytes: its own storage
+
+    def value(step, i, rank):  # fmt: skip
+        return float((rank + 1) * (i + 1) + step)
+
+    def expect(step, i, ranks, avg):
+        total = sum(value(step, i, q) for q in ranks)
+        return total / n if avg else total
+
+    for step, (op, how) in enumerate(
+        [("sum", "fresh"), ("sum", "in place"), ("average", "in place"), ("average", "mixed"),
+         ("sum", "mixed"), ("average", "rank 0 fresh"), ("sum", "rank 0 fresh")]
+    ):  # fmt: skip
+        missing = (7 + step) if n > 1 else None  # missing on the last rank only
+        for i, p in enumerate(ps):
+            v = value(step, i, r)
+            fresh = (
+                how == "fresh"
+                or (how == "mixed" and (i + r) % 2 == 0)
+                or (how == "rank 0 fresh" and r == 0)
+                or p.grad is None
+            )
+            if i == missing and r == n - 1:
+                p.grad = None
+            elif fresh:
+                p.grad = torch.full_like(p, v)
+            else:
+                p.grad.fill_(v)  # in place: in its slot of the bucket from step 2 on
+        fm.allreduce_gradients(ps, op=op, direct_min_bytes=8192)
+        for i, p in enumerate(ps):
+            ranks = [q for q in range(n) if not (i == missing and q == n - 1)]
+            want = expect(step, i, ranks, op == "average")
+            assert p.grad is not None, (step, i)
+            if op == "sum":  # integers in float32: exact
+                assert torch.all(p.grad == want), (step, how, i, p.grad, want)
+            else:  # each part divided by n before the sum: within rounding
+                torch.testing.assert_close(p.grad, torch.full_like(p, want), msg=f"{step} {i}")
+        if step == 1:  # gradients now live in the bucket: in place is in place
+            assert ps[3].grad.data_ptr() + 20 == ps[2].grad.data_ptr() or (
+                ps[2].grad.data_ptr() + 20 == ps[3].grad.data_ptr()
+            )
+
+
 if __name__ == "__main__":
     run_cases(globals())

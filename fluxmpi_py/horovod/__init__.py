@@ -21,10 +21,10 @@ import fluxmpi_py as _fm
 from .. import differentiable as _diff
 from .._loader import C as _C
 from ..groups import on_group as _on_group
-from . import _collectives, _extras, _join, _optimizer, _process_sets, _topology
+from . import _collectives, _extras, _handles, _join, _optimizer, _process_sets, _topology
 from ._collectives import *  # noqa: F403
-from ._collectives import _Handle, _in_set, named
 from ._extras import *  # noqa: F403
+from ._handles import _Handle, _in_set, named
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._topology import *  # noqa: F403
@@ -225,7 +225,7 @@ def barrier(process_set=None) -> None:
     """
     with _in_set(process_set, "hvd.barrier()"):
         _fm.barrier()
-    _collectives.settled()
+    _handles.settled()
 
 
 def join(device=-1) -> int:
@@ -385,6 +385,6 @@ def synchronize(handle):
         out = handle.request.wait()
     finally:
         handle.release_name()
-        _collectives.settled()
+        _handles.settled()
     finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
     return finish(out) if finish is not None else out

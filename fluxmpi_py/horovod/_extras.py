@@ -10,7 +10,7 @@ import torch
 
 import fluxmpi_py as _fm
 
-from ._collectives import _Handle
+from ._handles import _Handle
 from ._process_sets import group_of
 
 __all__ = [

@@ -31,9 +31,11 @@ def check_optimizer_args(
             f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
         )
     if check_every is not None and not (
-        isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1
+        isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 0
     ):
-        raise ValueError(f"check_every must be None or an int >= 1, got {check_every!r}")
+        raise ValueError(
+            f"check_every must be None, 0 (no check at all) or an int >= 1, got {check_every!r}"
+        )
     if not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
     if buffers not in (None, "average", "broadcast"):

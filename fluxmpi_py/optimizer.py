@@ -10,6 +10,7 @@ rest and then runs the wrapped optimizer.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable
 from typing import Callable
 
@@ -67,13 +68,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     rank, naming the first entry that differs, as soon as the ranks have diverged. Off by
     default; each check costs one pass over those bytes plus one tiny allreduce: 31 ms on 1
     rank and 60 ms on 2 ranks for ResNet-50 with SGD momentum (204 MB; under 1% of a step at
-    ``check_every=100``).
+    ``check_every=100``). Whatever ``check_every`` is, the first ``step()`` checks the
+    parameters alone, so that ranks that never started equal (no :func:`synchronize_`) raise
+    instead of training different models; ``check_every=0`` turns every check off.
 
     ``group=`` (:func:`new_group`) averages over the group's members only: they train like one
     process on their data; ranks outside the group may not construct it.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    >>> model = fm.synchronize_(model)  # the same start on every rank
     >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
     >>> model(torch.randn(8, 4)).pow(2).mean().backward()
     >>> opt.step(); opt.zero_grad()
@@ -307,9 +311,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._checked(self._step_and_sync_buffers(None))
 
     def _checked(self, result):
-        """Every check_every-th step: check_consistency on the parameters and the state."""
+        """After the first step, unless check_every=0: are the parameters equal on every rank?
+        Every check_every-th step: check_consistency on the parameters and the state."""
         self._steps_taken += 1
-        if self._check_every is None or self._steps_taken % self._check_every:
+        every = self._check_every
+        if self._steps_taken == 1 and every != 0 and (every is None or every > 1):
+            self._check_first_step()
+        if not every or self._steps_taken % every:
             return result
         names = dict(self._names)
         if self._module is not None:
@@ -324,6 +332,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
             f"DistributedOptimizer(check_every={self._check_every}) after step {self._steps_taken}",
         )
         return result
+
+    #: What the first step's check does when the ranks' parameters differ ("raise", or
+    #: "warn" for hvd.DistributedOptimizer: Horovod lets such a step run), and the remedy the
+    #: message names.
+    _unequal_start = "raise"
+    _start_remedy = "fm.synchronize_(model) after building or loading it"
+
+    def _check_first_step(self) -> None:
+        """Ranks that start from different parameters (no synchronize_ after building or
+        loading the model) would each apply the same averaged gradients to their own weights
+        and train different models without a sign. After the first step (real or a joined
+        rank's shadow, so every rank gets here in the same order) the parameters must be
+        equal: one pass over them and one tiny allreduce, once."""
+        names = dict(self._names)
+        if self._module is not None:
+            names.update({id(p): n for n, p in self._module.named_parameters()})
+        try:
+            _check_consistency(
+                {"parameters": dict(named_candidates(self.param_groups, names))},
+                names,
+                "DistributedOptimizer: after its first step the ranks must hold the same "
+                f"parameters (start them equal: {self._start_remedy}, or the same seed "
+                "everywhere; check_every=0 skips this check)",
+            )
+        except ValueError as e:  # raised on every rank together
+            if self._unequal_start == "raise":
+                raise
+            warnings.warn(str(e), RuntimeWarning, stacklevel=4)
 
     def _step_and_sync_buffers(self, closure):
         if self._buffer_watch is not None:

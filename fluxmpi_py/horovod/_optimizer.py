@@ -161,7 +161,13 @@ def _check_groups(groups, num_groups):
 
 class _HorovodOptimizer(_FluxDistributedOptimizer):
     """fluxmpi_py's DistributedOptimizer with Horovod's warning for ``step()`` after
-    ``synchronize()`` outside ``skip_synchronize()`` (the gradients are not reduced twice)."""
+    ``synchronize()`` outside ``skip_synchronize()`` (the gradients are not reduced twice).
+    Ranks whose parameters differ after the first step (no ``hvd.broadcast_parameters``) get a
+    RuntimeWarning on every rank, not an error: Horovod runs such a step, and code that
+    broadcasts the state right after one (its own suite's) must go on."""
+
+    _unequal_start = "warn"
+    _start_remedy = "hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training"
 
     def step(self, closure=None):
         if self._synchronized and not self._skip_sync:

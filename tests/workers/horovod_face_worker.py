@@ -428,5 +428,30 @@ def case_a_name_in_flight_is_horovods_duplicate_name_error():
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # in step again
 
 
+def case_forgotten_broadcast_parameters_warns_at_the_first_step():
+    n, r = hvd.size(), hvd.rank()
+    torch.manual_seed(100 + r)  # each rank its own start
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    model(torch.ones(2, 3)).sum().backward()
+    with warnings.catch_warnings(record=True) as ws:  # Horovod runs the step: a warning
+        warnings.simplefilter("always")
+        opt.step()
+    said = [str(w.message) for w in ws if issubclass(w.category, RuntimeWarning)]
+    if n > 1:
+        assert any("the same parameters" in m and "broadcast_parameters" in m for m in said), ws
+        assert "weight" in said[0]
+    else:
+        assert not said, said
+    model = torch.nn.Linear(3, 1)  # a new start, broadcast this time
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    assert hvd.allgather_object(model.weight.tolist()) == [model.weight.tolist()] * n
+
+
 if __name__ == "__main__":
     run_cases(globals())

@@ -168,5 +168,28 @@ def case_join_refuses_optimizers_of_different_groups():
     raises(ValueError, lambda: fm.Join([a, b]), "different groups", "the world", "one Join")
 
 
+def case_first_step_check_with_a_rank_that_has_no_data():
+    # the last rank joins before any step: its shadow of the first step takes part in the
+    # first-step parameter check, so a good start trains and a bad one raises on every rank
+    n, r = fm.total_workers(), fm.local_rank()
+    data = _data()
+
+    def run(start):
+        w = torch.nn.Parameter(start.clone())
+        opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))
+        with fm.Join([opt]):
+            for s in range(0 if r == n - 1 and n > 1 else 2):
+                (w * data[s, r]).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        return w.detach()
+
+    w = run(torch.zeros(3))
+    assert fm.allgather_object(w.tolist()) == [w.tolist()] * n
+    if n > 1:
+        raises(ValueError, lambda: run(torch.full((3,), float(r))), "the same parameters")
+    assert fm.allreduce_(torch.ones(1)).item() == n  # in step again
+
+
 if __name__ == "__main__":
     run_cases(globals())

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import labelled, run_cases  # noqa: E402
+from harness import labelled, raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 
@@ -329,7 +329,7 @@ def case_mismatched_parameters_raise_everywhere():
 
 
 def case_overlap_launches_during_backward():
-    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+    model = fm.synchronize_(nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)]))
     opt = fm.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01), direct_min_bytes=1 << 16
     )
@@ -401,6 +401,40 @@ def case_allreduce_gradients_in_place_fresh_and_missing_mixed():
             assert ps[3].grad.data_ptr() + 20 == ps[2].grad.data_ptr() or (
                 ps[2].grad.data_ptr() + 20 == ps[3].grad.data_ptr()
             )
+
+
+def case_first_step_checks_that_the_ranks_started_equal():
+    n, r = fm.total_workers(), fm.local_rank()
+    torch.manual_seed(r)  # a different start on each rank, and no synchronize_
+
+    def train(model, **kw):
+        opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kw)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        return model
+
+    if n > 1:  # every rank raises, naming the parameter and the remedy
+        raises(
+            ValueError,
+            lambda: train(nn.Linear(4, 1), module=None, named_parameters=None),
+            "the same parameters",
+            "synchronize_",
+            "rank 0",
+        )
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+        raises(ValueError, lambda: train(model, module=model), "parameters['0.weight']")
+        # check_every=0: no check; the replicas stay different
+        m = train(nn.Linear(4, 1), check_every=0)
+        assert len(set(map(str, fm.allgather_object(m.weight.tolist())))) == n
+    m = train(fm.synchronize_(nn.Linear(4, 1)))  # a good start passes
+    assert fm.allgather_object(m.weight.tolist()) == [m.weight.tolist()] * n
+    raises(
+        ValueError,
+        lambda: fm.DistributedOptimizer(torch.optim.SGD(m.parameters()), check_every=-1),
+        "check_every",
+    )
 
 
 if __name__ == "__main__":

@@ -64,11 +64,11 @@ void Engine::ensure_thread() {
 }
 
 std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn) {
-  auto work = std::make_shared<Work>(std::move(what));
   if (g_submit_context != nullptr) fn = g_submit_context(std::move(fn));
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (!stopping_ && !synchronous_) {
+      auto work = std::make_shared<Work>(std::move(what));
       ensure_thread();
       queue_.emplace_back(work, std::move(fn));
       lk.unlock();
@@ -77,8 +77,7 @@ std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn)
     }
   }
   // Stopped (at exit) or synchronous: run now, in order after everything queued before.
-  run_inline([&] { work->finish(run_catching(fn)); });
-  return work;
+  return run_now(std::move(what), fn);
 }
 
 std::shared_ptr<Work> Engine::run_now(std::string what, const std::function<void()>& fn) {

@@ -11,6 +11,7 @@ import torch
 
 from ._agreement import user_call
 from ._reduction_plan import ReductionPlan, replan_if_changed
+from .consistency import _check as _check_consistency
 from .optimizer import _NEVER, DEFAULT_DIRECT_MIN_BYTES, _MiB
 
 __all__ = ["allreduce_gradients"]
@@ -31,13 +32,15 @@ def allreduce_gradients(
     ``allreduce_gradients``), for training loops without DistributedOptimizer.
 
     A gradient missing on some ranks counts as zeros there; missing on every rank stays None.
-    Parameters with ``requires_grad=False`` are left out; a call after some rank froze or
-    unfroze a parameter re-plans on every rank (or raises ValueError naming the parameter
-    where the ranks differ). Small gradients may afterwards be views of a fused buffer (as
+    The first call with a parameter list checks that every rank holds the same parameters
+    (ValueError on every rank, naming the first that differs: a forgotten
+    :func:`synchronize_`). Parameters with ``requires_grad=False`` are left out; a call after
+    some rank froze or unfroze a parameter re-plans on every rank (or raises ValueError naming
+    the parameter where the ranks differ). Small gradients may afterwards be views of a fused buffer (as
     DDP's gradient_as_bucket_view).
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> m = torch.nn.Linear(3, 1); m(torch.ones(2, 3)).sum().backward()
+    >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)
     """
     if op not in ("sum", "average", "avg", "mean"):
@@ -66,6 +69,16 @@ def allreduce_gradients(
             op=op,
             cap_bytes=int(bucket_cap_mb * _MiB),
             direct_min_bytes=direct,
+        )
+        # A new plan (the first call): the ranks must start from the same parameters, or each
+        # would apply the averaged gradients to its own weights (see DistributedOptimizer's
+        # first-step check). One pass over them and one tiny allreduce, per plan.
+        _check_consistency(
+            {"parameters": dict(named())},
+            {},
+            "allreduce_gradients(): the ranks must hold the same parameters when it first "
+            "sees them (start them equal: fm.synchronize_(model) after building or loading "
+            "it, or the same seed everywhere)",
         )
         hit = _plan_cache[key] = (given, plan)
     plan = hit[1]

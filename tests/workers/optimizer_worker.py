@@ -428,6 +428,11 @@ def case_first_step_checks_that_the_ranks_started_equal():
         # check_every=0: no check; the replicas stay different
         m = train(nn.Linear(4, 1), check_every=0)
         assert len(set(map(str, fm.allgather_object(m.weight.tolist())))) == n
+    if n > 1:  # allreduce_gradients checks at its first call with a parameter list
+        raises(ValueError, lambda: fm.allreduce_gradients(nn.Linear(4, 1)), "synchronize_")
+    m = fm.synchronize_(nn.Linear(4, 1))
+    m(torch.ones(2, 4)).sum().backward()
+    fm.allreduce_gradients(m)
     m = train(fm.synchronize_(nn.Linear(4, 1)))  # a good start passes
     assert fm.allgather_object(m.weight.tolist()) == [m.weight.tolist()] * n
     raises(

@@ -133,16 +133,24 @@ def case_check_every_raises_at_the_checked_step():
     )
 
 
-def case_check_every_off_by_default_and_validated():
-    model = torch.nn.Linear(2, 1)
-    opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    if fm.local_rank() == last():
-        with torch.no_grad():
-            model.bias += 1.0
-    model(torch.ones(1, 2)).sum().backward()
-    opt.step()  # no check: the divergence goes unnoticed
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    for bad in (0, -1, 1.5, True):
+def case_check_every_zero_is_off_and_validated():
+    def diverged_step(**kw):
+        model = fm.synchronize_(torch.nn.Linear(2, 1))
+        opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kw)
+        if fm.local_rank() == last():
+            with torch.no_grad():
+                model.bias += 1.0
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        return model
+
+    diverged_step(check_every=0)  # no check at all: the divergence goes unnoticed
+    if fm.total_workers() > 1:  # by default the first step checks the parameters
+        raises(ValueError, diverged_step, "the same parameters", "param_groups[0][1]")
+    else:
+        diverged_step()
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    for bad in (-1, 1.5, True):
         raises(ValueError, lambda b=bad: fm.DistributedOptimizer(sgd, check_every=b), "check_every")
 
 

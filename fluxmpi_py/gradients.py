@@ -36,8 +36,8 @@ def allreduce_gradients(
     (ValueError on every rank, naming the first that differs: a forgotten
     :func:`synchronize_`). Parameters with ``requires_grad=False`` are left out; a call after
     some rank froze or unfroze a parameter re-plans on every rank (or raises ValueError naming
-    the parameter where the ranks differ). Small gradients may afterwards be views of a fused buffer (as
-    DDP's gradient_as_bucket_view).
+    the parameter where the ranks differ). Small gradients may afterwards be views of a fused
+    buffer (as DDP's gradient_as_bucket_view).
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()

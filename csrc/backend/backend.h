@@ -90,6 +90,13 @@ class Backend {
                          const std::vector<std::int64_t>& recv_bytes) {
     unsupported("alltoall");
   }
+  // alltoallv where every part of every rank is `part_bytes` long. The caller decides from
+  // what every rank knows (all ranks' splits), so that every rank takes this call or none:
+  // MPI_Alltoall and MPI_Alltoallv do not match each other.
+  virtual void alltoall_equal(const void* send, void* recv, std::int64_t part_bytes, int size) {
+    const std::vector<std::int64_t> parts(static_cast<std::size_t>(size), part_bytes);
+    alltoallv(send, parts, recv, parts);
+  }
   // Elementwise reduction of every rank's `send` (the sum of `counts` elements); rank r
   // receives part r of the result (counts[r] elements) in `recv`.
   virtual void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,

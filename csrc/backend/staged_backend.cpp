@@ -135,6 +135,15 @@ void StagedBackend::alltoallv(const void* send, const std::vector<std::int64_t>&
   stage_out(recv, hr, total(recv_bytes));
 }
 
+void StagedBackend::alltoall_equal(const void* send, void* recv, std::int64_t part_bytes,
+                                   int size) {
+  const std::int64_t bytes = part_bytes * size;
+  at::Tensor hs = stage_in(send, bytes);
+  at::Tensor hr = stage_in(nullptr, bytes);
+  mpi_backend().alltoall_equal(hs.data_ptr(), hr.data_ptr(), part_bytes, size);
+  stage_out(recv, hr, bytes);
+}
+
 void StagedBackend::reduce_scatter(const void* send, void* recv,
                                    const std::vector<std::int64_t>& counts, c10::ScalarType dtype,
                                    ReduceOp op) {

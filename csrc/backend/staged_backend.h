@@ -51,6 +51,7 @@ class StagedBackend final : public Backend {
                 std::int64_t recv_bytes, int root) override;
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
                  const std::vector<std::int64_t>& recv_bytes) override;
+  void alltoall_equal(const void* send, void* recv, std::int64_t part_bytes, int size) override;
   void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                       c10::ScalarType dtype, ReduceOp op) override;
 

@@ -165,6 +165,9 @@ class NcclBackend final : public Backend {
                  const std::vector<std::int64_t>& recv_bytes) override {
     mpi_route(true).alltoallv(send, send_bytes, recv, recv_bytes);
   }
+  void alltoall_equal(const void* send, void* recv, std::int64_t part_bytes, int size) override {
+    mpi_route(true).alltoall_equal(send, recv, part_bytes, size);
+  }
   void reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                       c10::ScalarType dt, ReduceOp op) override {
     mpi_route(false).reduce_scatter(send, recv, counts, dt, op);

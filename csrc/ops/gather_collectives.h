@@ -38,6 +38,10 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
 std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts,
                                                const std::string& op, const Splits& splits,
                                                const std::string& local_error = {});
+// How many alltoalls this process has sent as the block form (every part one length: each
+// rank sends each rank the same rows of each tensor), not as MPI_Alltoallv (for tests).
+std::int64_t alltoall_block_calls();
+
 // Part j of this rank's tensor i goes to rank j; result i is the parts sent to this rank, in
 // rank order. Splits are each rank's own (they may differ by rank). `received`, when given,
 // gets the row counts received from each rank (the splits of the reverse alltoall).

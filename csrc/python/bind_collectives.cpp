@@ -6,6 +6,7 @@
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
 #include "ops/collectives.h"
+#include "ops/gather_collectives.h"
 #include "ops/join.h"
 #include "python/bindings.h"
 #include "runtime/engine.h"
@@ -69,6 +70,9 @@ void bind_ring_options(py::module_& m) {
         "call's tensors (for tests)");
   m.def("shared_reduce_scatter_calls", &shared_reduce_scatter_calls,
         "How many reduce-scatters this process has sent through shared memory (for tests)");
+  m.def("alltoall_block_calls", &alltoall_block_calls,
+        "How many alltoalls this process has sent as MPI_Alltoall, every part one length "
+        "(for tests)");
 }
 
 }  // namespace

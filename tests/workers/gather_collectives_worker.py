@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py import _C as C  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32,
           torch.int64, torch.uint8, torch.bool]  # fmt: skip
@@ -156,6 +157,41 @@ def case_alltoall_equal_and_given_splits():
     got = fm.alltoall(i)
     want = torch.cat([torch.arange(3 * r, 3 * r + 3) + 1000 * s for s in range(n)])
     check_equal(got, want, "int64")
+
+
+def case_alltoall_block_form_only_when_every_rank_sends_equal_parts():
+    """Equal parts everywhere go as MPI_Alltoall, anything else as MPI_Alltoallv. The choice
+    must be the same on every rank (the two do not match each other): rank 0's own splits are
+    equal below while the others' are not, so rank 0 must take Alltoallv too."""
+    n, r = world(), rank()
+    blocks = C.alltoall_block_calls
+
+    def calls(fn):
+        before = blocks()
+        out = fn()
+        return out, blocks() - before
+
+    x = torch.tensor([[100.0 * r + j] for j in range(n)])
+    got, used = calls(lambda: fm.alltoall(x))
+    check_equal(got, torch.tensor([[100.0 * s + r] for s in range(n)]), "equal")
+    assert used == 1, f"rank {r}: equal parts took MPI_Alltoallv"
+    # rank 0 sends one row to everyone; rank s > 0 sends s + j rows to rank j
+    mine = [1] * n if r == 0 else [r + j for j in range(n)]
+    y = torch.cat([torch.full((mine[j], 2), 100.0 * r + j) for j in range(n)])
+    got, used = calls(lambda: fm.alltoall(y, splits=mine))
+    want = torch.cat([torch.full((1 if s == 0 else s + r, 2), 100.0 * s + r) for s in range(n)])
+    check_equal(got, want, "equal on rank 0 only")
+    assert used == (1 if n == 1 else 0), f"rank {r}: took MPI_Alltoall with {mine}"
+    # a list: every tensor in equal parts, rows of different lengths and dtypes, one empty
+    ts = [
+        torch.arange(n * 3, dtype=torch.int64).reshape(n, 3) + 1000 * r,
+        torch.full((2 * n,), float(r), dtype=torch.float16),
+        torch.zeros(0, 5),
+    ]
+    got, used = calls(lambda: fm.grouped_alltoall(ts))
+    for g, t in zip(got, ts):
+        check_equal(g, fm.alltoall(t), "grouped, equal parts")
+    assert used == 1, f"rank {r}: a grouped call in equal parts took MPI_Alltoallv"
 
 
 # ---------------------------------------------------------------- grouped and async

@@ -301,7 +301,10 @@ def broadcast_parameters(params, root_rank: int) -> None:
 def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     """Give every rank root_rank's optimizer state and hyperparameters (``lr`` etc., also
     as tensors), in place. No optimizer step is taken: ranks whose state is still empty get
-    the root's, and a rank with state the root lacks drops it.
+    the root's, and a rank with state the root lacks drops it. As after Horovod's dummy step,
+    on a rank whose optimizer had no state yet, every parameter that requires grad and has no
+    ``.grad`` gets a zero one (the next ``zero_grad()`` resets it); nothing else changes, and
+    no weight moves (Horovod's dummy step applies weight decay to zero gradients).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> opt = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())
@@ -313,4 +316,11 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
         raise TypeError(
             f"broadcast_optimizer_state takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
+    fresh = len(optimizer.state) == 0
     synchronize_(optimizer, root_rank)  # the wrapper reads the new groups and state through
+    if fresh:
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)

@@ -244,6 +244,25 @@ def case_broadcast_optimizer_state_without_a_step():
     dopt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1)))
     hvd.broadcast_optimizer_state(dopt, root_rank=n - 1)
     assert dopt.param_groups[0]["lr"] == 0.1 * n
+    # As after Horovod's dummy step, a fresh optimizer's parameters that require grad get zero
+    # gradients (Horovod's suite broadcasts them next); frozen ones and the weights stay as
+    # they were, even with weight decay
+    net = _net(seed=1)
+    frozen, trained = list(net.parameters())[:1], list(net.parameters())[1:]
+    frozen[0].requires_grad_(False)
+    before = [p.detach().clone() for p in net.parameters()]
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    hvd.broadcast_optimizer_state(sgd, root_rank=0)
+    assert frozen[0].grad is None
+    for p in trained:
+        assert p.grad is not None and torch.equal(p.grad, torch.zeros_like(p)), p.grad
+    assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))
+    # an optimizer with state keeps its gradients as they are
+    net(torch.ones(2, 4)).sum().backward()
+    sgd.step()
+    grads = [p.grad.clone() for p in trained]
+    hvd.broadcast_optimizer_state(sgd, root_rank=0)
+    assert all(torch.equal(p.grad, g) for p, g in zip(trained, grads))
 
 
 def case_distributed_optimizer_checks_like_horovod():

@@ -8,6 +8,7 @@
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
 #include "runtime/group.h"
+#include "runtime/hash.h"
 
 namespace fluxmpi {
 
@@ -52,25 +53,49 @@ void set_once(std::string& err, const std::string& e) {
 
 void allgather_lists(const std::vector<std::vector<at::Tensor>>& outputs,
                      const std::vector<at::Tensor>& inputs) {
-  const auto world = static_cast<std::size_t>(current_group().size());
+  const Group& e = current_group();
+  const auto world = static_cast<std::size_t>(e.size());
+  const auto me = static_cast<std::size_t>(e.rank());
   std::string err;
   if (outputs.size() != inputs.size())
     set_once(err, count_error("output lists", outputs.size(), inputs.size()));
+  // Outputs may differ in size by rank, as torch documents (NCCL takes them; gloo does not):
+  // output r holds rank r's input. Every rank must expect the same sizes (they join the
+  // agreement) and hold its own input's in its own place (checked here), so each rank's part
+  // fits every output before any data moves.
+  std::vector<std::int64_t> sizes;
   for (std::size_t i = 0; i < outputs.size() && i < inputs.size() && err.empty(); ++i) {
     if (outputs[i].size() != world) {
       set_once(err, count_error("the output list", outputs[i].size(), world) + " (one per rank)");
     }
     for (std::size_t r = 0; r < outputs[i].size() && err.empty(); ++r) {
-      set_once(err, check_output(outputs[i][r], inputs[i].numel(), inputs[i],
-                                 "output " + std::to_string(r)));
+      const at::Tensor& o = outputs[i][r];
+      const std::int64_t want = r == me || !o.defined() ? inputs[i].numel() : o.numel();
+      set_once(err, check_output(o, want, inputs[i],
+                                 "output " + std::to_string(r) +
+                                     (r == me ? " (this rank's input goes there)" : "")));
+      sizes.push_back(o.defined() ? o.numel() : -1);
     }
   }
-  std::vector<at::Tensor> rows;
-  for (const auto& t : inputs) rows.push_back(as_row(t));
-  auto got = allgather_checked(rows, err);
+  const std::int64_t expected = err.empty() && !sizes.empty()
+                                    ? hash_bytes(sizes.data(), sizes.size() * sizeof(sizes[0]), 1)
+                                    : 0;
+  std::ostringstream text;  // names the expected sizes where ranks differ
+  for (std::size_t i = 0; i < sizes.size(); i += world) {
+    text << (i == 0 ? ", and outputs of " : "; ")
+         << c10::IntArrayRef(sizes).slice(i, std::min(world, sizes.size() - i)) << " elements";
+  }
+  std::vector<at::Tensor> cols;  // one element per row: the row count may differ by rank
+  for (const auto& t : inputs) cols.push_back(t.defined() ? t.reshape({-1, 1}) : t);
+  auto got = allgather_checked(cols, err, nullptr, expected, text.str());
   c10::AutoGradMode no_grad(false);
   for (std::size_t i = 0; i < got.size(); ++i) {
-    for (std::size_t r = 0; r < world; ++r) copy_flat(outputs[i][r], got[i][r]);
+    std::int64_t at = 0;
+    for (std::size_t r = 0; r < world; ++r) {
+      const std::int64_t m = outputs[i][r].numel();
+      copy_flat(outputs[i][r], got[i].narrow(0, at, m));
+      at += m;
+    }
   }
 }
 

@@ -20,7 +20,9 @@ using namespace rows;  // NOLINT(build/namespaces): this file's vocabulary
 namespace {
 
 std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int64_t root,
-                                    const std::string& local_error, Splits* rows_out) {
+                                    const std::string& local_error, Splits* rows_out,
+                                    std::int64_t also_agree = 0,
+                                    const std::string& also_text = {}) {
   const Group& e = current_group();
   const bool all = root < 0;
   const char* what = all ? "allgather()" : "gather()";
@@ -29,8 +31,9 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
   std::string msg;
   validate_list(ts, /*in_place=*/false, /*rows=*/true, local_error, s, msg);
   if (!all) check_root(root, s, msg);
+  if (also_agree != 0) s.detail = hash_bytes(&also_agree, sizeof(also_agree), s.detail);
   if (s.error == ErrorClass::None) s.soft = rows_hash(ts);
-  const bool same = agree(s, what, msg, [&] { return describe_list(ts, nullptr); });
+  const bool same = agree(s, what, msg, [&] { return describe_list(ts, nullptr) + also_text; });
   if (ts.empty()) return {};
   const int n = e.size();
   const std::size_t k = ts.size();
@@ -98,8 +101,9 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
 }  // namespace
 
 std::vector<at::Tensor> allgather_checked(const std::vector<at::Tensor>& ts,
-                                          const std::string& local_error, Splits* rows) {
-  return gather_rows(ts, -1, local_error, rows);
+                                          const std::string& local_error, Splits* rows,
+                                          std::int64_t also_agree, const std::string& also_text) {
+  return gather_rows(ts, -1, local_error, rows, also_agree, also_text);
 }
 
 std::vector<at::Tensor> gather_checked(const std::vector<at::Tensor>& ts, std::int64_t root,

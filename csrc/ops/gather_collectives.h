@@ -22,10 +22,13 @@ namespace fluxmpi {
 
 // Tensor i of every rank, concatenated along dim 0 in rank order. Dim 0 may differ by rank;
 // dtype and the other dims may not. `rows`, when given, gets each rank's dim 0 per tensor
-// (rows[i][r]: the splits of the reverse reduce_scatter).
+// (rows[i][r]: the splits of the reverse reduce_scatter). `also_agree`, when not 0, joins the
+// shapes the ranks must agree on (a hash of what the caller expects of every rank), and
+// `also_text` describes it in the error when ranks differ.
 std::vector<at::Tensor> allgather_checked(const std::vector<at::Tensor>& ts,
                                           const std::string& local_error = {},
-                                          Splits* rows = nullptr);
+                                          Splits* rows = nullptr, std::int64_t also_agree = 0,
+                                          const std::string& also_text = {});
 // The same, on the root only; the other ranks get an empty list.
 std::vector<at::Tensor> gather_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
                                        const std::string& local_error = {});

@@ -154,6 +154,38 @@ def case_all_gather_forms():
     check_equal(torch.stack(scalars), torch.arange(n, dtype=torch.float32), "0-dim all_gather")
 
 
+def case_all_gather_of_uneven_sizes():
+    """torch documents uneven outputs for all_gather (NCCL takes them, gloo refuses): output r
+    holds rank r's input, whose size differs by rank; every rank must expect the same sizes."""
+    n, r = world(), rank()
+    for dtype in (torch.float32, torch.int64, torch.float16):
+        t = torch.arange(r + 1, dtype=dtype) + 10 * r
+        out = [torch.empty(s + 1, dtype=dtype) for s in range(n)]
+        dist.all_gather(out, t)
+        for s in range(n):
+            check_equal(out[s], torch.arange(s + 1, dtype=dtype) + 10 * s, f"uneven {dtype}")
+    # shapes may differ too, as long as each output holds as many elements as its rank sends
+    t = torch.full((r + 1, 2), float(r))
+    out = [torch.empty(2, s + 1) for s in range(n)]
+    dist.all_gather(out, t)
+    for s in range(n):
+        check_equal(out[s], torch.full((2, s + 1), float(s)), "uneven, reshaped")
+    # this rank's input does not fit its own output: every rank raises, before data moves
+    t = torch.ones(r + 2 if r == n - 1 else r + 1)
+    out = [torch.empty(s + 1) for s in range(n)]
+    raises(RuntimeError, lambda: dist.all_gather(out, t), f"rank {n - 1}",
+           f"output {n - 1} (this rank's input goes there)", f"expected {n + 1}")  # fmt: skip
+    if n > 1:
+        # ranks that expect different sizes of some rank: every rank raises
+        out = [torch.empty(s + 1 + (1 if r == 0 and s == n - 1 else 0)) for s in range(n)]
+        if r == n - 1:
+            out[n - 1] = torch.empty(n)
+        raises(RuntimeError, lambda: dist.all_gather(out, torch.ones(r + 1)), "disagree")
+    out = [torch.empty(s + 1) for s in range(n)]
+    dist.all_gather(out, torch.full((r + 1,), 7.0))  # the ranks are still in step
+    check_equal(torch.cat(out), torch.full((n * (n + 1) // 2,), 7.0), "after the errors")
+
+
 def case_gather_and_scatter_to_every_root():
     n, r = world(), rank()
     for root in range(n):

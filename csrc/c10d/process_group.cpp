@@ -74,6 +74,25 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
   return ts.size() == 1 ? ts[0] : at::Tensor();
 }
 
+// Complex tensors travel as their real views (pairs of reals, written in place), as gloo and
+// NCCL take them: DDP broadcasts complex parameters as it starts. A reduction keeps its complex
+// tensors (and refuses them) unless it is a sum or an average, the only ones pairs give right.
+at::Tensor as_real(const at::Tensor& t) {
+  return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
+}
+
+std::vector<at::Tensor> as_real(std::vector<at::Tensor> ts) {
+  for (auto& t : ts) t = as_real(t);
+  return ts;
+}
+
+std::vector<std::vector<at::Tensor>> as_real(std::vector<std::vector<at::Tensor>> lists) {
+  for (auto& l : lists) l = as_real(std::move(l));
+  return lists;
+}
+
+bool pairwise(const C10dReduction& r) { return !r.premul && (r.op == "sum" || r.op == "average"); }
+
 // reduce_scatter_tensors with `r`: PREMUL_SUM scales copies of the inputs, then sums.
 void reduce_scatter_scaled(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
                            const C10dReduction& r, const std::string& err) {
@@ -121,7 +140,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::launch(c10d::OpType type, const char
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  at::Tensor t = first_or_none(tensors);
+  at::Tensor t = as_real(first_or_none(tensors));
   std::string err = one_tensor_error(tensors);
   const std::int64_t root = opts.rootRank;
   return launch(c10d::OpType::BROADCAST, "torch.distributed.broadcast()", tensors,
@@ -133,6 +152,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
+  if (pairwise(r)) t = as_real(t);
   return launch(c10d::OpType::ALLREDUCE, "torch.distributed.all_reduce()", tensors, [t, r, err] {
     if (!r.premul) return allreduce_checked(t, r.op, err);
     at::Tensor scaled = premultiplied(r, t);
@@ -146,7 +166,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
-  std::vector<at::Tensor> ts = tensors;
+  std::vector<at::Tensor> ts = pairwise(r) ? as_real(tensors) : tensors;
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "torch.distributed.all_reduce_coalesced()",
                 tensors, [ts, r, err] {
                   if (!r.premul) return grouped_allreduce_checked(ts, r.op, err);
@@ -163,6 +183,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
+  if (pairwise(r)) t = as_real(t);
   const std::int64_t root = opts.rootRank;
   const bool is_root = root == getRank();
   return launch(c10d::OpType::REDUCE, "torch.distributed.reduce()", tensors,
@@ -178,8 +199,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions&) {
-  auto outs = outputs;
-  auto ins = inputs;
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
   return launch(c10d::OpType::ALLGATHER, "torch.distributed.all_gather()", flat,
@@ -189,8 +210,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions&) {
-  auto outs = outputs;
-  auto ins = inputs;
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
   return launch(c10d::OpType::ALLGATHER_COALESCED, "torch.distributed.all_gather_coalesced()", flat,
@@ -199,26 +220,26 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions&) {
-  std::vector<at::Tensor> outs{output};
-  std::vector<at::Tensor> ins{input};
-  return launch(c10d::OpType::_ALLGATHER_BASE, "torch.distributed.all_gather_into_tensor()", outs,
-                [outs, ins] { allgather_into_tensors(outs, ins); });
+  std::vector<at::Tensor> outs{as_real(output)};
+  std::vector<at::Tensor> ins{as_real(input)};
+  return launch(c10d::OpType::_ALLGATHER_BASE, "torch.distributed.all_gather_into_tensor()",
+                {output}, [outs, ins] { allgather_into_tensors(outs, ins); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions&) {
-  auto outs = outputs;
-  auto ins = inputs;
-  return launch(c10d::OpType::COALESCED, "torch.distributed.all_gather_into_tensor()", outs,
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
+  return launch(c10d::OpType::COALESCED, "torch.distributed.all_gather_into_tensor()", outputs,
                 [outs, ins] { allgather_into_tensors(outs, ins); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  auto outs = outputs;
-  auto ins = inputs;
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
   const std::int64_t root = opts.rootRank;
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
@@ -229,10 +250,10 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::T
 c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  auto outs = outputs;
-  auto ins = inputs;
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
   const std::int64_t root = opts.rootRank;
-  return launch(c10d::OpType::SCATTER, "torch.distributed.scatter()", outs,
+  return launch(c10d::OpType::SCATTER, "torch.distributed.scatter()", outputs,
                 [outs, ins, root] { scatter_lists(outs, ins, root); });
 }
 
@@ -241,9 +262,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, inputs.empty() ? outputs : inputs[0], err);
-  auto outs = outputs;
-  auto ins = inputs;
-  return launch(c10d::OpType::REDUCE_SCATTER, "torch.distributed.reduce_scatter()", outs,
+  auto outs = pairwise(r) ? as_real(outputs) : outputs;
+  auto ins = pairwise(r) ? as_real(inputs) : inputs;
+  return launch(c10d::OpType::REDUCE_SCATTER, "torch.distributed.reduce_scatter()", outputs,
                 [outs, ins, r, err] {
                   if (!r.premul) return reduce_scatter_lists(outs, ins, r.op, err);
                   auto scaled = ins;
@@ -261,8 +282,12 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
   std::vector<at::Tensor> outs{output};
   std::vector<at::Tensor> ins{input};
   const C10dReduction r = parse_reduction(opts.reduceOp, ins, err);
+  if (pairwise(r)) {
+    outs = as_real(outs);
+    ins = as_real(ins);
+  }
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "torch.distributed.reduce_scatter_tensor()",
-                outs, [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
+                {output}, [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
@@ -270,9 +295,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, inputs, err);
-  auto outs = outputs;
-  auto ins = inputs;
-  return launch(c10d::OpType::COALESCED, "torch.distributed.reduce_scatter_tensor()", outs,
+  auto outs = pairwise(r) ? as_real(outputs) : outputs;
+  auto ins = pairwise(r) ? as_real(inputs) : inputs;
+  return launch(c10d::OpType::COALESCED, "torch.distributed.reduce_scatter_tensor()", outputs,
                 [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }
 
@@ -280,8 +305,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
                                                           std::vector<int64_t>& output_splits,
                                                           std::vector<int64_t>& input_splits,
                                                           const c10d::AllToAllOptions&) {
-  at::Tensor out = output;
-  at::Tensor in = input;
+  at::Tensor out = as_real(output);
+  at::Tensor in = as_real(input);
   std::vector<std::int64_t> osp = output_splits;
   std::vector<std::int64_t> isp = input_splits;
   return launch(c10d::OpType::ALLTOALL_BASE, "torch.distributed.all_to_all_single()", {output},
@@ -291,9 +316,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
 c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions&) {
-  auto outs = outputs;
-  auto ins = inputs;
-  return launch(c10d::OpType::ALLTOALL, "torch.distributed.all_to_all()", outs,
+  auto outs = as_real(outputs);
+  auto ins = as_real(inputs);
+  return launch(c10d::OpType::ALLTOALL, "torch.distributed.all_to_all()", outputs,
                 [outs, ins] { alltoall_lists(outs, ins); });
 }
 
@@ -305,19 +330,19 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::barrier(const c10d::BarrierOptions&)
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_send(p2p_, getRank(), getSize(), tensors[0], dst, tag);
+  return start_send(p2p_, getRank(), getSize(), as_real(tensors[0]), dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(p2p_, getRank(), getSize(), tensors[0], src, tag);
+  return start_recv(p2p_, getRank(), getSize(), as_real(tensors[0]), src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(p2p_, getRank(), getSize(), tensors[0], kAnySource, tag);
+  return start_recv(p2p_, getRank(), getSize(), as_real(tensors[0]), kAnySource, tag);
 }
 
 }  // namespace fluxmpi

@@ -50,7 +50,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     None, "fp16" or "bf16": buckets travel in 16 bits and come back into the full-precision
     gradients. ``backward_passes_per_step=k`` accumulates k backward passes locally before one
     reduction (or use the ``no_sync()`` context). Constructing it is a collective: the ranks
-    check once that they hold the same parameters.
+    check once that they hold the same parameters. Complex parameters reduce as pairs of reals.
 
     Only parameters with ``requires_grad`` are reduced. Freezing or unfreezing a parameter
     later is noticed at the next ``step()`` (or ``synchronize()``), where every rank re-plans

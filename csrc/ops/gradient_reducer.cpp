@@ -66,8 +66,13 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
     std::string msg;
-    auto err = validate_tensor(p, msg);
+    // Complex parameters reduce as pairs of reals (their sum and average are the pairs').
+    auto err = validate_tensor(p.defined() && !p.is_conj() ? real_view(p) : p, msg);
     if (err != ErrorClass::None) raise_error(err, "parameter " + std::to_string(i) + ": " + msg);
+    TORCH_CHECK_TYPE(!p.is_complex() || opts_.op == ReduceOp::Sum || opts_.op == ReduceOp::Average,
+                     "parameter ", i, " is ", p.scalar_type(),
+                     ": complex gradients reduce with sum or average only, not ",
+                     op_name(opts_.op));
     metas.push_back({p.scalar_type(), p.device(), p.numel()});
   }
   buckets_ = plan_buckets(metas, opts_.plan);
@@ -224,7 +229,7 @@ at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
 }
 
 void GradientReducer::launch(std::int64_t b) {
-  at::Tensor t = bucket_tensor(b);
+  at::Tensor t = real_view(bucket_tensor(b));  // what the backend moves: complex as pairs
   const auto& bk = buckets_[b];
   auto& st = state_[b];
   // A fused bucket's one pack, on this thread (backward's, whose current stream produced the

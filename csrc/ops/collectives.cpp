@@ -261,19 +261,31 @@ void validate_into(const at::Tensor& t, const std::string& local_error, Signatur
   s.error = validate_tensor(t, msg);
 }
 
+// Complex tensors move as pairs of reals (their real views, written in place): in a broadcast,
+// and in sums and averages, the only reductions the pairs give right. The agreement still
+// compares the complex dtype and shape (signature_of the tensor itself).
+at::Tensor as_pairs(const at::Tensor& t) {
+  return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
+}
+
+at::Tensor as_pairs(const at::Tensor& t, ReduceOp op) {
+  return op == ReduceOp::Sum || op == ReduceOp::Average ? as_pairs(t) : t;
+}
+
 }  // namespace
 
-void allreduce_checked(const at::Tensor& t, const std::string& opname,
+void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
                        const std::string& local_error) {
   const Group& e = current_group();
-  Signature s = signature_of(CallKind::Allreduce, t);
+  Signature s = signature_of(CallKind::Allreduce, tensor);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
+  const at::Tensor t = as_pairs(tensor, op);
   validate_into(t, local_error, s, msg);
   check_op_dtype(op, t, s, msg);
   s.joinable = Joinable::Allreduce;
   bool joined = false;
-  agree(s, "allreduce_()", msg, [&] { return describe(t); }, nullptr, &joined);
+  agree(s, "allreduce_()", msg, [&] { return describe(tensor); }, nullptr, &joined);
   if (joined) {
     AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel(), /*list=*/false}}};
     share_with_joined(p, /*is_joined=*/false);
@@ -281,26 +293,29 @@ void allreduce_checked(const at::Tensor& t, const std::string& opname,
   allreduce_data(backend_for(t), t, op, e.size());
 }
 
-void broadcast_checked(const at::Tensor& t, std::int64_t root, const std::string& local_error) {
+void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
+                       const std::string& local_error) {
   current_group();  // "call Init first"
-  Signature s = signature_of(CallKind::Broadcast, t);
+  Signature s = signature_of(CallKind::Broadcast, tensor);
   std::string msg;
+  const at::Tensor t = as_pairs(tensor);
   validate_into(t, local_error, s, msg);
   check_root(root, s, msg);
-  agree(s, "bcast_()", msg, [&] { return describe(t); });
+  agree(s, "bcast_()", msg, [&] { return describe(tensor); });
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }
 
-void reduce_checked(const at::Tensor& t, const std::string& opname, std::int64_t root,
+void reduce_checked(const at::Tensor& tensor, const std::string& opname, std::int64_t root,
                     const std::string& local_error) {
   const Group& e = current_group();
-  Signature s = signature_of(CallKind::Reduce, t);
+  Signature s = signature_of(CallKind::Reduce, tensor);
   std::string msg;
-  validate_into(t, local_error, s, msg);
   ReduceOp op = parse_op_into(opname, s, msg);
+  const at::Tensor t = as_pairs(tensor, op);
+  validate_into(t, local_error, s, msg);
   check_op_dtype(op, t, s, msg);
   check_root(root, s, msg);
-  agree(s, "reduce_()", msg, [&] { return describe(t); });
+  agree(s, "reduce_()", msg, [&] { return describe(tensor); });
   reduce_data(backend_for(t), t, op, static_cast<int>(root), e.rank(), e.size());
 }
 

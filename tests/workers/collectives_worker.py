@@ -426,11 +426,41 @@ def case_async_errors_raise_at_wait():
 # ---------------------------------------------------------------- bad input
 
 
+def case_complex_allreduce_bcast_reduce_as_pairs():
+    n, r = world(), rank()
+    for dtype in (torch.complex64, torch.complex128):
+        t = torch.tensor([1 + 2j, -3j], dtype=dtype) * (r + 1)
+        check_equal(fm.allreduce_(t.clone()), t / (r + 1) * (n * (n + 1) / 2), f"sum {dtype}")
+        got = fm.allreduce_(t.clone(), "average")
+        torch.testing.assert_close(got, t / (r + 1) * ((n + 1) / 2))
+        check_equal(fm.bcast_(t.clone(), root_rank=n - 1), t / (r + 1) * n, f"bcast {dtype}")
+        got = fm.reduce_(t.clone(), root_rank=0)
+        if r == 0:
+            check_equal(got, t * (n * (n + 1) / 2), f"reduce {dtype}")
+        check_equal(fm.Iallreduce(t.clone()).wait(), t / (r + 1) * (n * (n + 1) / 2), "async")
+    # non-contiguous: the real view writes through
+    base = torch.ones(4, 4, dtype=torch.complex64)
+    fm.allreduce_(base[:, 1])
+    assert base[:, 1].eq(n).all() and base[:, 0].eq(1).all(), base
+    if n > 1:
+        # a complex tensor on one rank and its pairs as reals on another: ranks disagree
+        t = torch.ones(3, dtype=torch.complex64) if r == 0 else torch.ones(3, 2)
+        raises(RuntimeError, lambda: fm.allreduce_(t), "dtype", "torch.complex64")
+
+
 def case_bad_input_raises_on_every_rank():
     n, r = world(), rank()
     raises(
         TypeError,
-        lambda: fm.allreduce_(torch.ones(3, dtype=torch.complex64)),
+        lambda: fm.allreduce_(torch.ones(3, dtype=torch.uint32)),
+        "rank 0",
+        "torch.uint32",
+        "not supported",
+    )
+    # complex values reduce as pairs of reals only where that is right: sum and average
+    raises(
+        TypeError,
+        lambda: fm.allreduce_(torch.ones(3, dtype=torch.complex64), op="max"),
         "rank 0",
         "torch.complex64",
         "not supported",
@@ -464,8 +494,8 @@ def case_bad_input_raises_on_every_rank():
 def case_bad_input_on_one_rank_only():
     n, r = world(), rank()
     bad = n - 1
-    t = torch.ones(3, dtype=torch.complex64) if r == bad else torch.ones(3)
-    raises(TypeError, lambda: fm.allreduce_(t), f"rank {bad}", "torch.complex64")
+    t = torch.ones(3, dtype=torch.uint32) if r == bad else torch.ones(3)
+    raises(TypeError, lambda: fm.allreduce_(t), f"rank {bad}", "torch.uint32")
     t = [1] if r == bad else torch.ones(3)
     raises(TypeError, lambda: fm.bcast_(t), f"rank {bad}", "got list")
     op = "bogus" if r == bad else "sum"

@@ -74,15 +74,13 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
   return ts.size() == 1 ? ts[0] : at::Tensor();
 }
 
-// Complex tensors travel as their real views (pairs of reals, written in place), as gloo and
-// NCCL take them: DDP broadcasts complex parameters as it starts. A reduction keeps its complex
+// Complex tensors travel as their real views (ops/collectives.h as_pairs), as gloo and NCCL
+// take them: DDP broadcasts complex parameters as it starts. A reduction keeps its complex
 // tensors (and refuses them) unless it is a sum or an average, the only ones pairs give right.
-at::Tensor as_real(const at::Tensor& t) {
-  return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
-}
+at::Tensor as_real(const at::Tensor& t) { return as_pairs(t); }
 
 std::vector<at::Tensor> as_real(std::vector<at::Tensor> ts) {
-  for (auto& t : ts) t = as_real(t);
+  for (auto& t : ts) t = as_pairs(t);
   return ts;
 }
 

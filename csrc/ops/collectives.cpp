@@ -261,18 +261,18 @@ void validate_into(const at::Tensor& t, const std::string& local_error, Signatur
   s.error = validate_tensor(t, msg);
 }
 
-// Complex tensors move as pairs of reals (their real views, written in place): in a broadcast,
-// and in sums and averages, the only reductions the pairs give right. The agreement still
-// compares the complex dtype and shape (signature_of the tensor itself).
-at::Tensor as_pairs(const at::Tensor& t) {
-  return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
-}
-
+// Complex tensors move as pairs of reals in a broadcast, and in sums and averages, the only
+// reductions the pairs give right. The agreement still compares the complex dtype and shape
+// (signature_of the tensor itself).
 at::Tensor as_pairs(const at::Tensor& t, ReduceOp op) {
-  return op == ReduceOp::Sum || op == ReduceOp::Average ? as_pairs(t) : t;
+  return op == ReduceOp::Sum || op == ReduceOp::Average ? fluxmpi::as_pairs(t) : t;
 }
 
 }  // namespace
+
+at::Tensor as_pairs(const at::Tensor& t) {
+  return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
+}
 
 void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
                        const std::string& local_error) {

@@ -64,6 +64,11 @@ void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
 void broadcast_data(Backend& b, const at::Tensor& t, int root);
 void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int rank, int world);
 
+// A complex tensor's real view (pairs of reals; writes go through), else `t` itself (also a
+// conjugate-bit complex tensor, which has none): how complex values move where the pairs give
+// the right result (broadcasts, gathers, sums and averages).
+at::Tensor as_pairs(const at::Tensor& t);
+
 // Full collectives: agree, then move. Must run inline on the engine or on its thread.
 // `local_error`, when not empty, is a TypeError found by the caller (the Python wrapper: "not
 // a tensor", "root_rank is not an int"); it is raised on every rank like any other.

@@ -28,14 +28,12 @@ std::optional<c10::ScalarType> compressed_dtype(Compression c) {
   return std::nullopt;
 }
 
-// What pack sees of a tensor: complex values as pairs of reals (the plan scales and casts
+// What pack sees of tensors: complex values as pairs of reals (the plan scales and casts
 // floating dtypes only).
-at::Tensor real_view(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
-
 std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> out;
   out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(real_view(t));
+  for (const auto& t : ts) out.push_back(as_pairs(t));
   return out;
 }
 
@@ -67,7 +65,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     const auto& p = params_[i];
     std::string msg;
     // Complex parameters reduce as pairs of reals (their sum and average are the pairs').
-    auto err = validate_tensor(p.defined() && !p.is_conj() ? real_view(p) : p, msg);
+    auto err = validate_tensor(as_pairs(p), msg);
     if (err != ErrorClass::None) raise_error(err, "parameter " + std::to_string(i) + ": " + msg);
     TORCH_CHECK_TYPE(!p.is_complex() || opts_.op == ReduceOp::Sum || opts_.op == ReduceOp::Average,
                      "parameter ", i, " is ", p.scalar_type(),
@@ -229,7 +227,7 @@ at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
 }
 
 void GradientReducer::launch(std::int64_t b) {
-  at::Tensor t = real_view(bucket_tensor(b));  // what the backend moves: complex as pairs
+  at::Tensor t = as_pairs(bucket_tensor(b));  // what the backend moves: complex as pairs
   const auto& bk = buckets_[b];
   auto& st = state_[b];
   // A fused bucket's one pack, on this thread (backward's, whose current stream produced the
@@ -244,7 +242,7 @@ void GradientReducer::launch(std::int64_t b) {
       !wire.defined() && !scaled_ &&
       std::none_of(st.fresh.begin(), st.fresh.end(), [](auto f) { return f; });
   if (!bk.direct && !nothing_to_pack) {
-    pack(st.pack, real_views(st.sources), wire.defined() ? wire : real_view(st.flat));
+    pack(st.pack, real_views(st.sources), wire.defined() ? wire : as_pairs(st.flat));
   }
   if (!bk.direct) {
     std::fill(st.sources.begin(), st.sources.end(), at::Tensor());

@@ -119,7 +119,7 @@ std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, cons
   Signature s = list_signature(CallKind::Alltoall, ts, /*with_dim0=*/false, nullptr);
   std::string msg;
   Splits sp;
-  validate_list(ts, false, true, local_error, s, msg);
+  validate_list(ts, false, true, local_error, s, msg, /*bytes=*/true);
   if (s.error == ErrorClass::None) {
     msg = resolve_splits(splits, ts, n, sp);
     if (!msg.empty()) s.error = ErrorClass::Value;

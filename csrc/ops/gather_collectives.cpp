@@ -29,7 +29,7 @@ std::vector<at::Tensor> gather_rows(const std::vector<at::Tensor>& ts, std::int6
   Signature s =
       list_signature(all ? CallKind::Allgather : CallKind::Gather, ts, /*with_dim0=*/false, {});
   std::string msg;
-  validate_list(ts, /*in_place=*/false, /*rows=*/true, local_error, s, msg);
+  validate_list(ts, /*in_place=*/false, /*rows=*/true, local_error, s, msg, /*bytes=*/true);
   if (!all) check_root(root, s, msg);
   if (also_agree != 0) s.detail = hash_bytes(&also_agree, sizeof(also_agree), s.detail);
   if (s.error == ErrorClass::None) s.soft = rows_hash(ts);
@@ -121,7 +121,7 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
   Splits sp;
   {
     Signature local;
-    validate_list(ts, false, true, local_error, local, msg);
+    validate_list(ts, false, true, local_error, local, msg, /*bytes=*/true);
     if (local.error == ErrorClass::None) msg = resolve_splits(splits, ts, n, sp);
     s = list_signature(CallKind::Scatter, ts, /*with_dim0=*/true, &sp);
     s.error = local.error != ErrorClass::None ? local.error

@@ -215,14 +215,14 @@ void grouped_broadcast_checked(const std::vector<at::Tensor>& ts, std::int64_t r
   const Group& e = current_group();
   Signature s = list_signature(CallKind::GroupedBroadcast, ts, /*with_dim0=*/true, nullptr);
   std::string msg;
-  validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
+  validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg, /*bytes=*/true);
   check_root(root, s, msg);
   agree(s, "grouped_bcast_()", msg, [&] { return describe_list(ts, nullptr); });
   if (ts.empty()) return;
   c10::AutoGradMode no_grad(false);
   Backend& b = backend_for(ts[0]);
   if (ts.size() == 1) {
-    broadcast_data(b, ts[0], static_cast<int>(root));
+    broadcast_data(b, as_pairs(ts[0]), static_cast<int>(root));
     return;
   }
   // Every dtype as bytes, in one buffer.

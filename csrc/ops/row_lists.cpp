@@ -174,7 +174,7 @@ Signature list_signature(CallKind kind, const std::vector<at::Tensor>& ts, bool 
 // there are several). `in_place`: the results go into the tensors themselves. `rows`: the call
 // splits or concatenates along dim 0, so a 0-dim tensor is an error.
 void validate_list(const std::vector<at::Tensor>& ts, bool in_place, bool rows,
-                   const std::string& local_error, Signature& s, std::string& msg) {
+                   const std::string& local_error, Signature& s, std::string& msg, bool bytes) {
   if (s.error != ErrorClass::None) return;
   if (!local_error.empty()) {
     s.error = ErrorClass::Type;
@@ -183,7 +183,7 @@ void validate_list(const std::vector<at::Tensor>& ts, bool in_place, bool rows,
   }
   for (std::size_t i = 0; i < ts.size(); ++i) {
     std::string m;
-    ErrorClass c = validate_tensor(ts[i], m);
+    ErrorClass c = validate_tensor(bytes ? as_pairs(ts[i]) : ts[i], m);
     // validate_tensor's only ValueError is memory overlap, which matters only for results
     // written in place; an expand()ed input is copied like any other.
     if (c == ErrorClass::Value && !in_place) c = ErrorClass::None;

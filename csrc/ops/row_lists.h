@@ -54,9 +54,11 @@ Signature list_signature(CallKind kind, const std::vector<at::Tensor>& ts, bool 
                          const Splits* splits);
 // This rank's local error, if any: the caller's, then each tensor's (named by its index when
 // there are several). `in_place`: the results go into the tensors themselves. `rows`: the call
-// splits or concatenates along dim 0, so a 0-dim tensor is an error.
+// splits or concatenates along dim 0, so a 0-dim tensor is an error. `bytes`: the call only
+// moves bytes (no arithmetic), so complex tensors are fine too.
 void validate_list(const std::vector<at::Tensor>& ts, bool in_place, bool rows,
-                   const std::string& local_error, Signature& s, std::string& msg);
+                   const std::string& local_error, Signature& s, std::string& msg,
+                   bool bytes = false);
 // Row counts per rank for each tensor: `given` checked, or equal parts. Returns the error
 // text ("" when fine).
 std::string resolve_splits(const Splits& given, const std::vector<at::Tensor>& ts, int world,

@@ -194,6 +194,31 @@ def case_alltoall_block_form_only_when_every_rank_sends_equal_parts():
     assert used == 1, f"rank {r}: a grouped call in equal parts took MPI_Alltoallv"
 
 
+def case_complex_rows_move_as_bytes():
+    n, r = world(), rank()
+
+    def c(v, k=2):
+        return torch.full((k,), complex(v, -2 * v), dtype=torch.complex128)
+
+    check_equal(fm.allgather(c(r, r + 1)), torch.cat([c(s, s + 1) for s in range(n)]), "allgather")
+    got = fm.gather(c(r), root_rank=n - 1)
+    if r == n - 1:
+        check_equal(got, torch.cat([c(s) for s in range(n)]), "gather")
+    check_equal(fm.scatter(torch.cat([c(s) for s in range(n)]), root_rank=0), c(r), "scatter")
+    x = torch.cat([c(10 * r + j, 1) for j in range(n)]).to(torch.complex64)
+    want = torch.cat([c(10 * s + r, 1) for s in range(n)]).to(torch.complex64)
+    check_equal(fm.alltoall(x), want, "alltoall")
+    a, b = fm.grouped_allgather([c(r), torch.full((1,), float(r))])
+    check_equal(a, torch.cat([c(s) for s in range(n)]), "grouped, complex")
+    check_equal(b, torch.arange(n, dtype=torch.float32), "grouped, real")
+    for ts in ([c(r)], [c(r, 3), torch.full((2,), float(r))]):
+        fm.grouped_bcast_(ts, root_rank=n - 1)
+        check_equal(ts[0], c(n - 1, ts[0].numel()), f"grouped_bcast_ of {len(ts)}")
+    if n > 1:  # a complex tensor against its pairs of reals: the ranks disagree
+        t = c(r) if r == 0 else torch.view_as_real(c(r))
+        raises(RuntimeError, lambda: fm.allgather(t), "disagree")
+
+
 # ---------------------------------------------------------------- grouped and async
 
 
@@ -408,7 +433,9 @@ def case_bad_input_raises_on_every_rank():
     )
     raises(TypeError, lambda: fm.gather(torch.ones(1), root_rank="0"), "root_rank must be an int")
     raises(ValueError, lambda: fm.reduce_scatter(torch.ones(n), op="median"), "'median'")
-    raises(TypeError, lambda: fm.allgather(torch.ones(2, dtype=torch.complex64)), "complex64")
+    raises(TypeError, lambda: fm.allgather(torch.ones(2, dtype=torch.uint32)), "uint32")
+    # complex values move as bytes, but a reduction of them is refused
+    raises(TypeError, lambda: fm.reduce_scatter(torch.ones(n, dtype=torch.complex64)), "complex64")
     check_equal(fm.allgather(torch.ones(1)), torch.ones(n), "in step after errors")
 
 

@@ -74,11 +74,10 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
   return ts.size() == 1 ? ts[0] : at::Tensor();
 }
 
-// Complex tensors travel as their real views (ops/collectives.h as_pairs), as gloo and NCCL
-// take them: DDP broadcasts complex parameters as it starts. A reduction keeps its complex
-// tensors (and refuses them) unless it is a sum or an average, the only ones pairs give right.
-at::Tensor as_real(const at::Tensor& t) { return as_pairs(t); }
-
+// The ops layer moves complex tensors where only bytes move or it sums them (as_pairs,
+// ops/collectives.h), as gloo and NCCL take them: DDP broadcasts complex parameters as it
+// starts. The grouped allreduce and reduce-scatter take the pairs from here, for a sum or an
+// average only (the reductions pairs give right); other ops keep complex tensors, refused.
 std::vector<at::Tensor> as_real(std::vector<at::Tensor> ts) {
   for (auto& t : ts) t = as_pairs(t);
   return ts;
@@ -138,7 +137,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::launch(c10d::OpType type, const char
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  at::Tensor t = as_real(first_or_none(tensors));
+  at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
   const std::int64_t root = opts.rootRank;
   return launch(c10d::OpType::BROADCAST, "torch.distributed.broadcast()", tensors,
@@ -150,7 +149,6 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
-  if (pairwise(r)) t = as_real(t);
   return launch(c10d::OpType::ALLREDUCE, "torch.distributed.all_reduce()", tensors, [t, r, err] {
     if (!r.premul) return allreduce_checked(t, r.op, err);
     at::Tensor scaled = premultiplied(r, t);
@@ -181,7 +179,6 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor t = first_or_none(tensors);
   std::string err = one_tensor_error(tensors);
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
-  if (pairwise(r)) t = as_real(t);
   const std::int64_t root = opts.rootRank;
   const bool is_root = root == getRank();
   return launch(c10d::OpType::REDUCE, "torch.distributed.reduce()", tensors,
@@ -197,8 +194,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions&) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
   return launch(c10d::OpType::ALLGATHER, "torch.distributed.all_gather()", flat,
@@ -208,8 +205,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions&) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
   return launch(c10d::OpType::ALLGATHER_COALESCED, "torch.distributed.all_gather_coalesced()", flat,
@@ -218,8 +215,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions&) {
-  std::vector<at::Tensor> outs{as_real(output)};
-  std::vector<at::Tensor> ins{as_real(input)};
+  std::vector<at::Tensor> outs{output};
+  std::vector<at::Tensor> ins{input};
   return launch(c10d::OpType::_ALLGATHER_BASE, "torch.distributed.all_gather_into_tensor()",
                 {output}, [outs, ins] { allgather_into_tensors(outs, ins); });
 }
@@ -227,8 +224,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions&) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   return launch(c10d::OpType::COALESCED, "torch.distributed.all_gather_into_tensor()", outputs,
                 [outs, ins] { allgather_into_tensors(outs, ins); });
 }
@@ -236,8 +233,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   const std::int64_t root = opts.rootRank;
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
@@ -248,8 +245,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::T
 c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   const std::int64_t root = opts.rootRank;
   return launch(c10d::OpType::SCATTER, "torch.distributed.scatter()", outputs,
                 [outs, ins, root] { scatter_lists(outs, ins, root); });
@@ -303,8 +300,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
                                                           std::vector<int64_t>& output_splits,
                                                           std::vector<int64_t>& input_splits,
                                                           const c10d::AllToAllOptions&) {
-  at::Tensor out = as_real(output);
-  at::Tensor in = as_real(input);
+  at::Tensor out = output;
+  at::Tensor in = input;
   std::vector<std::int64_t> osp = output_splits;
   std::vector<std::int64_t> isp = input_splits;
   return launch(c10d::OpType::ALLTOALL_BASE, "torch.distributed.all_to_all_single()", {output},
@@ -314,8 +311,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
 c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions&) {
-  auto outs = as_real(outputs);
-  auto ins = as_real(inputs);
+  auto outs = outputs;
+  auto ins = inputs;
   return launch(c10d::OpType::ALLTOALL, "torch.distributed.all_to_all()", outputs,
                 [outs, ins] { alltoall_lists(outs, ins); });
 }
@@ -328,19 +325,19 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::barrier(const c10d::BarrierOptions&)
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_send(p2p_, getRank(), getSize(), as_real(tensors[0]), dst, tag);
+  return start_send(p2p_, getRank(), getSize(), tensors[0], dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                  int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(p2p_, getRank(), getSize(), as_real(tensors[0]), src, tag);
+  return start_recv(p2p_, getRank(), getSize(), tensors[0], src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
   TORCH_CHECK_VALUE(tensors.size() == 1, one_tensor_error(tensors));
-  return start_recv(p2p_, getRank(), getSize(), as_real(tensors[0]), kAnySource, tag);
+  return start_recv(p2p_, getRank(), getSize(), tensors[0], kAnySource, tag);
 }
 
 }  // namespace fluxmpi

@@ -60,8 +60,9 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
     products and averages are computed in fp32 and rounded once (so 4 ranks averaging
     40000.0 in float16 get 40000.0, not inf). Integer "average" is the floor of the mean,
     summed in int64 so that it cannot wrap. Complex tensors take "sum" and "average" (as pairs
-    of reals); :func:`bcast_`, :func:`reduce_` and the collectives that only move data (the
-    gathers, scatter, alltoall, grouped_bcast_) take them too.
+    of reals); :func:`bcast_`, :func:`reduce_`, reduce_scatter (sum, average) and the
+    collectives that only move data (the gathers, scatter, alltoall, grouped_bcast_) take them
+    too.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> t = torch.tensor([1.0, 2.0]) * (fm.local_rank() + 1)

@@ -35,12 +35,17 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
   std::string msg;
   Splits sp;
   ReduceOp op;
+  std::vector<at::Tensor> ps;  // what moves: complex tensors as pairs of reals in a sum or average
   {
     Signature local;
     op = parse_op_into(opname, local, msg);
-    validate_list(ts, false, true, local_error, local, msg);
-    for (const auto& t : ts) check_op_dtype(op, t, local, msg);
-    if (local.error == ErrorClass::None) msg = resolve_splits(splits, ts, n, sp);
+    const bool pairs = op == ReduceOp::Sum || op == ReduceOp::Average;
+    // (A 0-dim tensor stays as it is: its pairs would make a dim 0 it does not have.)
+    for (const auto& t : ts) ps.push_back(pairs && t.defined() && t.dim() > 0 ? as_pairs(t) : t);
+    validate_list(ps, false, true, local_error, local, msg);
+    for (const auto& t : ps) check_op_dtype(op, t, local, msg);
+    if (local.error == ErrorClass::None) msg = resolve_splits(splits, ps, n, sp);
+    // The tensors themselves, so that a complex tensor and its pairs as reals disagree.
     s = list_signature(CallKind::ReduceScatter, ts, /*with_dim0=*/true, &sp);
     s.op = local.op;
     s.error = local.error != ErrorClass::None ? local.error
@@ -48,19 +53,19 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
                                               : ErrorClass::Value;
   }
   agree(s, "reduce_scatter()", msg, [&] { return describe_list(ts, &sp); });
-  const std::size_t k = ts.size();
+  const std::size_t k = ps.size();
   std::vector<at::Tensor> out(k);
   if (k == 0) return out;
   c10::AutoGradMode no_grad(false);
-  Backend& b = backend_for(ts[0]);
+  Backend& b = backend_for(ps[0]);
   // One reduce-scatter per dtype, in the order of first appearance (the same on every rank).
   std::vector<bool> done(k, false);
   for (std::size_t first = 0; first < k; ++first) {
     if (done[first]) continue;
-    const auto dt = ts[first].scalar_type();
+    const auto dt = ps[first].scalar_type();
     std::vector<std::size_t> idx;
     for (std::size_t i = first; i < k; ++i) {
-      if (!done[i] && ts[i].scalar_type() == dt) {
+      if (!done[i] && ps[i].scalar_type() == dt) {
         idx.push_back(i);
         done[i] = true;
       }
@@ -69,10 +74,10 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
     const auto esz = static_cast<std::int64_t>(c10::elementSize(wire));
     std::vector<std::int64_t> counts(n, 0);  // elements of rank r's part
     for (int r = 0; r < n; ++r) {
-      for (auto i : idx) counts[r] += sp[i][r] * row_elems(ts[i]);
+      for (auto i : idx) counts[r] += sp[i][r] * row_elems(ps[i]);
     }
     check_bytes({sum_of(counts) * esz}, "reduce_scatter()");
-    const at::Tensor& t0 = ts[idx[0]];
+    const at::Tensor& t0 = ps[idx[0]];
     if (idx.size() == 1 && t0.scalar_type() == wire) {
       // The common call: read the input as flat and return the output tensor itself (no
       // reshape, narrow or view: each ATen call costs about a microsecond here).
@@ -90,8 +95,8 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
     std::vector<std::int64_t> row(k, 0);  // next row of each tensor
     for (int r = 0; r < n; ++r) {
       for (auto i : idx) {
-        const std::int64_t m = sp[i][r] * row_elems(ts[i]);
-        if (m > 0) send.narrow(0, pos, m).copy_(ts[i].narrow(0, row[i], sp[i][r]).reshape({-1}));
+        const std::int64_t m = sp[i][r] * row_elems(ps[i]);
+        if (m > 0) send.narrow(0, pos, m).copy_(ps[i].narrow(0, row[i], sp[i][r]).reshape({-1}));
         row[i] += sp[i][r];
         pos += m;
       }
@@ -101,13 +106,16 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
     if (op == ReduceOp::Average) divide_by(recv, n);
     pos = 0;
     for (auto i : idx) {
-      auto sizes = ts[i].sizes().vec();
+      auto sizes = ps[i].sizes().vec();
       sizes[0] = sp[i][e.rank()];
-      const std::int64_t m = sizes[0] * row_elems(ts[i]);
+      const std::int64_t m = sizes[0] * row_elems(ps[i]);
       auto piece = recv.narrow(0, pos, m).view(sizes);
       out[i] = idx.size() == 1 ? piece.to(dt) : piece.to(dt, /*non_blocking=*/false, /*copy=*/true);
       pos += m;
     }
+  }
+  for (std::size_t i = 0; i < k; ++i) {
+    if (ts[i].is_complex() && !out[i].is_complex()) out[i] = at::view_as_complex(out[i]);
   }
   return out;
 }

@@ -214,9 +214,23 @@ def case_complex_rows_move_as_bytes():
     for ts in ([c(r)], [c(r, 3), torch.full((2,), float(r))]):
         fm.grouped_bcast_(ts, root_rank=n - 1)
         check_equal(ts[0], c(n - 1, ts[0].numel()), f"grouped_bcast_ of {len(ts)}")
+    # reduce_scatter sums and averages them as pairs of reals, alone or in a list
+    x = torch.stack([c(r + j) for j in range(n)])  # row j goes to rank j
+    want = c(sum(s + r for s in range(n))).unsqueeze(0)
+    check_equal(fm.reduce_scatter(x), want, "reduce_scatter")
+    torch.testing.assert_close(fm.reduce_scatter(x, op="average"), want / n)
+    a, b = fm.grouped_reduce_scatter([x, torch.ones(n * 3)])
+    check_equal(a, want, "grouped_reduce_scatter, complex")
+    check_equal(b, torch.full((3,), float(n)), "grouped_reduce_scatter, real")
+    # so a differentiable allgather of complex values has its backward (a reduce_scatter)
+    t = c(r).to(torch.complex64).requires_grad_()
+    (fm.allgather(t).abs() ** 2).sum().backward()
+    check_equal(t.grad, 2 * n * t.detach(), "allgather's backward")
     if n > 1:  # a complex tensor against its pairs of reals: the ranks disagree
         t = c(r) if r == 0 else torch.view_as_real(c(r))
         raises(RuntimeError, lambda: fm.allgather(t), "disagree")
+        t = x if r == 0 else torch.view_as_real(x)
+        raises(RuntimeError, lambda: fm.reduce_scatter(t), "disagree")
 
 
 # ---------------------------------------------------------------- grouped and async
@@ -434,8 +448,9 @@ def case_bad_input_raises_on_every_rank():
     raises(TypeError, lambda: fm.gather(torch.ones(1), root_rank="0"), "root_rank must be an int")
     raises(ValueError, lambda: fm.reduce_scatter(torch.ones(n), op="median"), "'median'")
     raises(TypeError, lambda: fm.allgather(torch.ones(2, dtype=torch.uint32)), "uint32")
-    # complex values move as bytes, but a reduction of them is refused
-    raises(TypeError, lambda: fm.reduce_scatter(torch.ones(n, dtype=torch.complex64)), "complex64")
+    # complex values sum as pairs of reals, but an ordering of them is refused
+    raises(TypeError, lambda: fm.reduce_scatter(torch.ones(n, dtype=torch.complex64), op="max"),
+           "complex64")  # fmt: skip
     check_equal(fm.allgather(torch.ones(1)), torch.ones(n), "in step after errors")
 
 

@@ -76,16 +76,11 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
 
 // The ops layer moves complex tensors where only bytes move or it sums them (as_pairs,
 // ops/collectives.h), as gloo and NCCL take them: DDP broadcasts complex parameters as it
-// starts. The grouped allreduce and reduce-scatter take the pairs from here, for a sum or an
-// average only (the reductions pairs give right); other ops keep complex tensors, refused.
+// starts. Only the grouped allreduce takes the pairs from here, for a sum or an average (the
+// reductions pairs give right); other ops keep complex tensors, refused.
 std::vector<at::Tensor> as_real(std::vector<at::Tensor> ts) {
   for (auto& t : ts) t = as_pairs(t);
   return ts;
-}
-
-std::vector<std::vector<at::Tensor>> as_real(std::vector<std::vector<at::Tensor>> lists) {
-  for (auto& l : lists) l = as_real(std::move(l));
-  return lists;
 }
 
 bool pairwise(const C10dReduction& r) { return !r.premul && (r.op == "sum" || r.op == "average"); }
@@ -257,8 +252,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, inputs.empty() ? outputs : inputs[0], err);
-  auto outs = pairwise(r) ? as_real(outputs) : outputs;
-  auto ins = pairwise(r) ? as_real(inputs) : inputs;
+  auto outs = outputs;
+  auto ins = inputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "torch.distributed.reduce_scatter()", outputs,
                 [outs, ins, r, err] {
                   if (!r.premul) return reduce_scatter_lists(outs, ins, r.op, err);
@@ -277,10 +272,6 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
   std::vector<at::Tensor> outs{output};
   std::vector<at::Tensor> ins{input};
   const C10dReduction r = parse_reduction(opts.reduceOp, ins, err);
-  if (pairwise(r)) {
-    outs = as_real(outs);
-    ins = as_real(ins);
-  }
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "torch.distributed.reduce_scatter_tensor()",
                 {output}, [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }
@@ -290,8 +281,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, inputs, err);
-  auto outs = pairwise(r) ? as_real(outputs) : outputs;
-  auto ins = pairwise(r) ? as_real(inputs) : inputs;
+  auto outs = outputs;
+  auto ins = inputs;
   return launch(c10d::OpType::COALESCED, "torch.distributed.reduce_scatter_tensor()", outputs,
                 [outs, ins, r, err] { reduce_scatter_scaled(outs, ins, r, err); });
 }

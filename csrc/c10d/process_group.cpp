@@ -74,16 +74,9 @@ at::Tensor first_or_none(const std::vector<at::Tensor>& ts) {
   return ts.size() == 1 ? ts[0] : at::Tensor();
 }
 
-// The ops layer moves complex tensors where only bytes move or it sums them (as_pairs,
-// ops/collectives.h), as gloo and NCCL take them: DDP broadcasts complex parameters as it
-// starts. Only the grouped allreduce takes the pairs from here, for a sum or an average (the
-// reductions pairs give right); other ops keep complex tensors, refused.
-std::vector<at::Tensor> as_real(std::vector<at::Tensor> ts) {
-  for (auto& t : ts) t = as_pairs(t);
-  return ts;
-}
-
-bool pairwise(const C10dReduction& r) { return !r.premul && (r.op == "sum" || r.op == "average"); }
+// Complex tensors: the ops layer moves them where only bytes move or it sums them (as pairs of
+// reals, ops/collectives.h), as gloo and NCCL take them (DDP broadcasts complex parameters as
+// it starts); other reductions refuse them on every rank.
 
 // reduce_scatter_tensors with `r`: PREMUL_SUM scales copies of the inputs, then sums.
 void reduce_scatter_scaled(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins,
@@ -157,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   std::string err;
   const C10dReduction r = parse_reduction(opts.reduceOp, tensors, err);
-  std::vector<at::Tensor> ts = pairwise(r) ? as_real(tensors) : tensors;
+  std::vector<at::Tensor> ts = tensors;
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "torch.distributed.all_reduce_coalesced()",
                 tensors, [ts, r, err] {
                   if (!r.premul) return grouped_allreduce_checked(ts, r.op, err);

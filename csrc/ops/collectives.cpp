@@ -142,6 +142,11 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
           " is not supported; expected one of torch.float16, torch.bfloat16, torch.float32, "
           "torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, "
           "torch.bool";
+    if (t.is_complex()) {  // as_pairs passed it on as it is: an ordering op, or a conj view
+      msg += t.is_conj() ? "; complex tensors move as pairs of reals: call .resolve_conj() first"
+                         : "; complex tensors reduce with op 'sum' or 'average' only (as pairs "
+                           "of reals), and move in broadcasts, gathers and alltoall";
+    }
     return ErrorClass::Type;
   }
   if (!device_supported(t)) {

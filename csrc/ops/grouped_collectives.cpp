@@ -166,18 +166,26 @@ std::vector<std::vector<std::size_t>> by_dtype(const std::vector<at::Tensor>& ts
 
 }  // namespace
 
-void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::string& opname,
+void grouped_allreduce_checked(const std::vector<at::Tensor>& given, const std::string& opname,
                                const std::string& local_error) {
   const Group& e = current_group();
-  Signature s = list_signature(CallKind::GroupedAllreduce, ts, /*with_dim0=*/true, nullptr);
+  // The signature is of the tensors given, so a complex tensor and its pairs as reals disagree.
+  Signature s = list_signature(CallKind::GroupedAllreduce, given, /*with_dim0=*/true, nullptr);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
+  // What moves: complex tensors as pairs of reals in a sum or an average (views: the results
+  // land in the tensors given); other ops keep them, and check_op_dtype refuses them.
+  std::vector<at::Tensor> ts;
+  ts.reserve(given.size());
+  const bool pairs = op == ReduceOp::Sum || op == ReduceOp::Average;
+  for (const auto& t : given) ts.push_back(pairs ? as_pairs(t) : t);
   validate_list(ts, /*in_place=*/true, /*rows=*/false, local_error, s, msg);
   for (const auto& t : ts) check_op_dtype(op, t, s, msg);
   s.joinable = Joinable::Allreduce;
   bool joined = false;
   agree(
-      s, "grouped_allreduce_()", msg, [&] { return describe_list(ts, nullptr); }, nullptr, &joined);
+      s, "grouped_allreduce_()", msg, [&] { return describe_list(given, nullptr); }, nullptr,
+      &joined);
   const auto groups = by_dtype(ts);
   if (joined) {  // one backend allreduce per dtype, below
     AllreduceParts p;

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -211,6 +212,15 @@ def case_complex_tensors_travel_as_pairs_of_reals():
     o = c(0)
     dist.reduce_scatter_tensor(o, torch.cat([c(r + j) for j in range(n)]))
     check_equal(o, c(sum(s + r for s in range(n))), "reduce_scatter_tensor")
+    # torch passes complex tensors here as their pairs of reals, and asks for one dtype
+    xs = [c(r + 1), torch.full((2,), float(r + 1)), c(r + 1, 1)]
+    with warnings.catch_warnings():  # torch: all_reduce_coalesced "will be deprecated"
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_reduce_coalesced(xs)
+    s = n * (n + 1) / 2
+    check_equal(xs[0], c(s), "all_reduce_coalesced complex64")
+    check_equal(xs[1], torch.full((2,), s), "all_reduce_coalesced float32")
+    check_equal(xs[2], c(s, 1), "all_reduce_coalesced complex64, 1 element")
     # an order-based reduction of complex values is refused on every rank, not done on pairs
     raises(RuntimeError, lambda: dist.reduce_scatter_tensor(o, c(r, 3 * n), op=dist.ReduceOp.MAX),
            "complex64")  # fmt: skip

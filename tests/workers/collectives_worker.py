@@ -438,6 +438,17 @@ def case_complex_allreduce_bcast_reduce_as_pairs():
         if r == 0:
             check_equal(got, t * (n * (n + 1) / 2), f"reduce {dtype}")
         check_equal(fm.Iallreduce(t.clone()).wait(), t / (r + 1) * (n * (n + 1) / 2), "async")
+        # grouped, with real tensors of the pairs' dtype between them and a 0-dim one
+        real = torch.arange(3.0, dtype=torch.float64) * (r + 1)
+        zero_dim = torch.tensor(2 - 1j, dtype=dtype) * (r + 1)
+        group = [t.clone(), real.clone(), zero_dim.clone()]
+        fm.grouped_allreduce_(group, op="sum")
+        check_equal(group[0], t / (r + 1) * (n * (n + 1) / 2), f"grouped {dtype}")
+        check_equal(group[1], real / (r + 1) * (n * (n + 1) / 2), "grouped real")
+        check_equal(group[2], zero_dim / (r + 1) * (n * (n + 1) / 2), "grouped 0-dim")
+        group = [t.clone(), real.clone()]
+        fm.grouped_allreduce_(group, op="average")
+        torch.testing.assert_close(group[0], t / (r + 1) * ((n + 1) / 2))
     # non-contiguous: the real view writes through
     base = torch.ones(4, 4, dtype=torch.complex64)
     fm.allreduce_(base[:, 1])
@@ -446,6 +457,7 @@ def case_complex_allreduce_bcast_reduce_as_pairs():
         # a complex tensor on one rank and its pairs as reals on another: ranks disagree
         t = torch.ones(3, dtype=torch.complex64) if r == 0 else torch.ones(3, 2)
         raises(RuntimeError, lambda: fm.allreduce_(t), "dtype", "torch.complex64")
+        raises(RuntimeError, lambda: fm.grouped_allreduce_([t]), "dtype", "torch.complex64")
 
 
 def case_bad_input_raises_on_every_rank():
@@ -464,7 +476,17 @@ def case_bad_input_raises_on_every_rank():
         "rank 0",
         "torch.complex64",
         "not supported",
+        "op 'sum' or 'average' only",
     )
+    raises(
+        TypeError,
+        lambda: fm.grouped_allreduce_([torch.ones(2), torch.ones(3, dtype=torch.complex64)], "min"),
+        "rank 0",
+        "tensor 1",
+        "op 'sum' or 'average' only",
+    )
+    raises(TypeError, lambda: fm.allreduce_(torch.ones(2, dtype=torch.complex64).conj()),
+           "resolve_conj()")  # fmt: skip
     raises(TypeError, lambda: fm.bcast_(torch.ones(2, 2).to_sparse()), "layout", "rank 0")
     raises(
         ValueError, lambda: fm.allreduce_(torch.ones(3), op="median"), "'median'", "sum, average"

@@ -17,8 +17,10 @@ from mpi_util import ROOT, mpi_env  # noqa: E402
 
 BUILD_TIMEOUT = 1200  # a build from scratch on 2 busy cores; with build/ current, a link
 
+# fluxmpi_py.horovod is a subpackage: a wheel that left it out failed only here.
 CHECK = (
-    "import os, fluxmpi_py as fm, torch; fm.Init(); t = torch.ones(3) * (fm.local_rank() + 1); "
+    "import os, fluxmpi_py as fm, fluxmpi_py.horovod as hvd, torch; fm.Init(); "
+    "t = torch.ones(3) * (fm.local_rank() + 1); "
     "fm.allreduce_(t); line = f'rank {fm.local_rank()} of {fm.total_workers()} {t.tolist()} '"
     "f'{os.path.dirname(fm.__file__)}\\n'; os.write(1, line.encode())"
 )

@@ -21,7 +21,16 @@ import fluxmpi_py as _fm
 from .. import differentiable as _diff
 from .._loader import C as _C
 from ..groups import on_group as _on_group
-from . import _collectives, _extras, _handles, _join, _optimizer, _process_sets, _topology
+from . import (
+    _collectives,
+    _extras,
+    _gradients,
+    _handles,
+    _join,
+    _optimizer,
+    _process_sets,
+    _topology,
+)
 from ._collectives import *  # noqa: F403
 from ._extras import *  # noqa: F403
 from ._handles import _Handle, _in_set, named
@@ -295,7 +304,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """root_rank's ``tensor``, in a new tensor. Differentiable, as Horovod's (the root's
-    gradient is the sum of every rank's output gradient; the others' is zero).
+    gradient is the average of every rank's output gradient; the others' is zero).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast(torch.full((2,), float(hvd.rank())), 0).tolist()
@@ -305,13 +314,15 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
         call = "hvd.broadcast()"
         with named(name, process_set, call, hold=False):
             group, root = _root(process_set, root_rank, call, tensor)
-            return _diff.broadcast(tensor, root, group=group)
+            n = size() if group is None else group.size
+            return _diff.broadcast(_gradients.averaged_gradient(tensor, n), root, group=group)
     return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def allgather(tensor, name=None, process_set=None):
     """Every rank's ``tensor`` concatenated along dim 0 (which may differ by rank).
-    Differentiable.
+    Differentiable, as Horovod's: this rank's rows of the average of every rank's output
+    gradient.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
@@ -319,7 +330,10 @@ def allgather(tensor, name=None, process_set=None):
     """
     call = "hvd.allgather()"
     with named(name, process_set, call, hold=False):
-        return _fm.allgather(tensor, group=_process_sets.group_of(process_set, call))
+        group = _process_sets.group_of(process_set, call)
+        if _gradients.needs_grad([tensor]):
+            tensor = _gradients.averaged_gradient(tensor, size() if group is None else group.size)
+        return _fm.allgather(tensor, group=group)
 
 
 def allreduce_async_(

@@ -13,6 +13,7 @@ from .. import _row_calls as rows
 from .. import gather_collectives as _gc
 from .._loader import C
 from ..groups import on_handle
+from . import _gradients
 from ._handles import _Handle, _in_set, named, synchronize_now
 from ._process_sets import group_of
 
@@ -171,7 +172,15 @@ def reducescatter(
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
     >>> hvd.reducescatter(torch.ones(n, 2), op=hvd.Sum).tolist() == [[float(n)] * 2]
     True
+
+    Differentiable, as Horovod's: the gradient is the allgather of the output's, times the
+    size for ``hvd.Sum``, and times both scale factors.
     """
+    if _gradients.needs_grad([tensor]):
+        call = "hvd.reducescatter()"
+        return _differentiable_reducescatter(
+            [tensor], name, op, process_set, prescale_factor, postscale_factor, call
+        )[0]
     return synchronize_now(
         reducescatter_async(
             tensor, name, compression, op, process_set, prescale_factor, postscale_factor
@@ -206,12 +215,34 @@ def grouped_reducescatter(
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
     >>> [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)])]
     [[1.0], [1.0, 1.0]]
+
+    Differentiable, as :func:`reducescatter`.
     """
+    tensors = list(tensors)
+    if _gradients.needs_grad(tensors):
+        call = "hvd.grouped_reducescatter()"
+        return _differentiable_reducescatter(
+            tensors, name, op, process_set, prescale_factor, postscale_factor, call
+        )
     return synchronize_now(
         grouped_reducescatter_async(
             tensors, name, compression, op, process_set, prescale_factor, postscale_factor
         )
     )
+
+
+def _differentiable_reducescatter(tensors, name, op, process_set, prescale, postscale, call):
+    from . import _op  # the shared op check of allreduce
+
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
+        op = _op(None, op)
+        if op not in ("sum", "average"):
+            raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
+        splits = [_horovod_splits(t) for t in tensors]
+        outs = _gradients.GroupedReducescatter.apply(
+            call, op, splits, prescale, postscale, *tensors
+        )
+        return list(outs)
 
 
 def grouped_reducescatter_async(
@@ -335,15 +366,20 @@ def grouped_allreduce(
 
 def grouped_allgather(tensors, name=None, process_set=None):
     """:func:`hvd.allgather <fluxmpi_py.horovod.allgather>` of each tensor of a list, in one
-    data collective.
+    data collective. Differentiable, as ``hvd.allgather``.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> [t.shape[0] for t in hvd.grouped_allgather([torch.ones(1), torch.ones(2)])] == [hvd.size(), 2 * hvd.size()]
     True
     """
     call = "hvd.grouped_allgather()"
+    tensors = list(tensors)
     with named(name, process_set, call, hold=False):
-        return _gc.grouped_allgather(list(tensors), group=group_of(process_set, call))
+        group = group_of(process_set, call)
+        if _gradients.needs_grad(tensors):
+            with _in_set(process_set, call):
+                return list(_gradients.GroupedAllgather.apply(call, *tensors))
+        return _gc.grouped_allgather(tensors, group=group)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):

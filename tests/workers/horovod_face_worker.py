@@ -111,7 +111,9 @@ def case_allreduce_and_broadcast_are_differentiable():
     b = hvd.broadcast(y, n - 1)
     assert b.tolist() == [n - 1.0] * 3
     b.sum().backward()
-    assert y.grad.tolist() == [float(n) if r == n - 1 else 0.0] * 3
+    # Horovod 0.21-0.28.1: the root gets the average of the output gradients (fluxmpi_py's
+    # own broadcast gives their sum)
+    assert y.grad.tolist() == [1.0 if r == n - 1 else 0.0] * 3
 
     a = torch.full((2,), float(r), requires_grad=True)
     b = torch.ones(1, 3, dtype=torch.float64, requires_grad=True)
@@ -119,6 +121,59 @@ def case_allreduce_and_broadcast_are_differentiable():
     assert ga.tolist() == [float(n * (n - 1))] * 2
     (ga.sum() + 3 * gb.sum()).backward()
     assert a.grad.tolist() == [2.0 * n] * 2 and b.grad.tolist() == [[6.0 * n] * 3]
+
+
+def case_gather_and_scatter_gradients_as_horovod_0_28():
+    """Horovod's conventions since 0.21 (its last release's suite): allgather averages the
+    output gradients over the ranks, then slices; reducescatter allgathers them, times the
+    size for Sum, times the scale factors. Each also in its grouped form and on a process set."""
+    n, r = hvd.size(), hvd.rank()
+    rows = [3, 2, 7, 4][:n]
+    for dim, dtype in ((1, torch.float32), (3, torch.float64)):
+        tail = [5] * (dim - 1)
+        # every rank's output gradient: rank s's rows hold s (different values by rank too)
+        g = torch.cat([torch.full([rows[s]] + tail, float(s + r), dtype=dtype) for s in range(n)])
+        mean_r = (n - 1) / 2  # the average over ranks of r
+        x = torch.ones([rows[r]] + tail, dtype=dtype, requires_grad=True)
+        hvd.allgather(x).backward(g)
+        torch.testing.assert_close(x.grad, torch.full_like(x, r + mean_r))
+        xs = [torch.ones([rows[r]] + tail, dtype=dtype, requires_grad=True) for _ in range(2)]
+        for o in hvd.grouped_allgather(xs):
+            o.backward(g)
+        for x in xs:
+            torch.testing.assert_close(x.grad, torch.full_like(x, r + mean_r))
+        for op, scale in ((hvd.Sum, n), (hvd.Average, 1)):
+            x = torch.randn([4 * n + 1] + tail, dtype=dtype, requires_grad=True)
+            out = hvd.reducescatter(x, op=op, prescale_factor=0.5, postscale_factor=3.0)
+            assert out.shape[0] == 4 + (r == 0)  # Horovod's parts: the first ranks get more
+            out.backward(torch.full_like(out, float(r + 1)))
+            # the allgathered output gradients: rank s's part holds s + 1
+            want = torch.cat([torch.full([4 + (s == 0)] + tail, s + 1.0) for s in range(n)])
+            torch.testing.assert_close(x.grad, (want * 1.5 * scale).to(dtype))
+            xs = [torch.randn([2 * n] + tail, dtype=dtype, requires_grad=True) for _ in range(2)]
+            for o in hvd.grouped_reducescatter(xs, op=op):
+                o.sum().backward()
+            for x in xs:
+                torch.testing.assert_close(x.grad, torch.full_like(x, float(scale)))
+    # a process set of the last two ranks (the world at 1-2 ranks)
+    members = list(range(max(0, n - 2), n))
+    ps = hvd.add_process_set(members) if n > 2 else hvd.global_process_set
+    if r in members:
+        k = len(members)
+        x = torch.ones(2, requires_grad=True)
+        hvd.allgather(x, process_set=ps).sum().backward()
+        assert x.grad.tolist() == [1.0, 1.0], x.grad  # the average of ones
+        x = torch.ones(2 * k, requires_grad=True)
+        hvd.reducescatter(x, op=hvd.Sum, process_set=ps).sum().backward()
+        assert x.grad.tolist() == [float(k)] * (2 * k), x.grad
+        y = torch.ones(3, requires_grad=True)
+        hvd.broadcast(y, members[0], process_set=ps).sum().backward()
+        assert y.grad.tolist() == [1.0 if r == members[0] else 0.0] * 3, y.grad
+    if n > 2:
+        hvd.remove_process_set(ps)
+    # the async forms record no gradient, as Horovod's
+    x = torch.ones(n, requires_grad=True)
+    assert hvd.synchronize(hvd.reducescatter_async(x)).grad_fn is None
 
 
 def case_horovod_errors_and_warnings():

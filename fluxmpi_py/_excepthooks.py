@@ -38,33 +38,43 @@ def _traceback_text(exc_type, exc, tb) -> str:
     return buf.getvalue()
 
 
+def _stderr():
+    """Where the report goes. torch.distributed's init_process_group wraps the excepthook so
+    that it writes into a StringIO, which it prints after the hook returns; this one aborts
+    the job first, so its report goes to the process's own stderr instead."""
+    if isinstance(sys.stderr, io.StringIO) and sys.__stderr__ is not None:
+        return sys.__stderr__
+    return sys.stderr
+
+
 def _report_and_abort(exc_type, exc, tb, where: str = "") -> None:
     try:
+        err = _stderr()
         rank, size = C.rank(), C.size()
         prefix = f"[rank {rank} / {size}]"
         name = exc_type.__name__
         if raised_on_every_rank(exc) and rank > 0:
             first = (str(exc).splitlines() or [""])[0]
-            _write(f"{prefix} same {name} as rank 0{where}: {first}\n", sys.stderr)
+            _write(f"{prefix} same {name} as rank 0{where}: {first}\n", err)
             C.meet_before_abort(_MEET_TIMEOUT_S)
             time.sleep(_ABORT_WAIT_S)  # rank 0 ends the job meanwhile
             _write(
                 f"{prefix} rank 0 did not end the job within {_ABORT_WAIT_S:.0f} s; this "
                 f"rank's {name}{where}, aborting the job:\n" + _traceback_text(exc_type, exc, tb),
-                sys.stderr,
+                err,
             )
         elif raised_on_every_rank(exc):
             _write(
                 f"{prefix} {name} raised on every rank{where} (the others write one line "
                 f"each), aborting the job:\n" + _traceback_text(exc_type, exc, tb),
-                sys.stderr,
+                err,
             )
             C.meet_before_abort(_MEET_TIMEOUT_S)
         else:
             _write(
                 f"{prefix} uncaught {name}{where}, aborting the job:\n"
                 + _traceback_text(exc_type, exc, tb),
-                sys.stderr,
+                err,
             )
     finally:
         C.abort("", 1)

@@ -25,8 +25,9 @@ def launch(mode, np=2):
     return rc, out
 
 
-def test_uncaught_exception_ends_job_with_its_message():
-    rc, out = launch("raise")
+@pytest.mark.parametrize("mode", ["raise", "raise_c10d"])
+def test_uncaught_exception_ends_job_with_its_message(mode):
+    rc, out = launch(mode)
     assert rc != 0, out[-3000:]
     assert "RuntimeError: deliberate failure on rank 1" in out, out[-3000:]
     assert "[rank 1 / 2] uncaught RuntimeError, aborting the job" in out, out[-3000:]

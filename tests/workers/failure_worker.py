@@ -2,6 +2,8 @@
 
 The last rank ("the leaver") misbehaves; every other rank waits for it in a collective.
     raise        the leaver raises an uncaught exception
+    raise_c10d   the same after torch.distributed.init_process_group("fluxmpi"), whose own
+                 excepthook wraps this library's in a StringIO
     exit         the leaver calls sys.exit(0)
     return       the leaver's script simply ends
     exit_early   the leaver exits before the others even enter their collective
@@ -26,6 +28,11 @@ import fluxmpi_py as fm  # noqa: E402
 def main(mode):
     torch.set_num_threads(1)
     fm.Init()
+    if mode == "raise_c10d":
+        import torch.distributed as dist
+
+        dist.init_process_group("fluxmpi")
+        mode = "raise"
     r, n = fm.local_rank(), fm.total_workers()
     leaver = n - 1
     t = torch.ones(1000)

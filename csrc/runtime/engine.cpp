@@ -65,6 +65,13 @@ void Engine::ensure_thread() {
 
 std::shared_ptr<Work> Engine::submit(std::string what, std::function<void()> fn) {
   if (g_submit_context != nullptr) fn = g_submit_context(std::move(fn));
+  // Submitted from the engine thread itself: by a future's callback (a communication hook's
+  // then(), which runs on this thread as the future completes), or by work that calls
+  // another collective. Queued, it would run only after that callback returns, so a callback
+  // that waits for it (torch's PowerSGD hook waits on the future of the allreduce it starts)
+  // would wait forever. It runs now instead, right after the work whose completion called the
+  // callback, before anything queued: the same place on every rank.
+  if (t_on_engine_thread) return run_now(std::move(what), fn);
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (!stopping_ && !synchronous_) {

@@ -352,28 +352,45 @@ def case_async_work_and_future():
     dist.barrier()
 
 
-def case_waiting_inside_a_future_callback_raises_instead_of_hanging():
-    # Callbacks run on the engine thread; a collective started there runs after them.
-    if world() == 1:
-        return  # a world of one runs collectives at once, on the calling thread
+def case_collectives_inside_a_future_callback_run_there():
+    """Callbacks run on the engine thread as a future completes; a collective started there,
+    blocking or waited on through its future (torch's PowerSGD hook does this), runs at once
+    instead of queueing behind the callback (it hung, or raised, before)."""
+    n = world()
 
-    def blocking_hook(fut):
-        dist.all_reduce(torch.ones(1))  # waits: the work is queued behind this callback
-        return fut.value()
+    def blocking(fut):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return fut.value()[0] + t
 
-    # Rank 0 attaches its callback long before the others enter, so its callback runs on the
-    # engine thread; elsewhere the work may finish first and the callback run inline (no error).
-    if rank() != 0:
-        time.sleep(0.3)
-    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(blocking_hook)
-    if rank() == 0:
-        raises(RuntimeError, chained.wait, "would wait forever", "chain it with then()")
-    else:
-        try:
-            chained.wait()
-        except RuntimeError as e:
-            assert "would wait forever" in str(e), e
-    dist.barrier()  # the hook's all_reduce still ran, on every rank alike
+    def through_future(fut):
+        t = torch.full((2,), 10.0)
+        return fut.value()[0] + dist.all_reduce(t, async_op=True).get_future().wait()[0]
+
+    # Rank 0 attaches its callbacks long before the others enter, so that they run on the
+    # engine thread there; elsewhere the work may be done first and they run inline.
+    for hook, want in ((blocking, n + n), (through_future, n + 10 * n)):
+        if rank() != 0:
+            time.sleep(0.3)
+        chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(hook)
+        check_equal(chained.wait(), torch.full((2,), float(want)), hook.__name__)
+    dist.barrier()
+
+
+def case_ddp_powersgd_hook_equals_gloo():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+    setup()
+
+    def hook(group):
+        state = ps.PowerSGDState(
+            process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        return lambda _state, bucket: ps.powerSGD_hook(state, bucket)
+
+    same_params(train_ddp(None, steps=5, hook=hook(None)),
+                train_ddp(gloo(), steps=5, hook=hook(gloo())), "powerSGD_hook",
+                rtol=1e-4, atol=1e-5)  # fmt: skip
 
 
 def case_wait_with_a_timeout_raises_and_the_work_completes_later():

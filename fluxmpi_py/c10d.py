@@ -81,6 +81,12 @@ def _mpi_rendezvous(url: str, timeout=None, **kwargs):
     raise RuntimeError("the MPI rendezvous of fluxmpi_py cannot run twice")
 
 
+def _launched_by_mpi() -> bool:
+    """Whether an MPI launcher (Open MPI's mpiexec, MPICH's or Slurm's PMI) started this
+    process, from the environment it sets."""
+    return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
 def _wrap_env_rendezvous() -> None:
     """Let ``env://`` without MASTER_ADDR take rank and size from MPI (torch's handler would
     raise there); with MASTER_ADDR set, torch's own handler runs unchanged."""
@@ -91,7 +97,10 @@ def _wrap_env_rendezvous() -> None:
         return
 
     def env_or_mpi(url: str, **kwargs):
-        if "MASTER_ADDR" in os.environ or "master_addr" in url.lower():
+        explicit = "MASTER_ADDR" in os.environ or "master_addr" in url.lower()
+        # Under mpiexec, a MASTER_ADDR left in the environment (a cluster's job script, an
+        # earlier gloo setup) without RANK, which torchrun would set, still means MPI's ranks.
+        if explicit and not (_launched_by_mpi() and "RANK" not in os.environ):
             return original(url, **kwargs)
         return _mpi_rendezvous(url, **kwargs)
 
@@ -240,6 +249,16 @@ def _create_backend(opts, backend_options=None):
     if ranks == list(range(C.size())):
         return C.c10d_backend(opts.group_rank, opts.group_size)
     group = _PENDING[-1] if _PENDING else None
+    if not dist.is_initialized() and opts.group_size != C.size():
+        # the default group, of a size MPI does not have: launched by torchrun or with
+        # RANK/WORLD_SIZE set, not by mpiexec
+        raise RuntimeError(
+            f"the fluxmpi backend takes its ranks from MPI, which started {C.size()} "
+            f"process(es) here, but torch.distributed was told world_size {opts.group_size} "
+            "(torchrun, or RANK/WORLD_SIZE/MASTER_ADDR in the environment); launch with "
+            f"`mpiexec -n {opts.group_size} python script.py` instead of torchrun, or use "
+            'backend "gloo" under torchrun'
+        )
     if group is None or list(group.ranks) != ranks:
         raise NotImplementedError(
             f"the fluxmpi backend for a group of ranks {ranks}: its MPI sub-communicator is "

@@ -6,12 +6,13 @@ unsorted and split; bitwise ops and PREMUL_SUM. The cases live in tests/workers/
 c10d_groups_worker.py, c10d_group_forms_worker.py and c10d_reduce_ops_worker.py."""
 
 import os
+import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import run_mpi, worker_params  # noqa: E402
+from mpi_util import run_mpi, singleton_env, worker_params, worker_path  # noqa: E402
 
 WORKER = "c10d_worker.py"
 
@@ -55,3 +56,30 @@ def test_init_process_group_timeout_ends_a_stalled_job_with_the_report():
     assert "torch.distributed.all_reduce()" in out and "not entered it: rank 1" in out
     assert "the timeout is 4.0 s" in out, out[-4000:]
     assert "rank 1 done" not in out and "rank 0 done" not in out
+
+
+def test_master_addr_left_in_the_environment_under_mpiexec_still_takes_mpi_ranks():
+    # a cluster's job script, or an earlier gloo setup, may leave MASTER_ADDR set; without
+    # RANK (which torchrun sets) mpiexec's ranks serve, as without it
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    _, out = run_mpi("c10d_launch_worker.py", 2, env=env, timeout=120)
+    for r in range(2):
+        assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
+
+
+def test_torchrun_gets_an_error_naming_mpiexec():
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.fail(f"{torchrun} not found: torch installs it")
+    env = singleton_env({"OMP_NUM_THREADS": "1"})
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    proc = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", "29998",
+         worker_path("c10d_launch_worker.py")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "the fluxmpi backend takes its ranks from MPI" in out, out[-3000:]
+    assert "mpiexec -n 2 python script.py" in out, out[-3000:]

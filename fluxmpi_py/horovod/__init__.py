@@ -105,24 +105,32 @@ def init(comm=None, process_sets=None) -> None:
     _fm.Init(comm=comm)
     _topology.learn()
     _process_sets._on_init(process_sets)
+    _SHUT_DOWN.clear()
+
+
+# Set by shutdown(), cleared by init(): Horovod's is_initialized() is False in between.
+_SHUT_DOWN: list = []
 
 
 def shutdown() -> None:
-    """Horovod's shutdown: the runtime ends at interpreter exit, so this waits on a barrier.
+    """Horovod's shutdown: the runtime ends at interpreter exit, so this waits on a barrier;
+    :func:`is_initialized` is False until the next :func:`init`.
 
-    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.shutdown()
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.shutdown(); hvd.is_initialized()
+    False
     """
-    if _fm.Initialized():
+    if _fm.Initialized() and not _SHUT_DOWN:
         _fm.barrier()
+    _SHUT_DOWN.append(True)
 
 
 def is_initialized() -> bool:
-    """Whether :func:`init` has run.
+    """Whether :func:`init` has run (and no :func:`shutdown` since).
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
     True
     """
-    return _fm.Initialized()
+    return _fm.Initialized() and not _SHUT_DOWN
 
 
 def rank() -> int:

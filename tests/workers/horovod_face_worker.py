@@ -24,6 +24,10 @@ def case_topology():
     assert hvd.is_initialized()
     assert 0 <= hvd.rank() < hvd.size()
     assert hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+    hvd.shutdown()  # as Horovod's: not initialized until the next init()
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert hvd.is_initialized() and hvd.allgather_object(1) == [1] * hvd.size()
 
 
 def case_allreduce_ops_and_scaling():

@@ -232,7 +232,8 @@ std::string build_report(const Round& round, std::int64_t call, int rank, int si
   const double timeout = g_timeout_s.load();
   if (timed_out) {
     out += "  the timeout is " + fmt_s(timeout) +
-           " (fluxmpi_py.Init(timeout=...) or FLUXMPI_TIMEOUT): aborting the job";
+           " (fluxmpi_py.Init(timeout=...), torch.distributed.init_process_group(timeout=...) "
+           "or FLUXMPI_TIMEOUT): aborting the job";
   } else {
     const double next = g_next_report_s * 2;
     if (timeout <= 0 || next < timeout)

@@ -101,9 +101,15 @@ std::string field_value(int field, std::int64_t v) {
   }
 }
 
-const char* field_name(int field) {
+// `kind`: the call's (every rank's, once the names differ no more in field 0).
+const char* field_name(int field, std::int64_t kind) {
   static const char* names[kFields] = {"collective", "op",    "root_rank", "dtype",
                                        "numel",      "shape", "error"};
+  if (field == 4) {  // what `numel` counts in the list calls (consensus.h)
+    const auto k = static_cast<CallKind>(kind);
+    if (k >= CallKind::Allgather && k <= CallKind::GroupedBroadcast) return "the number of tensors";
+    if (k == CallKind::NewGroup) return "the number of ranks";
+  }
   return names[field];
 }
 
@@ -161,7 +167,7 @@ const char* field_name(int field) {
     bool differs = false;
     for (int r = 1; r < size; ++r) differs |= sigs[r * kFields + f] != ref;
     if (!differs) continue;
-    msg << call_of(0) << ": ranks disagree on " << field_name(f) << ":";
+    msg << call_of(0) << ": ranks disagree on " << field_name(f, sigs[0]) << ":";
     for (int r = 0; r < size; ++r) {
       msg << (r ? ";" : "") << " rank " << names[r] << " has ";
       if (f == 5) {

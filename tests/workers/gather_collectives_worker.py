@@ -500,7 +500,11 @@ def case_mismatch_across_ranks():
         f"splits [{n}, ",
     )
     raises(
-        RuntimeError, lambda: fm.grouped_allgather([torch.ones(1)] * (r + 1)), "disagree on numel"
+        RuntimeError,
+        lambda: fm.grouped_allgather([torch.ones(1)] * (r + 1)),
+        "disagree on the number of tensors",
+        "rank 0 has 1",
+        "rank 1 has 2",
     )
     call = (lambda: fm.allgather(torch.ones(1))) if r == 0 else (lambda: fm.alltoall(torch.ones(n)))
     raises(RuntimeError, call, "ranks are in different calls", "rank 0 is in allgather()",

@@ -228,6 +228,8 @@ def case_new_group_with_different_lists_raises_on_every_rank():
     ranks = [0, 1] if r == 0 else [0, 2]
     msg = raises(RuntimeError, lambda: fm.new_group(ranks), "new_group")
     assert "[0, 1]" in msg and "[0, 2]" in msg, msg
+    ranks = [0] if r == 0 else [0, 1]
+    raises(RuntimeError, lambda: fm.new_group(ranks), "disagree on the number of ranks")
     raises(ValueError, lambda: fm.new_group([0, 7]), "[0, 7]", "outside")
 
 

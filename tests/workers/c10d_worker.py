@@ -377,6 +377,30 @@ def case_collectives_inside_a_future_callback_run_there():
     dist.barrier()
 
 
+def case_torch_distributed_nn_gather_and_scatter_have_gradients():
+    """fm.gather/fm.scatter record no autograd (the README points to these): torch's
+    differentiable gather and scatter run on the fluxmpi backend, gradients included."""
+    import torch.distributed.nn.functional as dnn
+
+    n, r = world(), rank()
+    x = torch.full((2,), float(r + 1), requires_grad=True)
+    outs = dnn.gather(x, dst=n - 1)
+    if r == n - 1:
+        check_equal(torch.stack(outs), torch.stack([torch.full((2,), s + 1.0) for s in range(n)]),
+                    "gather")  # fmt: skip
+    # every rank runs backward through its outputs (zeros off the root); the root's weights
+    sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+    check_equal(x.grad, torch.full((2,), r + 1.0), "gather's gradient")
+    y = torch.arange(2.0 * n, requires_grad=True)
+    parts = list(y.chunk(n)) if r == 0 else [torch.zeros(2, requires_grad=True)] * n
+    part = dnn.scatter(parts, src=0)
+    check_equal(part.detach(), torch.tensor([2.0 * r, 2.0 * r + 1]), "scatter")
+    (part.sum() * (r + 1)).backward()
+    if r == 0:
+        want = torch.cat([torch.full((2,), s + 1.0) for s in range(n)])
+        check_equal(y.grad, want, "scatter's gradient")
+
+
 def case_ddp_powersgd_hook_equals_gloo():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 

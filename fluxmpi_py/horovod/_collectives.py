@@ -36,14 +36,20 @@ __all__ = [
 ]
 
 
-def _scale_op(op, prescale_factor, postscale_factor, tensors):
-    """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
-    (op, finish) where finish applies the postscale to the result."""
+def _reducescatter_op(op) -> str:
+    """Horovod's reducescatter op as the fluxmpi_py reduction: "sum" or "average"."""
     from . import _op  # the shared op check of allreduce
 
     op = _op(None, op)
     if op not in ("sum", "average"):
         raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
+    return op
+
+
+def _scale_op(op, prescale_factor, postscale_factor, tensors):
+    """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
+    (op, finish) where finish applies the postscale to the result."""
+    op = _reducescatter_op(op)
     if prescale_factor != 1.0:
         for t in tensors:
             t.mul_(prescale_factor)
@@ -232,12 +238,8 @@ def grouped_reducescatter(
 
 
 def _differentiable_reducescatter(tensors, name, op, process_set, prescale, postscale, call):
-    from . import _op  # the shared op check of allreduce
-
     with named(name, process_set, call, hold=False), _in_set(process_set, call):
-        op = _op(None, op)
-        if op not in ("sum", "average"):
-            raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
+        op = _reducescatter_op(op)
         splits = [_horovod_splits(t) for t in tensors]
         outs = _gradients.GroupedReducescatter.apply(
             call, op, splits, prescale, postscale, *tensors

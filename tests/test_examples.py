@@ -29,6 +29,8 @@ def example(name):
         "examples/mlp_regression.py",
         "examples/digits_cnn.py",
         "examples/resnet_synthetic.py",
+        "examples/horovod_digits.py",
+        "examples/ddp_digits.py",
         "benchmarks/plot_scaling.py",
     ],
 )
@@ -105,6 +107,22 @@ def test_digits_demo_fails_loudly_below_the_bar(tmp_path):
         expect_ok=False,
     )
     assert rc != 0 and "FAILED" in out
+
+
+def test_horovod_and_ddp_scripts_train_alike_on_fluxmpi():
+    # A Horovod script (its import changed) and a DDP script (its backend string changed):
+    # at 2 ranks both take SGD steps of lr 0.02 on averaged gradients from rank 0's weights,
+    # so they print the same losses, step for step.
+    runs = {}
+    for script in ("horovod_digits.py", "ddp_digits.py"):
+        _, out = run_mpi(example(script), 2, "--epochs", 8, timeout=240)
+        assert "weights identical on all 2 ranks: yes" in out and "\nOK" in out, out[-3000:]
+        acc = float(re.search(r"held-out accuracy: ([\d.]+)%", out).group(1))
+        assert acc >= 90.0, out[-3000:]
+        runs[script] = re.findall(r"epoch +\d+/8 +train loss ([\d.]+)", out)
+        assert len(runs[script]) == 8, out[-3000:]
+        assert float(runs[script][-1]) < float(runs[script][0]) / 3, runs[script]
+    assert runs["horovod_digits.py"] == runs["ddp_digits.py"], runs
 
 
 def test_scaling_plot_quick(tmp_path):

@@ -28,7 +28,7 @@ C10dReduction parse_reduction(const c10d::ReduceOp& op, const std::vector<at::Te
       return r;
   }
   r.premul = true;
-  const auto* supplement = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
   if (supplement == nullptr) {
     if (error.empty()) {
       error =

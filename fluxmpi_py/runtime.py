@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -101,20 +102,61 @@ def Init(
             device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
-        # NCCL's own ways to let ranks share a GPU (an experiment; see scripts/gpu_check.sh).
-        nccl_told = (
-            os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
-        )
-        if choice.shared and not nccl_told:
-            # NCCL allows one rank per GPU: CUDA collectives then fail before data moves, on
-            # every rank, naming who shares (host tensors are unaffected).
-            C.set_cuda_refusal(
-                choice.sharing_message()
-                + "; NCCL allows one rank per GPU: run at most one rank per GPU, or choose "
-                "distinct GPUs with Init(gpu_devices=[...])"
+        # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
+        # over MPI instead (staged through pinned host memory), unless NCCL is told to share
+        # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
+        # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
+        # over MPI always.
+        over_mpi, why = _cuda_route(choice)
+        C.set_cuda_over_mpi(over_mpi)
+        C.set_cuda_refusal(why)
+        quiet = os.environ.get("FLUXMPI_CUDA_OVER_MPI") == "1"
+        if over_mpi and choice.shared and not quiet and C.node_rank() == 0:
+            warnings.warn(
+                f"fluxmpi_py: {choice.sharing_message()}; NCCL allows one rank per GPU, so "
+                "CUDA collectives go over MPI, staged through host memory (correct, slower "
+                "than NCCL). Run one rank per GPU, or choose distinct GPUs with "
+                "Init(gpu_devices=[...]); FLUXMPI_CUDA_OVER_MPI=1 silences this",
+                stacklevel=2,
             )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
+
+
+def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> tuple[bool, str]:
+    """This rank's wish, before the ranks agree: (CUDA collectives over MPI?, error text or "").
+    `shared`: node-local ranks share this rank's GPU; `nccl_told`: NCCL_HOSTID or
+    NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL share it; `forced`: FLUXMPI_CUDA_OVER_MPI's value,
+    "1" (always MPI), "0" (always NCCL) or "" (MPI where ranks share a GPU NCCL cannot)."""
+    if forced not in ("", "0", "1"):
+        return False, (
+            f"FLUXMPI_CUDA_OVER_MPI={forced!r}: expected 1 (CUDA collectives over MPI), 0 (over "
+            "NCCL) or unset (over MPI only where ranks share a GPU)"
+        )
+    return forced == "1" or (forced == "" and shared and not nccl_told), ""
+
+
+def _cuda_route(choice) -> tuple[bool, str]:
+    """(CUDA collectives over MPI?, why NCCL must refuse them or "") for this rank's GPU choice
+    and the environment. Collective: every rank takes MPI if any rank does (a rank on NCCL and
+    a rank on MPI would never meet), and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
+    nccl_told = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
+    shared = bool(choice.shared) and not nccl_told
+    over_mpi, error = _cuda_route_wanted(
+        bool(choice.shared), nccl_told, os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
+    )
+    anyone = torch.tensor([int(over_mpi)], dtype=torch.int32)
+    C.allreduce_(anyone, "max", error)  # raises on every rank if any rank's value is bad
+    if anyone.item():
+        return True, ""
+    if shared:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
+        return False, (
+            choice.sharing_message() + "; NCCL allows one rank per GPU and "
+            "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "
+            "GPU, choose distinct GPUs with Init(gpu_devices=[...]), or unset "
+            "FLUXMPI_CUDA_OVER_MPI to share the GPU over MPI"
+        )
+    return False, ""
 
 
 def Initialized() -> bool:
@@ -184,6 +226,11 @@ def build_info() -> dict:
         "cuda_mpi_enabled": cudampi_enabled(),
         # Whether the MPI library takes CUDA pointers ("yes"/"no"; "unknown" before Init).
         "cuda_aware_mpi": C.mpi_cuda_support(),
+        # where CUDA tensors' collectives run: "nccl", or "mpi" (ranks sharing a GPU, or
+        # FLUXMPI_CUDA_OVER_MPI=1); None without CUDA in the build
+        "cuda_collectives": (
+            ("mpi" if C.cuda_over_mpi() else "nccl") if C.compiled_with_cuda() else None
+        ),
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
         "mpi_wait": C.wait_policy() or None,
     }

@@ -38,3 +38,64 @@ def test_gpu_devices_chosen_and_checked():
         choose_gpu(0, 2, 4, gpu_devices=[0])
     with pytest.raises(ValueError, match=r"cuda:4 is not a GPU of this machine, which has 4"):
         choose_gpu(0, 2, 4, gpu_devices=[0, 4])
+
+
+# --- where CUDA collectives run (Init: NCCL, or MPI where ranks share a GPU) ---------------------
+
+
+@pytest.mark.parametrize(
+    "shared, nccl_told, forced, want",
+    [
+        (False, False, "", False),  # one rank per GPU: NCCL
+        (True, False, "", True),  # ranks share a GPU NCCL cannot: MPI
+        (True, True, "", False),  # NCCL was told how to share it (NCCL_HOSTID)
+        (True, False, "0", False),  # NCCL asked for: Init records the refusal instead
+        (False, False, "1", True),  # MPI asked for
+        (True, True, "1", True),
+    ],
+)
+def test_cuda_route_wanted(shared, nccl_told, forced, want):
+    from fluxmpi_py.runtime import _cuda_route_wanted
+
+    assert _cuda_route_wanted(shared, nccl_told, forced) == (want, "")
+
+
+def test_cuda_route_bad_value_names_it():
+    from fluxmpi_py.runtime import _cuda_route_wanted
+
+    over, error = _cuda_route_wanted(False, False, "yes")
+    assert not over and error.startswith("FLUXMPI_CUDA_OVER_MPI='yes': expected 1"), error
+
+
+ROUTE_SCRIPT = """
+import os, sys
+if os.environ["OMPI_COMM_WORLD_RANK"] == "1":  # the variable on rank 1 alone
+    os.environ["FLUXMPI_CUDA_OVER_MPI"] = sys.argv[1]
+import fluxmpi_py as fm, fluxmpi_py._C as C
+try:
+    fm.Init()
+    print(f"rank {fm.local_rank()} over_mpi={C.cuda_over_mpi()} refusal={C.cuda_refusal()!r}")
+except Exception as e:
+    print(f"rank {os.environ['OMPI_COMM_WORLD_RANK']} raised {type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.parametrize("rank1_value", ["1", "bad"])
+def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
+    """FLUXMPI_CUDA_OVER_MPI on rank 1 alone: "1" sends every rank over MPI (a rank on NCCL
+    and one on MPI would never meet); a bad value raises on both ranks, naming it."""
+    from mpi_util import run_mpi
+
+    script = tmp_path / "route.py"
+    script.write_text(ROUTE_SCRIPT)
+    _, out = run_mpi(str(script), 2, rank1_value, timeout=120)
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    if rank1_value == "1":
+        assert lines == [
+            "rank 0 over_mpi=True refusal=''",
+            "rank 1 over_mpi=True refusal=''",
+        ], out
+    else:
+        assert len(lines) == 2, out
+        for line in lines:
+            assert " raised " in line and "FLUXMPI_CUDA_OVER_MPI='bad': expected 1" in line, out

@@ -19,10 +19,11 @@ namespace fluxmpi {
 // which it makes current before any CUDA call.
 Backend& nccl_backend(int device);
 
-// What CUDA tensors of `device` take on a group (group=, not the world): every collective
-// staged through pinned host memory over the group's MPI communicator (StagedBackend), as
-// the CPU tests run it with a host copier. Slower than NCCL; no NCCL communicator per group.
-Backend& nccl_group_backend(int device);
+// What CUDA tensors of `device` take over MPI: on a group (group=, not the world), and
+// everywhere when cuda_over_mpi() (ranks sharing a GPU): every collective staged through
+// pinned host memory over the current group's MPI communicator (StagedBackend), as the CPU
+// tests run it with a host copier. Slower than NCCL; it needs no NCCL communicator.
+Backend& cuda_mpi_backend(int device);
 
 // Version of the NCCL library loaded at run time, "major.minor.patch". Needs no GPU.
 std::string nccl_version_string();

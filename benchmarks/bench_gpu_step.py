@@ -9,7 +9,8 @@ then run over NCCL's socket transport, the same for both). Workloads: ResNet-50'
 parameter shapes (trivial compute, so the step is backward's launches, the gradient traffic
 and the optimizer) in fp32 and in bf16, and torchvision's ResNet-50 at batch 16 (fp32) where
 torchvision is installed. Variants: local (no communication), ours, ours with
-compression="bf16" (fp32 models), DDP on NCCL (default buckets, and gradient_as_bucket_view),
+compression="bf16" (fp32 models), ours with NCCL on a stream of its own (the experiment of
+FLUXMPI_NCCL_COMM_STREAM=1), DDP on NCCL (default buckets, and gradient_as_bucket_view),
 DDP with torch's bf16_compress_hook (fp32 models).
 
 Prints one JSON line (rank 0): per workload, each variant's step time in ms (the slowest
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, resnet50_param_shapes  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+import fluxmpi_py._C as C  # noqa: E402
 
 
 class ShapesModel(nn.Module):
@@ -109,6 +111,20 @@ def variants_for(make_model, x, y, fp32):
         m = make_model()
         sgd = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
         steps[label] = plain(m, fm.DistributedOptimizer(sgd, compression=compression))
+    # the experiment: NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1), this step only
+    m = make_model()
+    on_comm_stream = plain(
+        m, fm.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9))
+    )
+
+    def ours_comm_stream():
+        C.set_nccl_comm_stream(True)
+        try:
+            on_comm_stream()
+        finally:
+            C.set_nccl_comm_stream(False)
+
+    steps["ours_comm_stream"] = ours_comm_stream
     ddps = [("ddp_nccl", False, None), ("ddp_nccl_bucket_view", True, None)]
     if fp32:
         ddps.append(("ddp_nccl_bf16_hook", False, default_hooks.bf16_compress_hook))
@@ -177,6 +193,7 @@ def main():
         rec = {"step_ms": ms, "ddp_nccl_over_ours": round(ms["ddp_nccl"] / ms["ours"], 3)}
         rec["ddp_bucket_view_over_ours"] = round(ms["ddp_nccl_bucket_view"] / ms["ours"], 3)
         rec["ours_over_local"] = round(ms["ours"] / ms["local"], 3)
+        rec["ddp_nccl_over_ours_comm_stream"] = round(ms["ddp_nccl"] / ms["ours_comm_stream"], 3)
         if "ours_bf16" in ms:
             rec["ddp_bf16_hook_over_ours_bf16"] = round(
                 ms["ddp_nccl_bf16_hook"] / ms["ours_bf16"], 3

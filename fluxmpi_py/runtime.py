@@ -107,6 +107,8 @@ def Init(
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
         # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
         # over MPI always.
+        # An experiment, never run on a GPU: NCCL on a stream of its own (csrc/backend/select.h).
+        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
         over_mpi, why = _cuda_route(choice)
         C.set_cuda_over_mpi(over_mpi)
         C.set_cuda_refusal(why)

@@ -31,6 +31,8 @@
 #   nccl-2      2 NCCL ranks on the one GPU, looking like two hosts to NCCL (NCCL_HOSTID per
 #               rank, NCCL_SOCKET_IFNAME=lo), else NCCL_MULTI_RANK_GPU_ENABLE=1; if NCCL refuses
 #               both, the step says so (refused, not failed)
+#   nccl-2-cs   as nccl-2, with NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1's
+#               experiment; never run yet)
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
 #   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
 #               against DDP on NCCL and no communication, one JSON line
@@ -113,6 +115,14 @@ elif grep -q "FAIL:" "$LOGS/nccl_hostid.log" "$LOGS/nccl_multi.log"; then
   summary nccl-2 FAIL "wrong results: $(grep -h 'FAIL:' "$LOGS"/nccl_*.log | head -n 3 | tr '\n' ' ')"
 else
   summary nccl-2 refused "NCCL accepted neither way of sharing one GPU ($LOGS/nccl_*.log)"
+fi
+
+# The experiment: NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1), same checks.
+if run2 -x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+     -- --route nccl --comm-stream > "$LOGS/nccl_comm_stream.log" 2>&1; then
+  summary nccl-2-cs ok "2 NCCL ranks, NCCL on a stream of its own"
+else
+  summary nccl-2-cs FAIL "$(grep -h 'FAIL:' "$LOGS/nccl_comm_stream.log" | head -n 3 | tr '\n' ' ')($LOGS/nccl_comm_stream.log)"
 fi
 
 if out=$("$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); then

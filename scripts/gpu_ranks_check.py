@@ -3,9 +3,11 @@ GPU with NCCL told to let two ranks share it): allreduce_, bcast_, synchronize_ 
 DistributedOptimizer on CUDA tensors, each against the value one process computes. Prints one
 line per check, "ok: ..." or "FAIL: ...", and exits 1 if any failed.
 
-    mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--expect-refusal]
+    mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--comm-stream]
+        [--expect-refusal]
 
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
+--comm-stream: NCCL calls on a stream of their own (FLUXMPI_NCCL_COMM_STREAM=1's experiment).
 --expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
 a ValueError naming the sharing on every rank, and a CPU one must still work.
 """
@@ -25,8 +27,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--route", choices=("nccl", "mpi"), default=None)
     ap.add_argument("--expect-refusal", action="store_true")
+    ap.add_argument("--comm-stream", action="store_true", help="NCCL on a stream of its own")
     args = ap.parse_args()
     fm.Init()
+    if args.comm_stream:
+        import fluxmpi_py._C as C
+
+        C.set_nccl_comm_stream(True)
     rank, world = fm.local_rank(), fm.total_workers()
     dev = torch.device("cuda", torch.cuda.current_device())
     failed = []

@@ -74,9 +74,10 @@ if os.environ["OMPI_COMM_WORLD_RANK"] == "1":  # the variable on rank 1 alone
 import fluxmpi_py as fm, fluxmpi_py._C as C
 try:
     fm.Init()
-    print(f"rank {fm.local_rank()} over_mpi={C.cuda_over_mpi()} refusal={C.cuda_refusal()!r}")
+    line = f"rank {fm.local_rank()} over_mpi={C.cuda_over_mpi()} refusal={C.cuda_refusal()!r}"
 except Exception as e:
-    print(f"rank {os.environ['OMPI_COMM_WORLD_RANK']} raised {type(e).__name__}: {e}")
+    line = f"rank {os.environ['OMPI_COMM_WORLD_RANK']} raised {type(e).__name__}: {e}"
+os.write(1, (line + "\\n").encode())  # one write: the ranks' lines do not interleave
 """
 
 

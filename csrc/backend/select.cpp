@@ -19,6 +19,7 @@ std::mutex g_refusal_mu;
 std::string g_refusal;
 std::atomic<bool> g_cuda_mpi_allowed{true};
 std::atomic<bool> g_cuda_over_mpi{false};
+std::atomic<bool> g_nccl_comm_stream{false};
 
 }  // namespace
 
@@ -37,6 +38,9 @@ bool cuda_mpi_allowed() { return g_cuda_mpi_allowed; }
 
 void set_cuda_over_mpi(bool on) { g_cuda_over_mpi = on; }
 bool cuda_over_mpi() { return g_cuda_over_mpi; }
+
+void set_nccl_comm_stream(bool on) { g_nccl_comm_stream = on; }
+bool nccl_comm_stream() { return g_nccl_comm_stream; }
 
 bool device_supported(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA

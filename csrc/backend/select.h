@@ -36,6 +36,14 @@ bool cuda_mpi_allowed();
 void set_cuda_over_mpi(bool on);
 bool cuda_over_mpi();
 
+// Whether NCCL calls run on a communication stream of their own per device (after waiting,
+// on the device, for the caller's stream) instead of the caller's current stream. Off by
+// default; FLUXMPI_NCCL_COMM_STREAM=1 at Init turns it on. An experiment, never run on a GPU:
+// on one H100 our step took 2.2-2.8x DDP's with NCCL on the default stream, which backward's
+// kernels share.
+void set_nccl_comm_stream(bool on);
+bool nccl_comm_stream();
+
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 

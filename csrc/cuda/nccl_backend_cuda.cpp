@@ -1,7 +1,8 @@
 // The NCCL backend: the Backend interface over CUDA buffers. Each call enqueues its work on
 // the calling thread's current CUDA stream for the buffer's device (so it is ordered after the
-// kernels that produced the data), then blocks the host until that stream has reached the end
-// of the call, as the MPI backend blocks. See docs/sections/60-cuda.md for the cost of that.
+// kernels that produced the data), or on the device's communication stream after it when
+// nccl_comm_stream() is on, then blocks the host until that stream has reached the end of the
+// call, as the MPI backend blocks. docs/design.md (CUDA and NCCL) says what that costs.
 #include "backend/nccl_backend.h"
 
 #include "backend/mpi_cuda_support.h"
@@ -79,15 +80,46 @@ std::int64_t bytes_of(std::int64_t count, c10::ScalarType dt) {
   return count * static_cast<std::int64_t>(c10::elementSize(dt));
 }
 
+// A communication stream per device (torch's pool, high priority), made on first use; taken
+// when nccl_comm_stream() is on (backend/select.h).
+c10::cuda::CUDAStream comm_stream_for(int device) {
+  static std::mutex mu;
+  static auto* streams = new std::map<int, c10::cuda::CUDAStream>();
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = streams->find(device);
+  if (it == streams->end()) {
+    auto s = c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
+                                          static_cast<c10::DeviceIndex>(device));
+    it = streams->emplace(device, s).first;
+  }
+  return it->second;
+}
+
+// `later` waits (on the device, not the host) for what `first` has enqueued so far.
+void order_after(const c10::cuda::CUDAStream& first, const c10::cuda::CUDAStream& later) {
+  cudaEvent_t ev = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(ev, first.stream()), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(later.stream(), ev, 0), "cudaStreamWaitEvent");
+  check_cuda(cudaEventDestroy(ev), "cudaEventDestroy");  // freed once it has completed
+}
+
 // The context every call shares: the backend's device made current (before any CUDA call, so
-// that a thread that never chose a device does not create a context on GPU 0), its current
-// stream, and the communicator (created on first use, which is collective; hence the
-// world-of-one paths below return before asking for it).
+// that a thread that never chose a device does not create a context on GPU 0), the stream the
+// call runs on, and the communicator (created on first use, which is collective; hence the
+// world-of-one paths below return before asking for it). The stream is the calling thread's
+// current one; with nccl_comm_stream() on, the device's communication stream instead, made to
+// wait for the caller's stream first and made current for the call, so that ATen's conversions
+// and copies inside the call run on it too. Either way finish() waits on the host.
 struct Call {
   explicit Call(int device_index)
       : device(device_index),
         guard(static_cast<c10::DeviceIndex>(device)),
-        stream(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device))) {}
+        caller(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device))),
+        stream(nccl_comm_stream() ? comm_stream_for(device) : caller),
+        on_stream(stream) {
+    if (stream != caller) order_after(caller, stream);
+  }
 
   ncclComm_t comm() {
     if (comm_ == nullptr) comm_ = nccl::comm_for(device);
@@ -98,7 +130,9 @@ struct Call {
 
   int device;
   c10::cuda::CUDAGuard guard;
+  c10::cuda::CUDAStream caller;
   c10::cuda::CUDAStream stream;
+  c10::cuda::CUDAStreamGuard on_stream;
 
  private:
   ncclComm_t comm_ = nullptr;

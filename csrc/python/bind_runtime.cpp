@@ -48,6 +48,8 @@ void bind_runtime(py::module_& m) {
   m.def("cuda_mpi_allowed", &cuda_mpi_allowed);
   m.def("set_cuda_over_mpi", &set_cuda_over_mpi, py::arg("on"));
   m.def("cuda_over_mpi", &cuda_over_mpi);
+  m.def("set_nccl_comm_stream", &set_nccl_comm_stream, py::arg("on"));
+  m.def("nccl_comm_stream", &nccl_comm_stream);
   m.def("set_stage_host", &set_stage_host, py::arg("on"));
   m.def("staged_host_bytes", &staged_host_bytes);
   m.attr("compiled_torch_version") = TORCH_VERSION;

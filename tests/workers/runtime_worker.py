@@ -36,6 +36,7 @@ def case_build_info():
         "nccl",
         "cuda_mpi_enabled",
         "cuda_aware_mpi",
+        "cuda_collectives",
         "thread_multiple",
         "mpi_wait",
     }
@@ -46,6 +47,9 @@ def case_build_info():
     assert isinstance(info["compiled_with_cuda"], bool)
     assert info["cuda"] == torch.version.cuda
     assert info["compiled_with_cuda"] or info["nccl"] is None
+    # where CUDA collectives run: NCCL unless ranks share a GPU (or FLUXMPI_CUDA_OVER_MPI=1)
+    want = ("nccl", "mpi") if info["compiled_with_cuda"] else (None,)
+    assert info["cuda_collectives"] in want, info["cuda_collectives"]
     assert isinstance(info["thread_multiple"], bool)
     assert info["mpi_wait"].startswith("yield ("), info["mpi_wait"]  # Open MPI, imported first
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _dataloader_check, _excepthooks, _stall
+from ._agreement import mark_raised_on_every_rank
 from ._gpu_choice import choose_gpu
 from ._loader import C
 from .preferences import cudampi_enabled
@@ -102,13 +103,13 @@ def Init(
             device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
+        # An experiment, never run on a GPU: NCCL on a stream of its own (csrc/backend/select.h).
+        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
         # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
         # over MPI always.
-        # An experiment, never run on a GPU: NCCL on a stream of its own (csrc/backend/select.h).
-        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
         over_mpi, why = _cuda_route(choice)
         C.set_cuda_over_mpi(over_mpi)
         C.set_cuda_refusal(why)
@@ -125,17 +126,14 @@ def Init(
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
 
 
-def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> tuple[bool, str]:
-    """This rank's wish, before the ranks agree: (CUDA collectives over MPI?, error text or "").
-    `shared`: node-local ranks share this rank's GPU; `nccl_told`: NCCL_HOSTID or
+def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:
+    """This rank's wish, before the ranks agree: CUDA collectives over MPI? None for a bad
+    `forced`. `shared`: node-local ranks share this rank's GPU; `nccl_told`: NCCL_HOSTID or
     NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL share it; `forced`: FLUXMPI_CUDA_OVER_MPI's value,
     "1" (always MPI), "0" (always NCCL) or "" (MPI where ranks share a GPU NCCL cannot)."""
     if forced not in ("", "0", "1"):
-        return False, (
-            f"FLUXMPI_CUDA_OVER_MPI={forced!r}: expected 1 (CUDA collectives over MPI), 0 (over "
-            "NCCL) or unset (over MPI only where ranks share a GPU)"
-        )
-    return forced == "1" or (forced == "" and shared and not nccl_told), ""
+        return None
+    return forced == "1" or (forced == "" and shared and not nccl_told)
 
 
 def _cuda_route(choice) -> tuple[bool, str]:
@@ -143,15 +141,24 @@ def _cuda_route(choice) -> tuple[bool, str]:
     and the environment. Collective: every rank takes MPI if any rank does (a rank on NCCL and
     a rank on MPI would never meet), and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
     nccl_told = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
-    shared = bool(choice.shared) and not nccl_told
-    over_mpi, error = _cuda_route_wanted(
-        bool(choice.shared), nccl_told, os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
-    )
-    anyone = torch.tensor([int(over_mpi)], dtype=torch.int32)
-    C.allreduce_(anyone, "max", error)  # raises on every rank if any rank's value is bad
-    if anyone.item():
+    forced = os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
+    wanted = _cuda_route_wanted(bool(choice.shared), nccl_told, forced)
+    # [any rank over MPI, 1 + the highest rank with a bad value (0: none)]
+    votes = torch.tensor([int(bool(wanted)), 0 if wanted is not None else C.rank() + 1])
+    C.allreduce_(votes, "max")
+    if votes[1] > 0:
+        bad = int(votes[1]) - 1
+        value = f" is {forced!r}" if bad == C.rank() else ""
+        raise mark_raised_on_every_rank(
+            ValueError(
+                f"fluxmpi_py.Init(): FLUXMPI_CUDA_OVER_MPI on rank {bad}{value}: expected 1 (CUDA "
+                "collectives over MPI), 0 (over NCCL) or unset (over MPI only where ranks share "
+                "a GPU)"
+            )
+        )
+    if votes[0]:
         return True, ""
-    if shared:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
+    if choice.shared and not nccl_told:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
         return False, (
             choice.sharing_message() + "; NCCL allows one rank per GPU and "
             "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "

@@ -106,8 +106,10 @@ else
   summary refusal FAIL "$(grep -h 'FAIL:' "$LOGS/refusal.log" | head -n 3 | tr '\n' ' ')($LOGS/refusal.log)"
 fi
 
-if run2 -x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
-     -- --route nccl > "$LOGS/nccl_hostid.log" 2>&1; then
+# mpiexec arguments that make 2 ranks look like two hosts to NCCL: a host id of their own
+# (NCCL_HOSTID, set per rank by a shell around the program), sockets over loopback.
+TWO_HOSTS=(-x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"')
+if run2 "${TWO_HOSTS[@]}" -- --route nccl > "$LOGS/nccl_hostid.log" 2>&1; then
   summary nccl-2 ok "2 ranks on one GPU with NCCL_HOSTID per rank"
 elif NCCL_MULTI_RANK_GPU_ENABLE=1 run2 -x NCCL_MULTI_RANK_GPU_ENABLE -- --route nccl > "$LOGS/nccl_multi.log" 2>&1; then
   summary nccl-2 ok "2 ranks on one GPU with NCCL_MULTI_RANK_GPU_ENABLE=1"
@@ -118,8 +120,7 @@ else
 fi
 
 # The experiment: NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1), same checks.
-if run2 -x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
-     -- --route nccl --comm-stream > "$LOGS/nccl_comm_stream.log" 2>&1; then
+if run2 "${TWO_HOSTS[@]}" -- --route nccl --comm-stream > "$LOGS/nccl_comm_stream.log" 2>&1; then
   summary nccl-2-cs ok "2 NCCL ranks, NCCL on a stream of its own"
 else
   summary nccl-2-cs FAIL "$(grep -h 'FAIL:' "$LOGS/nccl_comm_stream.log" | head -n 3 | tr '\n' ' ')($LOGS/nccl_comm_stream.log)"
@@ -130,8 +131,7 @@ if out=$("$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); the
 else
   summary bench FAIL "see $LOGS/bench.log"
 fi
-if out=$(timeout 500 mpiexec --oversubscribe -n 2 -x NCCL_SOCKET_IFNAME=lo bash -c \
-    'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+if out=$(timeout 500 mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
     "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds 5 2> "$LOGS/bench_step.log"); then
   summary bench-step ok "$(tail -n 1 <<< "$out")"
 else

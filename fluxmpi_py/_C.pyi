@@ -103,7 +103,12 @@ def allgather(
     tensors: list[torch.Tensor], call: str, async_op: bool, local_error: str = ""
 ) -> PendingTensors: ...
 def gather(
-    tensors: list[torch.Tensor], root_rank: int, call: str, async_op: bool, local_error: str = ""
+    tensors: list[torch.Tensor],
+    root_rank: int,
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+    grad: bool = False,
 ) -> PendingTensors: ...
 def scatter(
     tensors: list[torch.Tensor],
@@ -112,6 +117,7 @@ def scatter(
     call: str,
     async_op: bool,
     local_error: str = "",
+    grad: bool = False,
 ) -> PendingTensors: ...
 def reduce_scatter(
     tensors: list[torch.Tensor],

@@ -82,11 +82,14 @@ def _root(root_rank, errors: list) -> int:
         return 0
 
 
-def start(kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error="", **args):
+def start(
+    kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error="", grad=False, **args
+):
     """Start the compiled ``kind`` ("allgather", "gather", "scatter", "reduce_scatter",
     "alltoall", "grouped_allreduce_", "grouped_bcast_") on one tensor or a list; returns its
     PendingTensors handle. ``args``: root_rank, op, splits, as the kind takes them; ``error``:
-    a TypeError the caller found, raised by the call on every rank."""
+    a TypeError the caller found, raised by the call on every rank; ``grad`` (gather,
+    scatter): the differentiable form, which the ranks agree on."""
     errors: list[str] = [error] if error else []
     if async_op and not grouped:
         call = "I" + call  # the name the user called: Iallgather()
@@ -101,6 +104,8 @@ def start(kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error
         pos.append(_splits(args["splits"], grouped, errors))
     if "root_rank" in args:
         pos.append(_root(args["root_rank"], errors))
+    if grad:
+        return getattr(C, kind)(*pos, call, async_op, "; ".join(errors), True)
     return getattr(C, kind)(*pos, call, async_op, "; ".join(errors))
 
 

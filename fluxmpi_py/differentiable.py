@@ -1,11 +1,13 @@
 """Collectives that autograd sees through: out-of-place ``allreduce`` and ``broadcast``, and
-the backward rules that make :func:`allgather`, :func:`reduce_scatter` and :func:`alltoall`
-differentiable when their input requires grad.
+the backward rules that make :func:`allgather`, :func:`gather`, :func:`scatter`,
+:func:`reduce_scatter` and :func:`alltoall` differentiable when their input requires grad.
 
 The gradient of a collective is a collective: of allreduce an allreduce (same op), of
-broadcast a reduce (sum) to the root, of allgather a reduce_scatter (sum), of reduce_scatter
-an allgather, of alltoall the reverse alltoall. So every rank must run backward through the
-same collectives in the same order, as it ran forward. Only "sum" and "average" have
+broadcast a reduce (sum) to the root, of allgather a reduce_scatter (sum), of gather a
+scatter from the root, of scatter a gather to the root, of reduce_scatter an allgather, of
+alltoall the reverse alltoall. So every rank must run backward through the same collectives
+in the same order, as it ran forward. gather and scatter check that: the ranks agree on
+whether the input requires grad, and a rank that differs raises on every rank. Only "sum" and "average" have
 gradients; other ops raise (on every rank) when the input requires grad.
 """
 
@@ -109,6 +111,60 @@ class ReduceScatter(torch.autograd.Function):
         if ctx.average:
             g.div_(ctx.group.size)
         return g, None, None
+
+
+class Gather(torch.autograd.Function):
+    """gather whose backward scatters the root's output gradient by the gathered row counts.
+    The other ranks' outputs are zeros of the gathered shape (as torch.distributed.nn's
+    gather), which carry the graph to that scatter; their gradients are not read."""
+
+    @staticmethod
+    def forward(ctx, x, root_rank):
+        p = rows.start(
+            "gather", x, grouped=False, async_op=False, call="gather()", root_rank=root_rank,
+            grad=True,
+        )  # fmt: skip
+        got = p.wait()
+        ctx.rows, ctx.root_rank = p.received_splits[0], root_rank
+        ctx.group = C.current_group()
+        if got:
+            return got[0]
+        return x.new_zeros((sum(ctx.rows), *x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        with on_handle(ctx.group):
+            p = rows.start(
+                "scatter", grad.contiguous(), grouped=False, async_op=False,
+                call="gather() backward", splits=ctx.rows, root_rank=ctx.root_rank,
+            )  # fmt: skip
+            return p.wait()[0], None
+
+
+class Scatter(torch.autograd.Function):
+    """scatter whose backward gathers every rank's output gradient to the root (the root's
+    input gradient); the other ranks' inputs were not read, so their gradient is zero."""
+
+    @staticmethod
+    def forward(ctx, x, root_rank, splits):
+        p = rows.start(
+            "scatter", x, grouped=False, async_op=False, call="scatter()", splits=splits,
+            root_rank=root_rank, grad=True,
+        )  # fmt: skip
+        out = p.wait()[0]
+        ctx.root_rank, ctx.shape = root_rank, x.shape
+        ctx.group = C.current_group()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        with on_handle(ctx.group):
+            p = rows.start(
+                "gather", grad.contiguous(), grouped=False, async_op=False,
+                call="scatter() backward", root_rank=ctx.root_rank,
+            )  # fmt: skip
+            got = p.wait()
+        return (got[0] if got else grad.new_zeros(ctx.shape)), None, None
 
 
 class Alltoall(torch.autograd.Function):

@@ -6,9 +6,9 @@ Every call is a collective, made by every rank in the same order. Before data mo
 compare the call, the dtypes and shapes (dim 0 may differ by rank where the op allows it), the
 op, root and splits; a difference or a bad argument on any rank raises the same exception on
 every rank. ``async_op=True`` (or the ``I`` forms) returns a :class:`Request` instead: its
-``wait()`` returns the result. The single-tensor allgather, reduce_scatter and alltoall are
-differentiable (see :mod:`fluxmpi_py.differentiable`) when called blocking on a tensor that
-requires grad. Host tensors travel over MPI.
+``wait()`` returns the result. The single-tensor allgather, gather, scatter, reduce_scatter and
+alltoall are differentiable (see :mod:`fluxmpi_py.differentiable`) when called blocking on a
+tensor that requires grad. Host tensors travel over MPI.
 
 ``splits`` are row counts per rank (one list of world-size ints, summing to dim 0); ``None``
 means equal parts, for which dim 0 must divide by the world size.
@@ -23,7 +23,15 @@ import torch
 
 from . import _row_calls as rows
 from ._loader import C
-from .differentiable import Allgather, Alltoall, ReduceScatter, _needs_grad, _no_gradient
+from .differentiable import (
+    Allgather,
+    Alltoall,
+    Gather,
+    ReduceScatter,
+    Scatter,
+    _needs_grad,
+    _no_gradient,
+)
 from .groups import on_group
 
 __all__ = [
@@ -78,7 +86,9 @@ def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
 
 def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, group=None):
     """Every rank's ``tensor`` concatenated along dim 0 on root_rank; ``None`` on the others.
-    Dim 0 may differ by rank.
+    Dim 0 may differ by rank. Differentiable when ``tensor`` requires grad on every rank (the
+    ranks check): the gradient is a scatter of the root's output gradient, and the others get
+    zeros of the gathered shape instead of None, which carry the graph to that scatter.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> out = fm.gather(torch.full((1,), float(fm.local_rank())), root_rank=0)
@@ -88,6 +98,8 @@ def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, 
     if group is not None:
         with on_group(group, "gather()"):
             return gather(tensor, root_rank, async_op=async_op)
+    if not async_op and _needs_grad(tensor):
+        return Gather.apply(tensor, root_rank)
     p = rows.start(
         "gather", tensor, grouped=False, async_op=async_op, call="gather()", root_rank=root_rank
     )
@@ -99,7 +111,9 @@ def scatter(
 ):
     """Part r (along dim 0, by ``splits``) of root_rank's ``tensor``, on rank r. Every rank
     passes a tensor of the same shape and dtype (``torch.empty`` will do: only the root's
-    values are read) and the same splits.
+    values are read) and the same splits. Differentiable when ``tensor`` requires grad on
+    every rank (the ranks check; ``torch.empty(..., requires_grad=True)`` off the root): the
+    root's gradient is the gather of every rank's output gradient, the others' is zero.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> n = fm.total_workers()
@@ -109,6 +123,8 @@ def scatter(
     if group is not None:
         with on_group(group, "scatter()"):
             return scatter(tensor, root_rank, splits, async_op=async_op)
+    if not async_op and _needs_grad(tensor):
+        return Scatter.apply(tensor, root_rank, splits)
     p = rows.start(
         "scatter", tensor, grouped=False, async_op=async_op, call="scatter()",
         splits=splits, root_rank=root_rank,

@@ -107,13 +107,15 @@ std::vector<at::Tensor> allgather_checked(const std::vector<at::Tensor>& ts,
 }
 
 std::vector<at::Tensor> gather_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
-                                       const std::string& local_error) {
+                                       const std::string& local_error, Splits* rows,
+                                       std::int64_t also_agree, const std::string& also_text) {
   current_group();  // "call Init first"
-  return gather_rows(ts, root, local_error, nullptr);
+  return gather_rows(ts, root, local_error, rows, also_agree, also_text);
 }
 
 std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
-                                        std::int64_t root, const std::string& local_error) {
+                                        std::int64_t root, const std::string& local_error,
+                                        std::int64_t also_agree, const std::string& also_text) {
   const Group& e = current_group();
   const int n = e.size();
   Signature s;
@@ -129,7 +131,8 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
                                               : ErrorClass::Value;
   }
   check_root(root, s, msg);
-  agree(s, "scatter()", msg, [&] { return describe_list(ts, &sp); });
+  if (also_agree != 0) s.detail = hash_bytes(&also_agree, sizeof(also_agree), s.detail);
+  agree(s, "scatter()", msg, [&] { return describe_list(ts, &sp) + also_text; });
   const std::size_t k = ts.size();
   if (k == 0) return {};
   std::vector<std::int64_t> part(n, 0);

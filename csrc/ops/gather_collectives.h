@@ -29,13 +29,18 @@ std::vector<at::Tensor> allgather_checked(const std::vector<at::Tensor>& ts,
                                           const std::string& local_error = {},
                                           Splits* rows = nullptr, std::int64_t also_agree = 0,
                                           const std::string& also_text = {});
-// The same, on the root only; the other ranks get an empty list.
+// The same, on the root only; the other ranks get an empty list (`rows` is filled on every
+// rank).
 std::vector<at::Tensor> gather_checked(const std::vector<at::Tensor>& ts, std::int64_t root,
-                                       const std::string& local_error = {});
+                                       const std::string& local_error = {}, Splits* rows = nullptr,
+                                       std::int64_t also_agree = 0,
+                                       const std::string& also_text = {});
 // Rank r gets part r of the root's tensor i. Every rank passes tensors of the same shapes and
-// the same splits; only the root's values are read.
+// the same splits; only the root's values are read. `also_agree`, `also_text`: as above.
 std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
-                                        std::int64_t root, const std::string& local_error = {});
+                                        std::int64_t root, const std::string& local_error = {},
+                                        std::int64_t also_agree = 0,
+                                        const std::string& also_text = {});
 // Rank r gets part r of the reduction over ranks of tensor i (same shapes and splits on every
 // rank). op: "sum", "average", "min", "max", "prod".
 std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts,

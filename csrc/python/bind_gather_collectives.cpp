@@ -67,6 +67,11 @@ std::string joined(const std::string& a, const std::string& b) {
   return a.empty() ? b : b.empty() ? a : a + "; " + b;
 }
 
+// How a rank's description in a disagreement names the differentiable form.
+std::string grad_text(bool grad) {
+  return grad ? ", requiring grad (its backward is a collective)" : ", not requiring grad";
+}
+
 // One tensor in, one tensor out, blocking: the hot single-tensor calls skip the handle, the
 // Work and the list conversions of start() (a few microseconds a call).
 template <typename Fn>
@@ -124,26 +129,29 @@ void bind_gather_collectives(py::module_& m) {
       },
       py::arg("tensors"), py::arg("call"), py::arg("async_op"), py::arg("local_error") = "",
       release);
+  // `grad`: the differentiable form (fluxmpi_py.differentiable), whose backward is a
+  // collective too: the ranks agree on it with the rest, so that a rank whose input does not
+  // require grad raises with the others here, not hangs them in backward.
   m.def(
       "gather",
       [](Tensors ts, std::int64_t root, const std::string& call, bool async_op,
-         const std::string& err) {
-        return start(call, async_op, [ts, root, err](Tensors& out, Splits&) {
-          out = gather_checked(ts, root, err);
+         const std::string& err, bool grad) {
+        return start(call, async_op, [ts, root, err, grad](Tensors& out, Splits& rows) {
+          out = gather_checked(ts, root, err, &rows, grad ? 1 : 0, grad_text(grad));
         });
       },
       py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),
-      py::arg("local_error") = "", release);
+      py::arg("local_error") = "", py::arg("grad") = false, release);
   m.def(
       "scatter",
       [](Tensors ts, Splits splits, std::int64_t root, const std::string& call, bool async_op,
-         const std::string& err) {
-        return start(call, async_op, [ts, splits, root, err](Tensors& out, Splits&) {
-          out = scatter_checked(ts, splits, root, err);
+         const std::string& err, bool grad) {
+        return start(call, async_op, [ts, splits, root, err, grad](Tensors& out, Splits&) {
+          out = scatter_checked(ts, splits, root, err, grad ? 1 : 0, grad_text(grad));
         });
       },
       py::arg("tensors"), py::arg("splits"), py::arg("root_rank"), py::arg("call"),
-      py::arg("async_op"), py::arg("local_error") = "", release);
+      py::arg("async_op"), py::arg("local_error") = "", py::arg("grad") = false, release);
   m.def(
       "reduce_scatter",
       [](Tensors ts, const std::string& op, Splits splits, const std::string& call, bool async_op,

@@ -82,26 +82,34 @@ _registry: dict[int, list[ProcessSet]] = {0: [global_process_set]}
 
 def _on_init(process_sets) -> None:
     """From ``hvd.init``: the global set's ranks, then each of ``process_sets`` (a set whose
-    ranks are already registered gets that id, as Horovod ignores duplicates)."""
+    ranks are already registered gets that id: Horovod's init drops duplicates, where its
+    ``add_process_set`` refuses them)."""
     from .. import total_workers
 
     global_process_set.ranks = list(range(total_workers()))
     for ps in process_sets or ():
-        add_process_set(ps)
+        _register(ps, reuse=True)
 
 
 def add_process_set(process_set) -> ProcessSet:
     """Register ``process_set`` (a :class:`ProcessSet` or a list of ranks) and return it.
     A collective over every rank: all call it with the same ranks, in the same order as
     their other ``add_process_set`` calls (different lists raise a RuntimeError on every
-    rank). Ranks already registered reuse that set's id.
+    rank). As in Horovod, the ranks of a set already registered (the global set's too: every
+    rank) raise ValueError ("duplicate process set") on every rank.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init()
-    >>> ps = hvd.add_process_set([0]); ps.size(), ps.included() == (hvd.rank() == 0)
-    (1, True)
-    >>> hvd.remove_process_set(ps) == (hvd.size() > 1)  # [0] alone is the global set
-    True
+    >>> if hvd.size() > 1:
+    ...     ps = hvd.add_process_set([0])
+    ...     assert ps.size() == 1 and ps.included() == (hvd.rank() == 0)
+    ...     assert hvd.remove_process_set(ps)
     """
+    return _register(process_set, reuse=False)
+
+
+def _register(process_set, reuse: bool) -> ProcessSet:
+    """add_process_set; ``reuse``: ranks already registered take that set's id (hvd.init's
+    ``process_sets=``) instead of raising."""
     from .. import new_group, total_workers
 
     if not isinstance(process_set, ProcessSet):
@@ -114,6 +122,12 @@ def add_process_set(process_set) -> ProcessSet:
     same = [i for i, sets in _registry.items() if i and sets[0].ranks == process_set.ranks]
     if process_set.ranks == list(range(total_workers())):
         same = [0]
+    if same and not reuse:
+        raise ValueError(
+            f"hvd.add_process_set: attempted to add a duplicate process set: ranks "
+            f"{process_set.ranks} are already process set {same[0]} "
+            f"({_registry[same[0]][0]}); use that one, or remove_process_set it first"
+        )
     if same:
         process_set.process_set_id = same[0]
         process_set._group = _registry[same[0]][0]._group

@@ -385,6 +385,61 @@ def case_gradients_closed_forms():
     )
 
 
+def case_gather_scatter_gradients():
+    n, r = world(), rank()
+    root = n - 1
+    # gather, uneven rows: loss_s = sum(y * w), w the row index; only the root's y is data,
+    # so rank r's rows get their row indices once (the others' zeros are not read)
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    y = fm.gather(x, root_rank=root)
+    total = n * (n + 1) // 2
+    assert y.shape == (total, 2) and y.requires_grad, (y.shape, y.requires_grad)
+    if r != root:
+        check_equal(y, torch.zeros(total, 2), "gather's zeros off the root")
+    (y * torch.arange(float(total)).unsqueeze(1)).sum().backward()
+    first = r * (r + 1) // 2
+    want = torch.arange(float(first), float(first + r + 1)).unsqueeze(1).expand(r + 1, 2)
+    check_equal(x.grad, want, "gather grad")
+    # scatter, uneven splits from root 0: loss_r = (r + 1) * sum(y); the root's input gets
+    # j + 1 on the rows it sent to rank j, the others' inputs (never read) zero
+    splits = [j + 1 for j in range(n)]
+    x = (torch.arange(float(total)) if r == 0 else torch.empty(total)).requires_grad_()
+    y = fm.scatter(x, root_rank=0, splits=splits)
+    check_equal(y.detach(), torch.arange(float(first), float(first + r + 1)), "scatter value")
+    ((r + 1) * y).sum().backward()
+    want = torch.cat([torch.full((j + 1,), j + 1.0) for j in range(n)])
+    check_equal(x.grad, want if r == 0 else torch.zeros(total), "scatter grad")
+    # on a group of the first and last rank: ranks, roots and splits are the group's
+    members = sorted({0, n - 1})
+    g = fm.new_group(members)
+    if r in members:
+        me = members.index(r)
+        x = torch.full((me + 1,), 1.0 + me, requires_grad=True)
+        y = fm.gather(x, root_rank=0, group=g)
+        (y * y).sum().backward()  # d/dx of the root's sum of squares: 2x on every member
+        check_equal(x.grad, 2 * x.detach(), "gather grad on a group")
+        x = torch.ones(2 * len(members), requires_grad=True)
+        ((me + 1) * fm.scatter(x, root_rank=len(members) - 1, group=g)).sum().backward()
+        root_grad = torch.arange(1.0, len(members) + 1).repeat_interleave(2)
+        want = root_grad if me == len(members) - 1 else torch.zeros(2 * len(members))
+        check_equal(x.grad, want, "scatter grad on a group")
+    if n == 1:
+        return
+    # a rank whose input does not require grad would skip the backward's collective and hang
+    # the others there: every rank raises at the forward, naming that rank
+    bad = n - 1
+    x = torch.ones(2, requires_grad=r != bad)
+    msg = raises(RuntimeError, lambda: fm.gather(x, root_rank=0), f"rank {bad} has tensor")
+    assert msg.count("not requiring grad") == 1 and "its backward is a collective" in msg, msg
+    x = torch.ones(2 * n, requires_grad=r != bad)
+    msg = raises(RuntimeError, lambda: fm.scatter(x, root_rank=0), f"rank {bad} has tensor")
+    assert msg.count("not requiring grad") == 1, msg
+    with torch.no_grad():  # no grad wanted anywhere: the plain calls, None off the root
+        out = fm.gather(torch.ones(1, requires_grad=True), root_rank=0)
+        assert (out is None) == (r != 0) and (out is None or not out.requires_grad)
+    assert fm.allgather_object(r) == list(range(n))  # still in step
+
+
 # ---------------------------------------------------------------- objects
 
 

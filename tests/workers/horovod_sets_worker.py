@@ -16,12 +16,20 @@ import fluxmpi_py.horovod as hvd  # noqa: E402
 
 
 def _edge_set():
-    """The registered set {0, n-1}, its ranks, and whether this rank is in it."""
+    """The registered set {0, n-1} (the global set where that is every rank), its ranks, and
+    whether this rank is in it."""
     hvd.init()
     n, r = hvd.size(), hvd.rank()
     ranks = sorted({0, n - 1})
-    ps = hvd.add_process_set(hvd.ProcessSet(list(reversed(ranks))))
+    if ranks == list(range(n)):
+        return hvd.global_process_set, ranks, True
+    ps = _EDGE.get("set")
+    if ps is None or ps.process_set_id is None:  # not yet made, or removed by a case
+        ps = _EDGE["set"] = hvd.add_process_set(hvd.ProcessSet(list(reversed(ranks))))
     return ps, ranks, r in ranks
+
+
+_EDGE: dict = {}  # the edge set, made once: Horovod refuses a second set of the same ranks
 
 
 def case_registration_and_queries():
@@ -38,18 +46,28 @@ def case_registration_and_queries():
     assert ps.rank() == (ranks.index(r) if member else None)
     assert hvd.get_process_sets()[ps.process_set_id] == ranks
     raises(ValueError, lambda: hvd.add_process_set(ps), "already registered")
-    again = hvd.add_process_set(ranks)  # same ranks: the same id
-    assert again.process_set_id == ps.process_set_id
+    # Horovod refuses a second set of the same ranks, on every rank, the world's included
+    # (its global set); the rank order does not make it another set.
+    dup = f"duplicate process set: ranks {ranks} are already process set {ps.process_set_id}"
+    raises(ValueError, lambda: hvd.add_process_set(list(reversed(ranks))), dup)
+    world = f"ranks {list(range(n))} are already process set 0"
+    raises(ValueError, lambda: hvd.add_process_set(list(range(n))), world)
+    assert hvd.get_process_sets()[ps.process_set_id] == ranks  # the refusals left it alone
     sub = ranks != list(range(n))  # a set of all ranks is the global set (id 0)
     assert hvd.remove_process_set(ps) is sub
     assert hvd.remove_process_set(gps) is False
     if sub:
-        assert again.process_set_id is None and again.size() is None  # removed with its id
-        raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=again),
-               "not registered")  # fmt: skip
-    hvd.init(process_sets=[[0], list(range(n))])  # init registers sets too
+        assert ps.process_set_id is None and ps.size() is None  # removed with its id
+        raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=ps), "not registered")
+        again = hvd.add_process_set(ranks)  # once removed, the ranks may come back
+        assert again.process_set_id not in (None, 0) and again.size() == len(ranks)
+        if member:
+            got = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again).item()
+            assert got == len(ranks), got
+        hvd.remove_process_set(again)
+    hvd.init(process_sets=[[0], [0], list(range(n))])  # init registers sets; drops duplicates
     sets = hvd.get_process_sets()
-    assert [0] in sets.values() and sets[0] == list(range(n))
+    assert list(sets.values()).count([0]) == 1 and sets[0] == list(range(n)), sets
 
 
 def case_collectives_on_a_set():

@@ -1,10 +1,15 @@
 """The CUDA path at 2 ranks on whatever GPUs this node has (scripts/gpu_check.sh runs it, on one
-GPU with NCCL told to let two ranks share it): allreduce_, bcast_, synchronize_ and
-DistributedOptimizer on CUDA tensors, each against the value one process computes. Prints one
-line per check, "ok: ..." or "FAIL: ...", and exits 1 if any failed.
+GPU with NCCL told to let two ranks share it): allreduce_, bcast_, the row collectives
+(gather, scatter, reduce_scatter, alltoall, grouped and async forms, gradients, group=), DDP
+on the fluxmpi backend, synchronize_ and DistributedOptimizer on CUDA tensors, each against
+the value one process computes. Prints one line per check, "ok: ..." or "FAIL: ...", and
+exits 1 if any failed.
 
     mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--comm-stream]
-        [--expect-refusal]
+        [--expect-refusal] [--cpu]
+
+--cpu: the same checks on host tensors, so that the CPU tests (tests/test_gpu_choice.py) check
+the checks themselves.
 
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
 --comm-stream: NCCL calls on a stream of their own (FLUXMPI_NCCL_COMM_STREAM=1's experiment).
@@ -21,6 +26,94 @@ import torch
 import fluxmpi_py as fm
 
 
+def row_collectives(dev, rank, world, check) -> None:
+    """gather, scatter, reduce_scatter, alltoall, the grouped forms, gradients and group= on
+    ``dev``'s tensors, against closed forms (computed on the host)."""
+    total = world * (world + 1) // 2
+    first = rank * (rank + 1) // 2
+    mine = torch.arange(float(first), float(first + rank + 1))  # rank r's rows of 0..total-1
+    g = fm.gather(mine.to(dev), root_rank=world - 1)
+    check("gather of uneven rows", (g is None) if rank != world - 1 else
+          torch.equal(g.cpu(), torch.arange(float(total))))  # fmt: skip
+    part = fm.scatter(torch.arange(float(total), device=dev), root_rank=0,
+                      splits=[r + 1 for r in range(world)])  # fmt: skip
+    check("scatter in uneven parts", torch.equal(part.cpu(), mine))
+    for op, scale in (("sum", 1.0), ("average", 1.0 / world)):
+        x = torch.arange(2.0 * world, device=dev) * (rank + 1)
+        want = torch.arange(2.0 * rank, 2.0 * rank + 2) * total * scale
+        got = fm.reduce_scatter(x, op=op)
+        check(f"reduce_scatter {op} in equal parts", torch.allclose(got.cpu(), want))
+    x = torch.arange(float(total), device=dev)
+    got = fm.reduce_scatter(x, op="sum", splits=[r + 1 for r in range(world)])
+    check("reduce_scatter in uneven parts", torch.equal(got.cpu(), mine * world))
+    got = fm.alltoall(torch.full((2 * world,), float(rank), device=dev))
+    want = torch.arange(float(world)).repeat_interleave(2)
+    check("alltoall in equal parts", torch.equal(got.cpu(), want))
+    splits = [(rank + j) % 2 + 1 for j in range(world)]  # rows for rank j
+    got = fm.alltoall(torch.full((sum(splits),), float(rank), device=dev), splits=splits)
+    want = torch.cat([torch.full(((j + rank) % 2 + 1,), float(j)) for j in range(world)])
+    check("alltoall in uneven parts", torch.equal(got.cpu(), want))
+    ts = [torch.full((5,), float(rank + 1), device=dev), torch.ones(3, 3, device=dev).double()]
+    fm.grouped_allreduce_(ts)
+    check("grouped_allreduce_ of two dtypes",
+          bool((ts[0] == total).all()) and bool((ts[1] == world).all()))  # fmt: skip
+    outs = fm.grouped_allgather([torch.full((rank + 1,), float(rank), device=dev)] * 2)
+    want = torch.cat([torch.full((r + 1,), float(r)) for r in range(world)])
+    check("grouped_allgather", all(torch.equal(o.cpu(), want) for o in outs))
+    req = fm.Ialltoall(torch.full((world,), float(rank), device=dev))
+    check("Ialltoall", torch.equal(req.wait().cpu(), torch.arange(float(world))))
+    # gradients: allgather's is a reduce_scatter, gather's a scatter from the root
+    w = torch.ones(3, device=dev, requires_grad=True)
+    fm.allgather(w.unsqueeze(0)).sum().backward()
+    check("allgather backward", bool((w.grad == world).all()))
+    w = torch.ones(rank + 1, device=dev, requires_grad=True)
+    y = fm.gather(w, root_rank=0)
+    (y * torch.arange(float(total), device=dev)).sum().backward()
+    check("gather backward", torch.equal(w.grad.cpu(), mine))
+    # group=: a sub-communicator of the first and last rank (every rank at 1 and 2)
+    members = sorted({0, world - 1})
+    group = fm.new_group(members)
+    if rank in members:
+        t = torch.full((4,), float(rank + 1), device=dev)
+        fm.allreduce_(t, group=group)
+        got = fm.allgather(torch.full((1,), float(rank), device=dev), group=group)
+        check("allreduce_ and allgather with group= (the first and last rank)",
+              bool((t == sum(r + 1 for r in members)).all()) and
+              torch.equal(got.cpu(), torch.tensor(members, dtype=torch.float32)))  # fmt: skip
+
+
+def ddp_on_fluxmpi(dev, rank, world, check) -> None:
+    """torch's DDP on the "fluxmpi" backend over ``dev``: after 3 steps at batch 4 per rank, the
+    weights of one process at batch 4 * world."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("fluxmpi")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    single = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    single.load_state_dict(net.state_dict())
+    net, single = net.to(dev), single.to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.0005)  # 2 buckets
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(world * 4, 8, generator=gen), torch.randn(world * 4, 1, generator=gen)
+    x, y = x.to(dev), y.to(dev)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    sopt = torch.optim.SGD(single.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x[rank * 4 : rank * 4 + 4]), y[rank * 4 :][:4]).backward()
+        opt.step()
+        sopt.zero_grad()
+        torch.nn.functional.mse_loss(single(x), y).backward()
+        sopt.step()
+    close = all(
+        torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        for a, b in zip(net.parameters(), single.parameters())
+    )
+    check(f"DDP on the fluxmpi backend ({dev.type}) equals batch {world}B", close)
+
+
 def main() -> int:
     import argparse
 
@@ -28,6 +121,7 @@ def main() -> int:
     ap.add_argument("--route", choices=("nccl", "mpi"), default=None)
     ap.add_argument("--expect-refusal", action="store_true")
     ap.add_argument("--comm-stream", action="store_true", help="NCCL on a stream of its own")
+    ap.add_argument("--cpu", action="store_true", help="the same checks on CPU tensors (a dry run)")
     args = ap.parse_args()
     fm.Init()
     if args.comm_stream:
@@ -35,7 +129,7 @@ def main() -> int:
 
         C.set_nccl_comm_stream(True)
     rank, world = fm.local_rank(), fm.total_workers()
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     failed = []
 
     def check(name, ok):
@@ -74,6 +168,11 @@ def main() -> int:
     t = torch.arange(7.0, device=dev) * (rank + 1)
     fm.bcast_(t, root_rank=0)
     check("bcast_", torch.equal(t.cpu(), torch.arange(7.0)))
+    for part in (row_collectives, ddp_on_fluxmpi):  # never run on a GPU before: go on past
+        try:
+            part(dev, rank, world, check)
+        except Exception as e:  # noqa: BLE001 (reported as a failed check)
+            check(f"{part.__name__} raised {type(e).__name__}: {e}", False)
 
     torch.manual_seed(rank)  # different weights on every rank until synchronize_
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))

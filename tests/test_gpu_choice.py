@@ -3,6 +3,8 @@ rank takes, and which ranks would share one (NCCL refuses that)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fluxmpi_py._gpu_choice import choose_gpu
@@ -104,3 +106,16 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
             "'bad': expected 1 (CUDA collectives over MPI), 0 (over NCCL) or unset (over MPI only "
             "where ranks share a GPU)",
         ], out
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_gpu_ranks_check_passes_on_host_tensors(np):
+    # scripts/gpu_ranks_check.py is what a GPU session runs; --cpu runs its checks on host
+    # tensors, so that an expected value it gets wrong fails here, not first on the GPU.
+    from mpi_util import ROOT, run_mpi
+
+    script = os.path.join(ROOT, "scripts", "gpu_ranks_check.py")
+    _, out = run_mpi(script, np, "--cpu", timeout=180)
+    assert "FAIL" not in out, out[-4000:]
+    for name in ("gather backward", "alltoall in uneven parts", "DDP on the fluxmpi backend"):
+        assert f"ok: {name}" in out, f"check {name!r} did not run:\n{out[-4000:]}"

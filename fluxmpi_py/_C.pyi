@@ -100,7 +100,11 @@ class PendingTensors:
     def what(self) -> str: ...
 
 def allgather(
-    tensors: list[torch.Tensor], call: str, async_op: bool, local_error: str = ""
+    tensors: list[torch.Tensor],
+    call: str,
+    async_op: bool,
+    local_error: str = "",
+    grad: bool = False,
 ) -> PendingTensors: ...
 def gather(
     tensors: list[torch.Tensor],
@@ -126,6 +130,7 @@ def reduce_scatter(
     call: str,
     async_op: bool,
     local_error: str = "",
+    grad: bool = False,
 ) -> PendingTensors: ...
 def alltoall(
     tensors: list[torch.Tensor],
@@ -133,6 +138,7 @@ def alltoall(
     call: str,
     async_op: bool,
     local_error: str = "",
+    grad: bool = False,
 ) -> PendingTensors: ...
 def grouped_allreduce_(
     tensors: list[torch.Tensor] | tuple[torch.Tensor, ...],

@@ -88,8 +88,8 @@ def start(
     """Start the compiled ``kind`` ("allgather", "gather", "scatter", "reduce_scatter",
     "alltoall", "grouped_allreduce_", "grouped_bcast_") on one tensor or a list; returns its
     PendingTensors handle. ``args``: root_rank, op, splits, as the kind takes them; ``error``:
-    a TypeError the caller found, raised by the call on every rank; ``grad`` (gather,
-    scatter): the differentiable form, which the ranks agree on."""
+    a TypeError the caller found, raised by the call on every rank; ``grad`` (the single-tensor
+    row collectives): the differentiable form, which the ranks agree on."""
     errors: list[str] = [error] if error else []
     if async_op and not grouped:
         call = "I" + call  # the name the user called: Iallgather()

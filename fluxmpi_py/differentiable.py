@@ -6,8 +6,9 @@ The gradient of a collective is a collective: of allreduce an allreduce (same op
 broadcast a reduce (sum) to the root, of allgather a reduce_scatter (sum), of gather a
 scatter from the root, of scatter a gather to the root, of reduce_scatter an allgather, of
 alltoall the reverse alltoall. So every rank must run backward through the same collectives
-in the same order, as it ran forward. gather and scatter check that: the ranks agree on
-whether the input requires grad, and a rank that differs raises on every rank. Only "sum" and "average" have
+in the same order, as it ran forward. The row collectives check that: the ranks agree on
+whether the input requires grad, and a rank that differs raises on every rank (allreduce and
+broadcast do not check: a differentiable call that one rank makes alone meets the stall report). Only "sum" and "average" have
 gradients; other ops raise (on every rank) when the input requires grad.
 """
 
@@ -71,7 +72,7 @@ class Allgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        p = rows.start("allgather", x, grouped=False, async_op=False, call="allgather()")
+        p = rows.start("allgather", x, grouped=False, async_op=False, call="allgather()", grad=True)
         out = p.wait()[0]
         ctx.rows = p.received_splits[0]
         ctx.group = C.current_group()
@@ -97,7 +98,7 @@ class ReduceScatter(torch.autograd.Function):
         ctx.group = C.current_group()
         p = rows.start(
             "reduce_scatter", x, grouped=False, async_op=False, call="reduce_scatter()", op=op,
-            splits=splits,
+            splits=splits, grad=True,
         )  # fmt: skip
         return p.wait()[0]
 
@@ -173,8 +174,9 @@ class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, splits):
         p = rows.start(
-            "alltoall", x, grouped=False, async_op=False, call="alltoall()", splits=splits
-        )
+            "alltoall", x, grouped=False, async_op=False, call="alltoall()", splits=splits,
+            grad=True,
+        )  # fmt: skip
         out = p.wait()[0]
         ctx.received = p.received_splits[0]
         ctx.group = C.current_group()

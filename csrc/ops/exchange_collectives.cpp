@@ -28,7 +28,9 @@ std::int64_t alltoall_block_calls() { return g_alltoall_block_calls.load(); }
 
 std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts,
                                                const std::string& opname, const Splits& splits,
-                                               const std::string& local_error) {
+                                               const std::string& local_error,
+                                               std::int64_t also_agree,
+                                               const std::string& also_text) {
   const Group& e = current_group();
   const int n = e.size();
   Signature s;
@@ -52,7 +54,8 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
               : msg.empty()                   ? ErrorClass::None
                                               : ErrorClass::Value;
   }
-  agree(s, "reduce_scatter()", msg, [&] { return describe_list(ts, &sp); });
+  if (also_agree != 0) s.detail = hash_bytes(&also_agree, sizeof(also_agree), s.detail);
+  agree(s, "reduce_scatter()", msg, [&] { return describe_list(ts, &sp) + also_text; });
   const std::size_t k = ps.size();
   std::vector<at::Tensor> out(k);
   if (k == 0) return out;
@@ -121,7 +124,8 @@ std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts
 }
 
 std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
-                                         Splits* received, const std::string& local_error) {
+                                         Splits* received, const std::string& local_error,
+                                         std::int64_t also_agree, const std::string& also_text) {
   const Group& e = current_group();
   const int n = e.size();
   Signature s = list_signature(CallKind::Alltoall, ts, /*with_dim0=*/false, nullptr);
@@ -139,7 +143,9 @@ std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, cons
   if (s.error == ErrorClass::None) {
     s.soft = hash_bytes(mine.data(), mine.size() * sizeof(std::int64_t));
   }
-  const bool same = agree(s, "alltoall()", msg, [&] { return describe_list(ts, nullptr); });
+  if (also_agree != 0) s.detail = hash_bytes(&also_agree, sizeof(also_agree), s.detail);
+  const bool same =
+      agree(s, "alltoall()", msg, [&] { return describe_list(ts, nullptr) + also_text; });
   const std::size_t k = ts.size();
   if (received != nullptr) received->assign(k, std::vector<std::int64_t>(n, 0));
   if (k == 0) return {};

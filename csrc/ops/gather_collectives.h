@@ -45,7 +45,9 @@ std::vector<at::Tensor> scatter_checked(const std::vector<at::Tensor>& ts, const
 // rank). op: "sum", "average", "min", "max", "prod".
 std::vector<at::Tensor> reduce_scatter_checked(const std::vector<at::Tensor>& ts,
                                                const std::string& op, const Splits& splits,
-                                               const std::string& local_error = {});
+                                               const std::string& local_error = {},
+                                               std::int64_t also_agree = 0,
+                                               const std::string& also_text = {});
 // How many alltoalls this process has sent as the block form (every part one length: each
 // rank sends each rank the same rows of each tensor), not as MPI_Alltoallv (for tests).
 std::int64_t alltoall_block_calls();
@@ -53,8 +55,11 @@ std::int64_t alltoall_block_calls();
 // Part j of this rank's tensor i goes to rank j; result i is the parts sent to this rank, in
 // rank order. Splits are each rank's own (they may differ by rank). `received`, when given,
 // gets the row counts received from each rank (the splits of the reverse alltoall).
+// `also_agree`, `also_text` (here and in reduce_scatter_checked): as in allgather_checked.
 std::vector<at::Tensor> alltoall_checked(const std::vector<at::Tensor>& ts, const Splits& splits,
-                                         Splits* received, const std::string& local_error = {});
+                                         Splits* received, const std::string& local_error = {},
+                                         std::int64_t also_agree = 0,
+                                         const std::string& also_text = {});
 // allreduce_ / bcast_ of every tensor, in place, through one buffer per dtype (broadcast: one
 // buffer in all).
 void grouped_allreduce_checked(const std::vector<at::Tensor>& ts, const std::string& op,

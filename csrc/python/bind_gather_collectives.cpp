@@ -67,9 +67,12 @@ std::string joined(const std::string& a, const std::string& b) {
   return a.empty() ? b : b.empty() ? a : a + "; " + b;
 }
 
-// How a rank's description in a disagreement names the differentiable form.
-std::string grad_text(bool grad) {
-  return grad ? ", requiring grad (its backward is a collective)" : ", not requiring grad";
+// How a rank's description in a disagreement names the differentiable form (static: the
+// hot single-tensor calls pass it too, at no cost).
+const std::string& grad_text(bool grad) {
+  static const std::string yes = ", requiring grad (its backward is a collective)";
+  static const std::string no = ", not requiring grad";
+  return grad ? yes : no;
 }
 
 // One tensor in, one tensor out, blocking: the hot single-tensor calls skip the handle, the
@@ -120,18 +123,19 @@ void bind_gather_collectives(py::module_& m) {
       .def_property_readonly("what", [](const PendingTensors& p) { return p.work->what(); });
 
   const auto release = py::call_guard<py::gil_scoped_release>();
+  // `grad` (allgather, gather, scatter, reduce_scatter, alltoall): the differentiable form
+  // (fluxmpi_py.differentiable), whose backward is a collective too: the ranks agree on it
+  // with the rest, so that a rank whose input does not require grad raises with the others
+  // here, not hangs them in backward.
   m.def(
       "allgather",
-      [](Tensors ts, const std::string& call, bool async_op, const std::string& err) {
-        return start(call, async_op, [ts, err](Tensors& out, Splits& rows) {
-          out = allgather_checked(ts, err, &rows);
+      [](Tensors ts, const std::string& call, bool async_op, const std::string& err, bool grad) {
+        return start(call, async_op, [ts, err, grad](Tensors& out, Splits& rows) {
+          out = allgather_checked(ts, err, &rows, grad ? 1 : 0, grad_text(grad));
         });
       },
       py::arg("tensors"), py::arg("call"), py::arg("async_op"), py::arg("local_error") = "",
-      release);
-  // `grad`: the differentiable form (fluxmpi_py.differentiable), whose backward is a
-  // collective too: the ranks agree on it with the rest, so that a rank whose input does not
-  // require grad raises with the others here, not hangs them in backward.
+      py::arg("grad") = false, release);
   m.def(
       "gather",
       [](Tensors ts, std::int64_t root, const std::string& call, bool async_op,
@@ -155,23 +159,23 @@ void bind_gather_collectives(py::module_& m) {
   m.def(
       "reduce_scatter",
       [](Tensors ts, const std::string& op, Splits splits, const std::string& call, bool async_op,
-         const std::string& err) {
-        return start(call, async_op, [ts, op, splits, err](Tensors& out, Splits&) {
-          out = reduce_scatter_checked(ts, op, splits, err);
+         const std::string& err, bool grad) {
+        return start(call, async_op, [ts, op, splits, err, grad](Tensors& out, Splits&) {
+          out = reduce_scatter_checked(ts, op, splits, err, grad ? 1 : 0, grad_text(grad));
         });
       },
       py::arg("tensors"), py::arg("op"), py::arg("splits"), py::arg("call"), py::arg("async_op"),
-      py::arg("local_error") = "", release);
+      py::arg("local_error") = "", py::arg("grad") = false, release);
   m.def(
       "alltoall",
-      [](Tensors ts, Splits splits, const std::string& call, bool async_op,
-         const std::string& err) {
-        return start(call, async_op, [ts, splits, err](Tensors& out, Splits& received) {
-          out = alltoall_checked(ts, splits, &received, err);
+      [](Tensors ts, Splits splits, const std::string& call, bool async_op, const std::string& err,
+         bool grad) {
+        return start(call, async_op, [ts, splits, err, grad](Tensors& out, Splits& received) {
+          out = alltoall_checked(ts, splits, &received, err, grad ? 1 : 0, grad_text(grad));
         });
       },
       py::arg("tensors"), py::arg("splits"), py::arg("call"), py::arg("async_op"),
-      py::arg("local_error") = "", release);
+      py::arg("local_error") = "", py::arg("grad") = false, release);
   // In place: the result is the caller's own list, so the handle returns no tensors (turning
   // a thousand tensors back into Python objects would cost more than the checks).
   m.def(
@@ -213,19 +217,22 @@ void bind_gather_collectives(py::module_& m) {
   m.def(
       "allgather_tensor",
       [](const at::Tensor& t) {
-        return now("allgather()", [&] { return allgather_checked({t})[0]; });
+        return now("allgather()",
+                   [&] { return allgather_checked({t}, {}, nullptr, 0, grad_text(false))[0]; });
       },
       py::arg("tensor"), release);
   m.def(
       "reduce_scatter_tensor",
       [](const at::Tensor& t, const std::string& op) {
-        return now("reduce_scatter()", [&] { return reduce_scatter_checked({t}, op, {})[0]; });
+        return now("reduce_scatter()",
+                   [&] { return reduce_scatter_checked({t}, op, {}, {}, 0, grad_text(false))[0]; });
       },
       py::arg("tensor"), py::arg("op"), release);
   m.def(
       "alltoall_tensor",
       [](const at::Tensor& t) {
-        return now("alltoall()", [&] { return alltoall_checked({t}, {}, nullptr)[0]; });
+        return now("alltoall()",
+                   [&] { return alltoall_checked({t}, {}, nullptr, {}, 0, grad_text(false))[0]; });
       },
       py::arg("tensor"), release);
 

@@ -434,6 +434,11 @@ def case_gather_scatter_gradients():
     x = torch.ones(2 * n, requires_grad=r != bad)
     msg = raises(RuntimeError, lambda: fm.scatter(x, root_rank=0), f"rank {bad} has tensor")
     assert msg.count("not requiring grad") == 1, msg
+    # the same for the other row collectives; the rank without grad takes the fast path
+    for call in (fm.allgather, fm.reduce_scatter, fm.alltoall):
+        x = torch.ones(2 * n, requires_grad=r != bad)
+        msg = raises(RuntimeError, lambda c=call, t=x: c(t), f"rank {bad} has tensor")
+        assert msg.count("not requiring grad") == 1, (call.__name__, msg)
     with torch.no_grad():  # no grad wanted anywhere: the plain calls, None off the root
         out = fm.gather(torch.ones(1, requires_grad=True), root_rank=0)
         assert (out is None) == (r != 0) and (out is None or not out.requires_grad)

@@ -54,6 +54,21 @@ def test_timeout_ends_the_job_with_the_report_on_every_rank():
     assert "rank 1 done" not in out
 
 
+def test_report_shows_what_a_rank_done_with_the_call_does_now():
+    # Rank 0 calls on a group, rank 1 on the world: by the counts of calls rank 1 is done
+    # with rank 0's call. Rank 0's report says that the count may hide another collective and
+    # shows rank 1's call and line, instead of blaming the transfer alone.
+    env = {"FLUXMPI_STALL_WARNING": "2", "FLUXMPI_TIMEOUT": "5"}
+    rc, out = launch("other_group", env=env)
+    assert rc != 0, out[-3000:]
+    mine = out[out.index("[rank 0 / 2] fluxmpi_py: stall:") :]
+    assert "(allreduce on group [0, 1], of allreduce_())" in mine, out[-4000:]
+    assert "done with it (by its count of calls): rank 1\n" in mine, out[-4000:]
+    assert "made another collective there (see below)" in mine, out[-4000:]
+    assert re.search(r"rank 1: inside collective call #\d+ \(allreduce", mine), out[-4000:]
+    assert "fm.allreduce_(torch.ones(3))" in mine, out[-4000:]
+
+
 @pytest.mark.parametrize("mode,signame", [("sigkill", "Killed"), ("sigterm", "Terminated")])
 def test_rank_killed_by_a_signal_ends_the_job(mode, signame):
     rc, out = launch(mode)

@@ -225,10 +225,19 @@ std::string build_report(const Round& round, std::int64_t call, int rank, int si
     out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_text(silent) +
            " (hung outside Python, killed, or its host or network link is down)\n";
   out += "  waiting in it: " + ranks_text(waiting) + "\n";
-  if (!finished.empty()) out += "  done with it: " + ranks_text(finished) + "\n";
+  // A rank's count of collective calls counts its calls on every group, so a rank "done
+  // with" this call may instead have made another collective under its number (one on
+  // another group, or hvd.join's wait): what it does now tells which.
+  if (!finished.empty())
+    out += "  done with it (by its count of calls): " + ranks_text(finished) + "\n";
   if (absent.empty() && silent.empty())
-    out += "  every rank has entered it: the transfer itself is slow or lost\n";
-  for (int r : absent) out += describe_rank(r, *round.answers[r]);
+    out += finished.empty()
+               ? "  every rank has entered it: the transfer itself is slow or lost\n"
+               : "  no rank is missing by the counts: the transfer itself is slow or lost, or a "
+                 "rank done with it made another collective there (see below)\n";
+  auto answer = [&](int r) -> const Answer& { return r == rank ? round.mine : *round.answers[r]; };
+  for (int r : absent) out += describe_rank(r, answer(r));
+  for (int r : finished) out += describe_rank(r, answer(r));
   const double timeout = g_timeout_s.load();
   if (timed_out) {
     out += "  the timeout is " + fmt_s(timeout) +

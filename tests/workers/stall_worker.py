@@ -73,6 +73,13 @@ def main(mode):
         fm.Init()
     r, n = fm.local_rank(), fm.total_workers()
     staller = n - 1
+    if mode == "other_group":  # rank 0 on a group of every rank, the others on the world
+        group = fm.new_group(list(range(n)))
+        if r == 0:
+            fm.allreduce_(torch.ones(2), group=group)
+        else:
+            fm.allreduce_(torch.ones(3))  # the world's call under the same number
+        return
     model = Net()
     fm.synchronize_(model)
     opt = fm.DistributedOptimizer(

@@ -8,8 +8,9 @@ scatter from the root, of scatter a gather to the root, of reduce_scatter an all
 alltoall the reverse alltoall. So every rank must run backward through the same collectives
 in the same order, as it ran forward. The row collectives check that: the ranks agree on
 whether the input requires grad, and a rank that differs raises on every rank (allreduce and
-broadcast do not check: a differentiable call that one rank makes alone meets the stall report). Only "sum" and "average" have
-gradients; other ops raise (on every rank) when the input requires grad.
+broadcast do not check: a backward collective that one rank runs alone meets the stall
+report). Only "sum" and "average" have gradients; other ops raise (on every rank) when the
+input requires grad.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
         alltoall (4 KiB .. 16 MiB per rank), grouped (1000 tensors of 1024 floats: also
         through the ring over MPI datatypes and the pack path, hvd.grouped_allreduce_,
         allreduce_gradients and a pack + unpack alone)
+    mpiexec -n 3 python benchmarks/bench_collectives.py --op sum_order   # allreduce_ in gloo's
+        order (set_sum_order) vs the default order vs torch's gloo backend
 
 --op allreduce (the default): allreduce_ against the in-place Allreduce.
 
@@ -255,7 +257,54 @@ def bench_allreduce(sizes, reps, comm):
     return rows
 
 
+def bench_sum_order(sizes, reps, comm):
+    """allreduce_ in gloo's order (fluxmpi_py.set_sum_order) against the default order and
+    against torch.distributed.all_reduce on a gloo group, on the same buffer, alternating."""
+    import torch.distributed as dist
+
+    dist.init_process_group("fluxmpi")
+    gloo = dist.new_group(backend="gloo")
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def in_order(order, buf):
+        fm.set_sum_order(order)
+        fm.allreduce_(buf)
+
+    rows = []
+    for nbytes in sizes:
+        buf = torch.zeros(nbytes // 4, dtype=torch.float32)
+        # Correctness first: gloo's order has gloo's bits.
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(buf.numel(), generator=g) * 1e3 ** torch.rand(buf.numel(), generator=g)
+        ours_x, gloo_x = x.clone(), x.clone()
+        in_order("gloo", ours_x)
+        dist.all_reduce(gloo_x, group=gloo)
+        assert torch.equal(ours_x, gloo_x), "the sum in gloo's order differs from gloo's"
+        fns = [
+            functools.partial(in_order, "gloo", buf),
+            functools.partial(in_order, "fastest", buf),
+            functools.partial(dist.all_reduce, buf, group=gloo),
+        ]
+        iters = calibrate(fns, comm)
+        (mg, mf, mt), _ = alternate(fns, iters, reps, comm)
+        rows.append(
+            {
+                "bytes": nbytes,
+                "iters": iters,
+                "gloo_order_us": round(mg * 1e6, 2),
+                "fastest_us": round(mf * 1e6, 2),
+                "torch_gloo_us": round(mt * 1e6, 2),
+                "ratio": round(mg / mt, 3),  # ours in gloo's order / gloo itself
+                "gloo_order_over_fastest": round(mg / mf, 3),
+            }
+        )
+    fm.set_sum_order("fastest")
+    return rows
+
+
 WHAT = {
+    "sum_order": "allreduce_ in gloo's order (set_sum_order) vs the default order vs "
+    "torch.distributed.all_reduce on gloo, float32 sum; ratio = gloo's order / gloo",
     "allreduce": "allreduce_ vs mpi4py Allreduce(MPI.IN_PLACE), float32 sum, median time per call",
     "allgather": "allgather vs mpi4py Allgather (new output per call; prealloc: one output), "
     "float32, bytes = each rank's input",
@@ -310,11 +359,12 @@ def main():
     if args.op == "grouped":
         result.update(bench_grouped(reps, comm))
     else:
-        rows = (
-            bench_allreduce(sizes, reps, comm)
-            if args.op == "allreduce"
-            else bench_rows(args.op, sizes, reps, comm)
-        )
+        if args.op == "allreduce":
+            rows = bench_allreduce(sizes, reps, comm)
+        elif args.op == "sum_order":
+            rows = bench_sum_order(sizes, reps, comm)
+        else:
+            rows = bench_rows(args.op, sizes, reps, comm)
         big = [r["ratio"] for r in rows if r["bytes"] >= (1 << 20)]
         result.update(
             sizes=rows, ratio_4KiB=rows[0]["ratio"], max_ratio_ge_1MiB=max(big) if big else None

@@ -39,6 +39,11 @@ def test_c10d_bitwise_and_premul_sum(case):
     case.check_passed()
 
 
+@pytest.mark.parametrize("case", worker_params("sum_order_worker.py", [1, 3], timeout=120))
+def test_sum_order_from_the_environment(case):
+    case.check_passed()
+
+
 def test_import_registers_the_backend():
     import torch.distributed as dist
 

@@ -44,6 +44,13 @@ class Backend {
   virtual void allreduce_wire16(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
     allreduce(buf, count, dtype, op);
   }
+  // A sum in place, each element's ranks added in the order of torch's gloo backend
+  // (backend/mpi_ring.h, SumOrder::Gloo). Returns false, having moved nothing, where this
+  // backend has no such order (NCCL: CUDA tensors sum in NCCL's order); it decides from its
+  // kind alone, so every rank of an agreed call decides alike.
+  virtual bool allreduce_in_gloo_order(void* buf, std::int64_t count, c10::ScalarType dtype) {
+    return false;
+  }
   // As allreduce (Average: the sum divided by the group's size), over `count` elements of
   // `dtype` that lie in `pieces` in order, reduced where they lie: no packing into one buffer.
   // Pieces must not overlap. Returns false, having moved nothing, where this backend does not

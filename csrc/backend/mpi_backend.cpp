@@ -242,6 +242,13 @@ class MpiBackend final : public Backend {
     }
   }
 
+  bool allreduce_in_gloo_order(void* buf, std::int64_t count, c10::ScalarType dt) override {
+    const CommView v = c();
+    BlockingCall guard("allreduce", v.group);
+    gloo_order_allreduce(buf, count, dt, v.comm, v.rank, v.size);
+    return true;
+  }
+
   bool allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
                         c10::ScalarType dt, ReduceOp op) override {
     const CommView e = c();

@@ -4,7 +4,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "backend/mpi_check.h"
 #include "backend/mpi_shared_pieces.h"
@@ -132,9 +136,19 @@ void ring_step(std::int64_t send_n, std::int64_t recv_n, std::int64_t piece, int
   }
 }
 
+// Where a ring's chunks lie and which way it turns. By default rank r sends to r + 1 and chunk
+// c is [count * c / size, count * (c + 1) / size). gloo's order (GlooOrder) turns the other way
+// and lays chunk c over gloo's region (c + 1) % size, cut where gloo cuts: each element is
+// then summed as gloo's ring sums it (see gloo_order_allreduce in mpi_ring.h).
+struct ChunkLayout {
+  bool mirror = false;
+  std::vector<std::int64_t> bounds;  // size + 1 region boundaries; empty: the default cut
+};
+
 template <typename T>
 void ring(const PieceView<T>& v, std::int64_t count, ReduceOp op, int divisor,
-          const RingOptions& opts, MPI_Datatype type, MPI_Comm comm, int rank, int size) {
+          const RingOptions& opts, MPI_Datatype type, MPI_Comm comm, int rank, int size,
+          const ChunkLayout& layout = ChunkLayout()) {
   // Thread-local: the engine thread and an inline caller never share it.
   thread_local std::vector<T> staging;
   const std::int64_t chunk_bytes = (count / size + 1) * static_cast<std::int64_t>(sizeof(T));
@@ -143,15 +157,23 @@ void ring(const PieceView<T>& v, std::int64_t count, ReduceOp op, int divisor,
   const std::int64_t seg = std::max<std::int64_t>(1, seg_bytes / sizeof(T));
   if (static_cast<std::int64_t>(staging.size()) < seg) staging.resize(seg);
   T* tmp = staging.data();
-  auto lo = [&](int c) { return count * c / size; };
   auto mod = [&](int x) { return ((x % size) + size) % size; };
-  const int right = mod(rank + 1), left = mod(rank - 1);
-  // Reduce-scatter: after step s, chunk (rank - s - 1) holds the reduction of s + 2 ranks here.
+  const bool cut = !layout.bounds.empty();
+  const int shift = layout.mirror ? 1 : 0;
+  auto lo = [&](int c) { return cut ? layout.bounds[mod(c + shift)] : count * c / size; };
+  auto len = [&](int c) {
+    const int g = mod(c + shift);
+    return cut ? layout.bounds[g + 1] - layout.bounds[g] : count * (c + 1) / size - lo(c);
+  };
+  const int dir = layout.mirror ? -1 : 1;
+  const int right = mod(rank + dir), left = mod(rank - dir);
+  // Reduce-scatter: after step s, chunk (rank - dir * (s + 1)) holds the reduction of s + 2
+  // ranks here.
   for (int s = 0; s + 1 < size; ++s) {
-    const int sc = mod(rank - s), rc = mod(rank - s - 1);
+    const int sc = mod(rank - dir * s), rc = mod(rank - dir * (s + 1));
     const int div = s + 2 == size ? divisor : 1;
     ring_step(
-        lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), seg, right, left, comm,
+        len(sc), len(rc), seg, right, left, comm,
         [&](std::int64_t off, std::int64_t n) { return Message(v, lo(sc) + off, n, type); },
         [&](std::int64_t, std::int64_t n) { return Message(tmp, n, type); },
         [&](std::int64_t off, std::int64_t n) {
@@ -162,9 +184,9 @@ void ring(const PieceView<T>& v, std::int64_t count, ReduceOp op, int divisor,
   }
   // Allgather: pass the finished chunks around the ring, straight into place.
   for (int s = 0; s + 1 < size; ++s) {
-    const int sc = mod(rank + 1 - s), rc = mod(rank - s);
+    const int sc = mod(rank + dir * (1 - s)), rc = mod(rank - dir * s);
     ring_step(
-        lo(sc + 1) - lo(sc), lo(rc + 1) - lo(rc), kMaxPiece, right, left, comm,
+        len(sc), len(rc), kMaxPiece, right, left, comm,
         [&](std::int64_t off, std::int64_t n) { return Message(v, lo(sc) + off, n, type); },
         [&](std::int64_t off, std::int64_t n) { return Message(v, lo(rc) + off, n, type); },
         [](std::int64_t, std::int64_t) {});
@@ -179,7 +201,95 @@ void ring_over(const std::vector<BufferPiece>& pieces, std::int64_t count, Reduc
 
 bool ring_integer(c10::ScalarType dt) { return dt == c10::kInt || dt == c10::kLong; }
 
+// gloo's ring (gloo/allreduce.cc, the algorithm torch's ProcessGroupGloo runs for a CPU
+// allreduce) cuts its buffer into segments of at most 1 MiB, at least two per rank and the same
+// number for each; rank c's region is its run of segments, the last regions short or empty.
+constexpr std::int64_t kGlooMaxSegmentBytes = std::int64_t(1) << 20;
+
+std::vector<std::int64_t> gloo_bounds(std::int64_t count, std::int64_t esz, int size) {
+  const std::int64_t total = count * esz;
+  const std::int64_t max_seg = esz * std::max<std::int64_t>(1, kGlooMaxSegmentBytes / esz);
+  std::int64_t segments =
+      std::max<std::int64_t>((total + max_seg - 1) / max_seg, std::int64_t(2) * size);
+  segments = (segments + size - 1) / size * size;
+  const std::int64_t per_rank = segments / size;
+  const std::int64_t seg_bytes = ((total + segments - 1) / segments + esz - 1) / esz * esz;
+  std::vector<std::int64_t> bounds(size + 1);
+  for (int c = 0; c <= size; ++c) bounds[c] = std::min(c * per_rank * seg_bytes / esz, count);
+  return bounds;
+}
+
+std::atomic<int> g_sum_order{-1};  // -1: FLUXMPI_SUM_ORDER not read yet
+std::atomic<std::int64_t> g_gloo_order_calls{0};
+
 }  // namespace
+
+SumOrder parse_sum_order(const std::string& name) {
+  if (name == "fastest") return SumOrder::Fastest;
+  TORCH_CHECK_VALUE(name == "gloo", "fluxmpi_py: the sum order is 'fastest' or 'gloo', got '", name,
+                    "'");
+  return SumOrder::Gloo;
+}
+
+const char* sum_order_name(SumOrder order) { return order == SumOrder::Gloo ? "gloo" : "fastest"; }
+
+SumOrder sum_order() {
+  int v = g_sum_order.load();
+  if (v < 0) {
+    const char* s = std::getenv("FLUXMPI_SUM_ORDER");
+    SumOrder o = SumOrder::Fastest;
+    if (s != nullptr && *s != '\0') {
+      try {
+        o = parse_sum_order(s);
+      } catch (const c10::ValueError&) {
+        TORCH_CHECK_VALUE(false, "fluxmpi_py: FLUXMPI_SUM_ORDER must be 'fastest' or 'gloo', got '",
+                          s, "'");
+      }
+    }
+    int expected = -1;
+    g_sum_order.compare_exchange_strong(expected, static_cast<int>(o));
+    v = g_sum_order.load();
+  }
+  return static_cast<SumOrder>(v);
+}
+
+void set_sum_order(SumOrder order) { g_sum_order.store(static_cast<int>(order)); }
+
+bool gloo_order_applies(SumOrder order, c10::ScalarType dt, ReduceOp op, int world) {
+  return order == SumOrder::Gloo && op == ReduceOp::Sum && world >= 3 &&
+         (dt == c10::kFloat || dt == c10::kDouble || dt == c10::kHalf || dt == c10::kBFloat16);
+}
+
+std::int64_t gloo_order_calls() { return g_gloo_order_calls.load(); }
+
+void gloo_order_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, MPI_Comm comm,
+                          int rank, int size) {
+  TORCH_CHECK(gloo_order_applies(SumOrder::Gloo, dt, ReduceOp::Sum, size),
+              "fluxmpi_py: gloo's order sums float, double, float16 or bfloat16 over 3 or more "
+              "ranks, got ",
+              dt, " over ", size);
+  ++g_gloo_order_calls;
+  const std::int64_t esz = static_cast<std::int64_t>(c10::elementSize(dt));
+  ChunkLayout layout;
+  layout.mirror = true;
+  layout.bounds = gloo_bounds(count, esz, size);
+  const RingOptions opts = ring_options();
+  const std::vector<BufferPiece> one{{buf, count * esz}};
+  switch (dt) {
+    case c10::kFloat:
+      return ring(PieceView<float>(one), count, ReduceOp::Sum, 1, opts, MPI_FLOAT, comm, rank, size,
+                  layout);
+    case c10::kDouble:
+      return ring(PieceView<double>(one), count, ReduceOp::Sum, 1, opts, MPI_DOUBLE, comm, rank,
+                  size, layout);
+    case c10::kHalf:  // each addition in fp32, rounded to float16: gloo's float16 sum
+      return ring(PieceView<c10::Half>(one), count, ReduceOp::Sum, 1, opts, MPI_UINT16_T, comm,
+                  rank, size, layout);
+    default:
+      return ring(PieceView<c10::BFloat16>(one), count, ReduceOp::Sum, 1, opts, MPI_UINT16_T, comm,
+                  rank, size, layout);
+  }
+}
 
 RingOptions ring_options() {
   Settings& s = settings();

@@ -12,6 +12,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -85,5 +86,28 @@ void ring_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, int divis
 void ring_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
                            c10::ScalarType dt, ReduceOp op, const RingOptions& opts, MPI_Comm comm,
                            int rank, int size);
+
+// This process's SumOrder (backend/reduce_op.h): FLUXMPI_SUM_ORDER ("fastest" or "gloo"; ValueError
+// otherwise) on first use, until set_sum_order. Not collective: ranks whose orders differ raise at
+// their next allreduce, on every rank (ops/collectives.cpp signs the call with it).
+SumOrder sum_order();
+void set_sum_order(SumOrder order);
+SumOrder parse_sum_order(const std::string& name);  // ValueError naming the bad name
+const char* sum_order_name(SumOrder order);
+
+// Whether a sum of `dt` over `world` ranks in `order` takes gloo_order_allreduce: Gloo, a sum,
+// 3 or more ranks, float, double, float16 or bfloat16.
+bool gloo_order_applies(SumOrder order, c10::ScalarType dt, ReduceOp op, int world);
+
+// In place: buf <- the sum over the ranks of `comm`, element by element in gloo's ring order:
+// region c of gloo's cut (its 1 MiB segments, an equal number per rank) sums as
+// x_c + (x_{c+1} + (... + (x_{c-2} + x_{c-1}))), each addition rounded to `dt`. This ring turns
+// the other way from ring_allreduce's, its chunk c over gloo's region c + 1. A blocking
+// collective: the caller holds the BlockingCall.
+void gloo_order_allreduce(void* buf, std::int64_t count, c10::ScalarType dt, MPI_Comm comm,
+                          int rank, int size);
+
+// How many gloo_order_allreduce calls this process has made (for tests).
+std::int64_t gloo_order_calls();
 
 }  // namespace fluxmpi

@@ -27,6 +27,14 @@ const char* op_name(ReduceOp op);
 // throws a ValueError-like c10::Error naming the bad string and the accepted ones.
 ReduceOp parse_op(const std::string& name);
 
+// The order in which a float sum over 3 or more ranks adds the ranks' values (over 2 ranks a
+// sum is one addition: the same bits in any order). Fastest: whatever MPI_Allreduce or fluxmpi's
+// ring (backend/mpi_ring.h) does, float16 and bfloat16 summed in fp32 and rounded once. Gloo: the
+// order of torch's gloo backend (gloo's ring allreduce), each addition rounded to the dtype, so
+// that a sum of host tensors has gloo's bits at any size: DDP on fluxmpi then trains bit for bit as
+// DDP on gloo. Slower under 16 MiB, where MPI_Allreduce would run (2 (size - 1) messages).
+enum class SumOrder { Fastest = 0, Gloo = 1 };
+
 inline bool is_bitwise(ReduceOp op) {
   return op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor;
 }

@@ -6,6 +6,7 @@
 
 #include <sstream>
 
+#include "backend/mpi_ring.h"
 #include "backend/select.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
@@ -170,10 +171,18 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
   return ErrorClass::None;
 }
 
-void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world, HalfReduction half) {
+void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world, HalfReduction half,
+                    SumOrder order) {
   if (t.numel() == 0) return;
   c10::AutoGradMode no_grad(false);  // a collective is not a step of any autograd graph
   const auto dt = t.scalar_type();
+  if (gloo_order_applies(order, dt, op, world)) {
+    at::Tensor c = staging(t, dt);  // 16-bit floats stay 16-bit: gloo rounds every addition
+    if (b.allreduce_in_gloo_order(c.data_ptr(), c.numel(), dt)) {
+      write_back(c, t);
+      return;
+    }
+  }
   const auto wire = wire_dtype(dt, op, half);
   at::Tensor c = staging(t, wire);
   // 16 bits on the wire: pre-scale (computed in fp32, rounded once) so the sum cannot overflow.
@@ -222,6 +231,24 @@ thread_local bool premul_sum_signature = false;
 
 PremulSumScope::PremulSumScope() { premul_sum_signature = true; }
 PremulSumScope::~PremulSumScope() { premul_sum_signature = false; }
+
+void sign_sum_order(Signature& s, SumOrder order) {
+  if (order != SumOrder::Gloo) return;
+  if (s.op == static_cast<std::int64_t>(ReduceOp::Sum)) s.op = kGlooSumSignatureOp;
+  if (s.op == kPremulSumSignatureOp) s.op = kGlooPremulSumSignatureOp;
+}
+
+ReduceOp signature_reduce_op(std::int64_t op) {
+  if (op == kPremulSumSignatureOp || op == kGlooSumSignatureOp || op == kGlooPremulSumSignatureOp) {
+    return ReduceOp::Sum;
+  }
+  return static_cast<ReduceOp>(op);
+}
+
+SumOrder signature_sum_order(std::int64_t op) {
+  return op == kGlooSumSignatureOp || op == kGlooPremulSumSignatureOp ? SumOrder::Gloo
+                                                                      : SumOrder::Fastest;
+}
 
 // Parse op/root without throwing: errors become this rank's part of the agreement.
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg) {
@@ -285,6 +312,16 @@ void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
   Signature s = signature_of(CallKind::Allreduce, tensor);
   std::string msg;
   ReduceOp op = parse_op_into(opname, s, msg);
+  SumOrder order = SumOrder::Fastest;
+  if (op == ReduceOp::Sum && s.error == ErrorClass::None) {
+    try {
+      order = sum_order();  // a bad FLUXMPI_SUM_ORDER: this rank's ValueError, on every rank
+    } catch (const c10::ValueError& e) {
+      s.error = ErrorClass::Value;
+      msg = e.what_without_backtrace();
+    }
+  }
+  sign_sum_order(s, order);
   const at::Tensor t = as_pairs(tensor, op);
   validate_into(t, local_error, s, msg);
   check_op_dtype(op, t, s, msg);
@@ -295,7 +332,7 @@ void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
     AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel(), /*list=*/false}}};
     share_with_joined(p, /*is_joined=*/false);
   }
-  allreduce_data(backend_for(t), t, op, e.size());
+  allreduce_data(backend_for(t), t, op, e.size(), HalfReduction::Fp32, order);
 }
 
 void broadcast_checked(const at::Tensor& tensor, std::int64_t root,

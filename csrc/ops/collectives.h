@@ -45,6 +45,14 @@ ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg);
 // (kPremulSumSignatureOp): the c10d backend scales its copies, then runs a sum inside one, so
 // that a PREMUL_SUM on one rank and a SUM on another disagree instead of mixing scaled and
 // unscaled tensors. The data still moves as a sum. Not nestable.
+// s.op for a sum in `order`: a sum in gloo's order signs as its own op (kGlooSumSignatureOp, or
+// kGlooPremulSumSignatureOp inside a PremulSumScope), so that ranks whose orders differ raise
+// instead of running different algorithms. No-op for other ops and for SumOrder::Fastest.
+void sign_sum_order(Signature& s, SumOrder order);
+// The ReduceOp and SumOrder that an agreed s.op stands for (a joined rank's shadow call).
+ReduceOp signature_reduce_op(std::int64_t op);
+SumOrder signature_sum_order(std::int64_t op);
+
 class PremulSumScope {
  public:
   PremulSumScope();
@@ -59,8 +67,11 @@ void check_op_dtype(ReduceOp op, const at::Tensor& t, Signature& s, std::string&
 // Data movement only, no agreement: `t` any strided layout of a supported dtype; in place,
 // without autograd (the version counter is bumped as for any in-place op). Average is a sum
 // then a division; for integers the floor of the mean, summed in int64 so it cannot wrap.
+// With SumOrder::Gloo a float sum over 3 or more ranks adds them in gloo's order where the
+// backend has it (backend/mpi_ring.h), 16-bit floats rounded at each addition: the caller
+// signed its agreement with that order (sum_signature_op).
 void allreduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int world,
-                    HalfReduction half = HalfReduction::Fp32);
+                    HalfReduction half = HalfReduction::Fp32, SumOrder order = SumOrder::Fastest);
 void broadcast_data(Backend& b, const at::Tensor& t, int root);
 void reduce_data(Backend& b, const at::Tensor& t, ReduceOp op, int root, int rank, int world);
 

@@ -95,6 +95,8 @@ std::string field_value(int field, std::int64_t v) {
     case 0: return kind_name(static_cast<CallKind>(v));
     case 1:
       if (v == kPremulSumSignatureOp) return "premul_sum";
+      if (v == kGlooSumSignatureOp) return "sum in gloo's order (fluxmpi_py.set_sum_order)";
+      if (v == kGlooPremulSumSignatureOp) return "premul_sum in gloo's order";
       return v < 0 ? "none" : op_name(static_cast<ReduceOp>(v));
     case 3: return v < 0 ? "none" : dtype_name(static_cast<c10::ScalarType>(v));
     default: return std::to_string(v);
@@ -111,6 +113,24 @@ const char* field_name(int field, std::int64_t kind) {
     if (k == CallKind::NewGroup) return "the number of ranks";
   }
   return names[field];
+}
+
+// Whether the descriptions differ, and only in how they end on requires_grad.
+bool differ_in_grad_only(const std::vector<std::string>& texts) {
+  auto strip = [](std::string t) {
+    for (const char* end : {kNotRequiringGradText, kRequiringGradText}) {
+      const auto at = t.find(end);
+      if (at != std::string::npos) t.erase(at, std::strlen(end));
+    }
+    return t;
+  };
+  bool differ = false, same_stripped = true;
+  const std::string first = strip(texts[0]);
+  for (std::size_t r = 1; r < texts.size(); ++r) {
+    differ |= texts[r] != texts[0];
+    same_stripped &= strip(texts[r]) == first;
+  }
+  return differ && same_stripped;
 }
 
 // `names[r]`: the world rank of the group's rank r; `where`: "" on the world, else " (on
@@ -167,7 +187,13 @@ const char* field_name(int field, std::int64_t kind) {
     bool differs = false;
     for (int r = 1; r < size; ++r) differs |= sigs[r * kFields + f] != ref;
     if (!differs) continue;
-    msg << call_of(0) << ": ranks disagree on " << field_name(f, sigs[0]) << ":";
+    std::string name = field_name(f, sigs[0]);
+    if (f == 5) {
+      std::vector<std::string> texts;
+      for (int r = 0; r < size; ++r) texts.push_back(text_of(r));
+      if (differ_in_grad_only(texts)) name = "requires_grad";
+    }
+    msg << call_of(0) << ": ranks disagree on " << name << ":";
     for (int r = 0; r < size; ++r) {
       msg << (r ? ";" : "") << " rank " << names[r] << " has ";
       if (f == 5) {

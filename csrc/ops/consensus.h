@@ -59,10 +59,19 @@ enum class ErrorClass : std::int64_t { None = 0, Value = 1, Type = 2, Runtime = 
 // Signature::op of torch's PREMUL_SUM (a sum of premultiplied copies; ops/collectives.h
 // PremulSumScope): past the last ReduceOp, so that it differs from a plain sum.
 constexpr std::int64_t kPremulSumSignatureOp = 100;
+// Signature::op of a sum, and of torch's PREMUL_SUM, in gloo's order (SumOrder::Gloo:
+// ops/collectives.h sign_sum_order).
+constexpr std::int64_t kGlooSumSignatureOp = 101;
+constexpr std::int64_t kGlooPremulSumSignatureOp = 102;
+
+// How the row collectives' descriptions end (python/bind_gather_collectives.cpp): where the
+// ranks' descriptions differ in these alone, the report says they disagree on requires_grad.
+constexpr const char* kRequiringGradText = ", requiring grad (its backward is a collective)";
+constexpr const char* kNotRequiringGradText = ", not requiring grad";
 
 struct Signature {
   CallKind kind = CallKind::Allreduce;
-  std::int64_t op = -1;     // ReduceOp (or kPremulSumSignatureOp), or -1 when not a reduction
+  std::int64_t op = -1;     // ReduceOp (or one of the k...SignatureOp), or -1 if none
   std::int64_t root = -1;   // root rank, or -1
   std::int64_t dtype = -1;  // c10::ScalarType, or -1
   std::int64_t numel = 0;   // elements (or bytes, or tensors: whatever the call compares)

@@ -19,16 +19,17 @@ namespace {
 void shadow_allreduce(const Signature& agreed, int world) {
   AllreduceParts p;
   share_with_joined(p, /*is_joined=*/true);
-  // torch's PREMUL_SUM signs as its own op; the active ranks then sum their scaled copies.
-  const auto op =
-      agreed.op == kPremulSumSignatureOp ? ReduceOp::Sum : static_cast<ReduceOp>(agreed.op);
+  // torch's PREMUL_SUM and a sum in gloo's order sign as their own ops; the active ranks
+  // then sum (their scaled copies), in the agreed order.
+  const ReduceOp op = signature_reduce_op(agreed.op);
+  const SumOrder order = signature_sum_order(agreed.op);
   for (const auto& part : p.parts) {
     at::Tensor zeros =
         at::zeros({part.numel}, at::TensorOptions().dtype(part.dtype).device(p.device));
     if (part.list) {
       grouped_allreduce_zeros(backend_for(zeros), zeros, op, world);
     } else {
-      allreduce_data(backend_for(zeros), zeros, op, world);
+      allreduce_data(backend_for(zeros), zeros, op, world, HalfReduction::Fp32, order);
     }
   }
 }

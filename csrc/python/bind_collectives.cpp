@@ -68,6 +68,16 @@ void bind_ring_options(py::module_& m) {
   m.def("ring_calls", &ring_calls,
         "How many allreduces this process has sent through the ring, flat or over a grouped "
         "call's tensors (for tests)");
+  m.def(
+      "set_sum_order", [](const std::string& order) { set_sum_order(parse_sum_order(order)); },
+      py::arg("order"),
+      "'fastest' or 'gloo' (ValueError otherwise): the order of float sums over 3 or more ranks "
+      "in allreduce_ and torch.distributed.all_reduce (backend/mpi_ring.h). Not a collective");
+  m.def(
+      "sum_order", [] { return std::string(sum_order_name(sum_order())); },
+      "This process's sum order: FLUXMPI_SUM_ORDER on first use, until set_sum_order");
+  m.def("gloo_order_calls", &gloo_order_calls,
+        "How many sums this process has added in gloo's order (for tests)");
   m.def("shared_reduce_scatter_calls", &shared_reduce_scatter_calls,
         "How many reduce-scatters this process has sent through shared memory (for tests)");
   m.def("alltoall_block_calls", &alltoall_block_calls,

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "ops/consensus.h"
 #include "ops/gather_collectives.h"
 #include "ops/object_collectives.h"
 #include "python/bindings.h"
@@ -70,8 +71,8 @@ std::string joined(const std::string& a, const std::string& b) {
 // How a rank's description in a disagreement names the differentiable form (static: the
 // hot single-tensor calls pass it too, at no cost).
 const std::string& grad_text(bool grad) {
-  static const std::string yes = ", requiring grad (its backward is a collective)";
-  static const std::string no = ", not requiring grad";
+  static const std::string yes = kRequiringGradText;
+  static const std::string no = kNotRequiringGradText;
   return grad ? yes : no;
 }
 

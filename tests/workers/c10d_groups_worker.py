@@ -17,6 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from c10d_worker import (  # noqa: E402
     check_equal,
     fully_shard_matches_one_process,
+    gloo_order,
+    noisy,
     rank,
     same_params,
     setup,
@@ -97,6 +99,16 @@ def case_ddp_on_a_subgroup_equals_ddp_on_gloo():
     gloo_g = dist.new_group(members, backend="gloo")
     if rank() in members:
         same_params(train_ddp(g), train_ddp(gloo_g), "DDP(process_group=subgroup)")
+        # in gloo's order, bit for bit also over 3 members (4 ranks), whose ranks in the
+        # group are not their world ranks
+        with gloo_order():
+            for i, (a, b) in enumerate(zip(train_ddp(g), train_ddp(gloo_g))):
+                assert torch.equal(a, b), f"parameter {i} differs: {(a - b).abs().max()}"
+            x = noisy(300007, torch.float32, rank())
+            want, got = x.clone(), x.clone()
+            dist.all_reduce(want, group=gloo_g)
+            dist.all_reduce(got, group=g)
+            assert torch.equal(got, want), "all_reduce on the subgroup in gloo's order"
 
 
 def mesh_shape():

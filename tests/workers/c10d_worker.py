@@ -534,6 +534,102 @@ def case_ddp_equals_ddp_on_gloo():
         same_params(train_ddp(None, **kw), train_ddp(gloo(), **kw), label)
 
 
+class gloo_order:
+    """fluxmpi_py.set_sum_order("gloo") inside the block, "fastest" after it."""
+
+    def __enter__(self):
+        fm.set_sum_order("gloo")
+
+    def __exit__(self, *exc):
+        fm.set_sum_order("fastest")
+
+
+def case_ddp_in_gloo_order_equals_ddp_on_gloo_bit_for_bit():
+    """With the sum order "gloo", DDP on fluxmpi equals DDP on gloo bit for bit at every world
+    size, every variant and the fp16 hook; over 3 ranks and more the sums took gloo's order."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    from fluxmpi_py._loader import C
+
+    setup()
+    before = C.gloo_order_calls()
+    with gloo_order():
+        for label, kw in DDP_VARIANTS.items():
+            got, want = train_ddp(None, **kw), train_ddp(gloo(), **kw)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert torch.equal(a, b), f"{label}: parameter {i} differs: {(a - b).abs().max()}"
+        got = train_ddp(None, hook=fp16_compress_hook)
+        want = train_ddp(gloo(), hook=fp16_compress_hook)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"fp16 hook: parameter {i} differs: {(a - b).abs().max()}"
+    assert (C.gloo_order_calls() > before) == (world() >= 3), (before, C.gloo_order_calls())
+
+
+def noisy(n, dtype, seed):
+    """n values over many magnitudes (sums of three round differently in different orders)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(
+        torch.randn(n, generator=g, dtype=torch.float64) * 3)  # fmt: skip
+    return x.to(dtype)
+
+
+def case_all_reduce_in_gloo_order_has_gloos_bits():
+    """all_reduce and fm.allreduce_ sums in gloo's order equal gloo's all_reduce bit for bit:
+    every float dtype, sizes from one element to several of gloo's 1 MiB segments per rank, a
+    non-contiguous tensor, complex. In the default order the same sums differ from gloo's at
+    3 ranks (so this test can fail)."""
+    n, r = world(), rank()
+    sizes = [1, 2, 7, 1001, 300007 * max(1, n - 1)]
+    with gloo_order():
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            for size in sizes:
+                x = noisy(size, dt, 1000 * r + size)
+                want = x.clone()
+                dist.all_reduce(want, group=gloo())
+                got = x.clone()
+                dist.all_reduce(got)
+                assert torch.equal(got, want), labelled(f"all_reduce {dt} {size}")
+                got = fm.allreduce_(x.clone())
+                assert torch.equal(got, want), labelled(f"allreduce_ {dt} {size}")
+        x = noisy(60, torch.float32, r).reshape(6, 10)
+        want = x.t().contiguous()
+        dist.all_reduce(want, group=gloo())
+        got = x.t()  # not contiguous
+        dist.all_reduce(got)
+        assert torch.equal(got, want), labelled("transposed")
+        z = torch.complex(noisy(9, torch.float32, r), noisy(9, torch.float32, r + 50))
+        want = z.clone()
+        dist.all_reduce(want, group=gloo())
+        got = z.clone()
+        dist.all_reduce(got)
+        assert torch.equal(got, want), labelled("complex")
+    x = noisy(1001, torch.float32, 1000 * r + 1001)
+    want, got = x.clone(), x.clone()
+    dist.all_reduce(want, group=gloo())
+    dist.all_reduce(got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if n >= 3:
+        assert not torch.equal(got, want), "the default order happened to be gloo's"
+
+
+def case_ranks_in_different_sum_orders_raise_on_every_rank():
+    n, r = world(), rank()
+    if n == 1:
+        return
+    fm.set_sum_order("gloo" if r == 0 else "fastest")
+    try:
+        raises(RuntimeError, lambda: dist.all_reduce(torch.ones(3)), "ranks disagree on op",
+               "rank 0 has sum in gloo's order", "rank 1 has sum")  # fmt: skip
+    finally:
+        fm.set_sum_order("fastest")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    check_equal(t, torch.full((3,), float(n)), "after the error")
+    raises(ValueError, lambda: fm.set_sum_order("ring"), "'fastest' or 'gloo'", "'ring'")
+    raises(TypeError, lambda: fm.set_sum_order(1), "int")
+    assert fm.sum_order() == "fastest"
+
+
 def case_ddp_fp16_compress_hook_equals_gloo():
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 

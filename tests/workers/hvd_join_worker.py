@@ -84,6 +84,26 @@ def case_joined_rank_shadows_a_grouped_allreduce_reduced_in_place():
     assert hvd.join() == n - 1
 
 
+def case_joined_rank_shadows_a_sum_in_gloo_order():
+    # In gloo's order (fluxmpi_py.set_sum_order) a float sum over 3 ranks takes its own ring:
+    # the joined rank's zeros must take it too, or the ranks meet in different collectives.
+    import fluxmpi_py as fm
+
+    n, r = hvd.size(), hvd.rank()
+    fm.set_sum_order("gloo")
+    try:
+        if r == 0 and n > 1:
+            before = C.gloo_order_calls()
+            assert hvd.join() == n - 1
+            assert C.gloo_order_calls() - before == (1 if n >= 3 else 0)
+            return
+        got = hvd.allreduce(torch.full((5,), float(r)), op=hvd.Sum)
+        assert got.tolist() == [float(sum(range(n)))] * 5, got
+        assert hvd.join() == n - 1
+    finally:
+        fm.set_sum_order("fastest")
+
+
 def case_bad_call_while_joined_raises_on_the_active_ranks_only():
     # A local error of the active ranks takes the agreement's slow path, which the joined
     # rank takes part in (it keeps waiting); the message names the active ranks only.

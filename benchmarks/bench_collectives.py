@@ -264,7 +264,7 @@ def bench_sum_order(sizes, reps, comm):
 
     dist.init_process_group("fluxmpi")
     gloo = dist.new_group(backend="gloo")
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
 
     def in_order(order, buf):
         fm.set_sum_order(order)

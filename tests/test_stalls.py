@@ -54,19 +54,38 @@ def test_timeout_ends_the_job_with_the_report_on_every_rank():
     assert "rank 1 done" not in out
 
 
-def test_report_shows_what_a_rank_done_with_the_call_does_now():
-    # Rank 0 calls on a group, rank 1 on the world: by the counts of calls rank 1 is done
-    # with rank 0's call. Rank 0's report says that the count may hide another collective and
-    # shows rank 1's call and line, instead of blaming the transfer alone.
+def test_report_counts_calls_on_the_stalled_calls_group():
+    # Rank 0 calls on a group of both ranks, rank 1 on the world: rank 1 has made as many
+    # calls as rank 0, but none on the group. The report counts calls per group, so it says
+    # that rank 1 has not entered the group's call, and shows rank 1's world call and line.
     env = {"FLUXMPI_STALL_WARNING": "2", "FLUXMPI_TIMEOUT": "5"}
     rc, out = launch("other_group", env=env)
     assert rc != 0, out[-3000:]
     mine = out[out.index("[rank 0 / 2] fluxmpi_py: stall:") :]
-    assert "(allreduce on group [0, 1], of allreduce_())" in mine, out[-4000:]
-    assert "done with it (by its count of calls): rank 1\n" in mine, out[-4000:]
-    assert "made another collective there (see below)" in mine, out[-4000:]
-    assert re.search(r"rank 1: inside collective call #\d+ \(allreduce", mine), out[-4000:]
+    mine = mine[: mine.index("next report at")]
+    assert "collective call #1 (allreduce on group [0, 1], of allreduce_())" in mine, out[-4000:]
+    assert "not entered it: rank 1\n" in mine and "done with it" not in mine, out[-4000:]
+    assert re.search(r"rank 1: inside collective call #\d+ \(allreduce, of allreduce_", mine), mine
     assert "fm.allreduce_(torch.ones(3))" in mine, out[-4000:]
+
+
+def test_report_on_a_group_call_names_its_members_only():
+    # 3 ranks: rank 0 waits on group [0, 1]; rank 1 sleeps in user code after its last world
+    # call; rank 2, not a member, is in a world call. Rank 0's report names rank 1 as not
+    # having entered the call and leaves rank 2 out; rank 2's own report (a world call)
+    # names ranks 0 and 1.
+    env = {"FLUXMPI_STALL_WARNING": "2", "FLUXMPI_TIMEOUT": "5"}
+    rc, out = launch("outside_group", np=3, env=env)
+    assert rc != 0, out[-3000:]
+    mine = out[out.index("[rank 0 / 3] fluxmpi_py: stall:") :]
+    mine = mine[: mine.index("next report at")]
+    assert "(allreduce on group [0, 1], of allreduce_())" in mine, out[-4000:]
+    assert "not entered it: rank 1\n" in mine and "waiting in it: rank 0\n" in mine, mine
+    assert "rank 2" not in mine and "done with it" not in mine, mine
+    assert "rank 1: in user code" in mine and "time.sleep(30)" in mine, mine
+    theirs = out[out.index("[rank 2 / 3] fluxmpi_py: stall:") :]
+    theirs = theirs[: theirs.index("next report at")]
+    assert "not entered it: ranks 0, 1\n" in theirs and "waiting in it: rank 2\n" in theirs
 
 
 @pytest.mark.parametrize("mode,signame", [("sigkill", "Killed"), ("sigterm", "Terminated")])

@@ -103,14 +103,20 @@ void receive_exit_notices() {
 CallStatus call_status() {
   CallStatus s;
   auto on = [](int g) { return g == 0 ? std::string() : " on group " + g_groups[g].label; };
-  s.started = g_calls_started;
+  s.counts.push_back(g_calls_started);
+  for (std::size_t g = 1; g < g_groups.size(); ++g) s.counts.push_back(g_groups[g].started);
   s.active = g_calls_active > 0;
+  s.group = g_wd_group;  // the last call's; its number is its group's count
+  if (static_cast<std::size_t>(g_wd_group) < s.counts.size())
+    s.number = s.counts[static_cast<std::size_t>(g_wd_group)];
   auto since = g_wd_since;
   s.kind = g_wd_what + on(g_wd_group);
   s.call = g_wd_call;
   s.detail = g_wd_label;
   if (!g_active.empty()) {
     const ActiveCall& a = *g_active.front();
+    s.group = a.group;
+    s.number = a.number + 1;
     since = a.since;
     s.kind = a.what + on(a.group);
     s.call = a.call;
@@ -121,6 +127,8 @@ CallStatus call_status() {
     }
     if (g_active.size() > 1) s.kind += ")";
   }
+  if (s.group != 0 && static_cast<std::size_t>(s.group) < g_groups.size())
+    s.members = g_groups[static_cast<std::size_t>(s.group)].world_ranks;
   s.for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   return s;
 }

@@ -58,6 +58,7 @@ struct Round {
 };
 Round g_round;
 std::int64_t g_tracked_call = -1;                        // the call the reports are about
+int g_tracked_group = 0;                                 // and its group
 double g_next_report_s = 0;                              // wait at which the next report is due
 std::list<std::pair<std::string, MPI_Request>> g_sends;  // nodes keep buffers in place
 
@@ -67,12 +68,31 @@ std::string fmt_s(double s) {
   return buf;
 }
 
+std::string join_counts(const std::vector<std::int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::vector<std::int64_t> split_counts(const std::string& s) {
+  std::vector<std::int64_t> out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    auto comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    out.push_back(std::stoll(s.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 std::string serialize(const Answer& a) {
   const auto& s = a.status;
   std::string out;
   for (const std::string& f :
-       {std::to_string(a.round), std::to_string(s.started), std::string(s.active ? "1" : "0"),
-        std::to_string(s.for_s), s.kind, s.call, s.detail, a.stack, a.site}) {
+       {std::to_string(a.round), std::to_string(s.group), std::to_string(s.number),
+        std::string(s.active ? "1" : "0"), std::to_string(s.for_s), join_counts(s.counts), s.kind,
+        s.call, s.detail, a.stack, a.site}) {
     out += f;
     out += kSep;
   }
@@ -84,21 +104,23 @@ std::optional<Answer> deserialize(const std::string& in) {
   std::size_t pos = 0;
   for (std::size_t next; (next = in.find(kSep, pos)) != std::string::npos; pos = next + 1)
     f.push_back(in.substr(pos, next - pos));
-  if (f.size() != 9) return std::nullopt;
+  if (f.size() != 11) return std::nullopt;
   Answer a;
   try {
     a.round = std::stoll(f[0]);
-    a.status.started = std::stoll(f[1]);
-    a.status.active = f[2] == "1";
-    a.status.for_s = std::stod(f[3]);
+    a.status.group = std::stoi(f[1]);
+    a.status.number = std::stoll(f[2]);
+    a.status.active = f[3] == "1";
+    a.status.for_s = std::stod(f[4]);
+    a.status.counts = split_counts(f[5]);
   } catch (...) {
     return std::nullopt;
   }
-  a.status.kind = f[4];
-  a.status.call = f[5];
-  a.status.detail = f[6];
-  a.stack = f[7];
-  a.site = f[8];
+  a.status.kind = f[6];
+  a.status.call = f[7];
+  a.status.detail = f[8];
+  a.stack = f[9];
+  a.site = f[10];
   return a;
 }
 
@@ -179,13 +201,13 @@ std::string describe_rank(int r, const Answer& a) {
   const auto& s = a.status;
   std::string out = "  rank " + std::to_string(r) + ": ";
   if (s.active) {
-    out += "inside collective call #" + std::to_string(s.started) + " (" + call_label(s) +
-           ") for " + fmt_s(s.for_s);
+    out += "inside collective call #" + std::to_string(s.number) + " (" + call_label(s) + ") for " +
+           fmt_s(s.for_s);
   } else {
     out += "in user code for " + fmt_s(s.for_s);
-    out += s.started > 0 ? ", since it completed collective call #" + std::to_string(s.started) +
-                               " (" + call_label(s) + ")"
-                         : ", and it has completed no collective call yet";
+    out += s.number > 0 ? ", since it completed collective call #" + std::to_string(s.number) +
+                              " (" + call_label(s) + ")"
+                        : ", and it has completed no collective call yet";
   }
   if (!a.stack.empty()) {
     out += "; its Python stack (most recent call last):\n" + indented(a.stack, "      ");
@@ -196,28 +218,42 @@ std::string describe_rank(int r, const Answer& a) {
   return out;
 }
 
-// The report of a closed round, about call `call` (0-based), as this rank sees it.
+// The report of a closed round, about this rank's call in flight (round.mine), as this rank
+// sees it: the members of its group, each by its count of calls on that group.
 // `lowest_waiting` tells whether this rank is the lowest one that waits in the call.
-std::string build_report(const Round& round, std::int64_t call, int rank, int size, bool timed_out,
+std::string build_report(const Round& round, int rank, int size, bool timed_out,
                          bool* lowest_waiting) {
+  const auto& me = round.mine;
+  const int group = me.status.group;
+  const std::int64_t number = me.status.number;
+  std::vector<int> members = me.status.members;
+  if (group == 0 || members.empty()) {
+    members.clear();
+    for (int r = 0; r < size; ++r) members.push_back(r);
+  }
   std::vector<int> waiting, absent, finished, silent;
-  for (int r = 0; r < size; ++r) {
-    const Answer* a = r == rank ? &round.mine : (round.answers[r] ? &*round.answers[r] : nullptr);
+  for (int r : members) {
+    if (r < 0 || r >= size) continue;
+    const Answer* a = r == rank ? &me : (round.answers[r] ? &*round.answers[r] : nullptr);
     if (!a) {
       silent.push_back(r);
-    } else if (a->status.active && a->status.started - 1 == call) {
+      continue;
+    }
+    const auto& s = a->status;
+    const std::int64_t entered =
+        static_cast<std::size_t>(group) < s.counts.size() ? s.counts[group] : 0;
+    if (s.active && s.group == group && s.number == number) {
       waiting.push_back(r);
-    } else if (a->status.started - 1 >= call) {
+    } else if (entered >= number) {
       finished.push_back(r);
     } else {
       absent.push_back(r);
     }
   }
   *lowest_waiting = !waiting.empty() && waiting.front() == rank;
-  const auto& me = round.mine;
   std::string out = "fluxmpi_py: ";
   out += timed_out ? "timeout" : "stall";
-  out += ": collective call #" + std::to_string(call + 1) + " (" + call_label(me.status) + ")";
+  out += ": collective call #" + std::to_string(number) + " (" + call_label(me.status) + ")";
   if (!me.site.empty()) out += ", issued at " + me.site + ",";
   out += " has waited " + fmt_s(me.status.for_s) + " on rank " + std::to_string(rank) + "\n";
   if (!absent.empty()) out += "  not entered it: " + ranks_text(absent) + "\n";
@@ -225,17 +261,12 @@ std::string build_report(const Round& round, std::int64_t call, int rank, int si
     out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_text(silent) +
            " (hung outside Python, killed, or its host or network link is down)\n";
   out += "  waiting in it: " + ranks_text(waiting) + "\n";
-  // A rank's count of collective calls counts its calls on every group, so a rank "done
-  // with" this call may instead have made another collective under its number (one on
-  // another group, or hvd.join's wait): what it does now tells which.
-  if (!finished.empty())
-    out += "  done with it (by its count of calls): " + ranks_text(finished) + "\n";
+  if (!finished.empty()) out += "  done with it: " + ranks_text(finished) + "\n";
   if (absent.empty() && silent.empty())
-    out += finished.empty()
-               ? "  every rank has entered it: the transfer itself is slow or lost\n"
-               : "  no rank is missing by the counts: the transfer itself is slow or lost, or a "
-                 "rank done with it made another collective there (see below)\n";
-  auto answer = [&](int r) -> const Answer& { return r == rank ? round.mine : *round.answers[r]; };
+    out += finished.empty() ? "  every rank has entered it: the transfer itself is slow or lost\n"
+                            : "  every rank has entered it, and the ranks done with it left: the "
+                              "transfer to the others is slow or lost\n";
+  auto answer = [&](int r) -> const Answer& { return r == rank ? me : *round.answers[r]; };
   for (int r : absent) out += describe_rank(r, answer(r));
   for (int r : finished) out += describe_rank(r, answer(r));
   const double timeout = g_timeout_s.load();
@@ -347,6 +378,7 @@ void reset_stall_watch(int size) {
   g_round = Round{};
   g_round.answers.assign(size, std::nullopt);
   g_tracked_call = -1;
+  g_tracked_group = 0;
   g_next_report_s = 0;
   std::lock_guard<std::mutex> lk(g_st_mu);
   g_st_stop = false;
@@ -371,9 +403,9 @@ StallAction stall_tick(const CallStatus& me, MPI_Comm control, int rank, int siz
     g_tracked_call = -1;
     return act;
   }
-  const std::int64_t call = me.started - 1;
-  if (call != g_tracked_call) {
-    g_tracked_call = call;
+  if (me.group != g_tracked_group || me.number != g_tracked_call) {
+    g_tracked_group = me.group;
+    g_tracked_call = me.number;
     g_round.open = false;
     g_next_report_s = warning;
   }
@@ -384,7 +416,7 @@ StallAction stall_tick(const CallStatus& me, MPI_Comm control, int rank, int siz
     if (all || Clock::now() >= g_round.deadline) {
       g_round.open = false;
       bool lowest = false;
-      std::string report = build_report(g_round, call, rank, size, g_round.final, &lowest);
+      std::string report = build_report(g_round, rank, size, g_round.final, &lowest);
       const std::string prefix =
           "[rank " + std::to_string(rank) + " / " + std::to_string(size) + "] ";
       if (g_round.final) {

@@ -80,6 +80,15 @@ def main(mode):
         else:
             fm.allreduce_(torch.ones(3))  # the world's call under the same number
         return
+    if mode == "outside_group":  # 3 ranks: rank 0 on group [0, 1], rank 1 in user code after
+        group = fm.new_group([0, 1])  # a world call, rank 2 (not a member) in a world call
+        if r == 0:
+            fm.allreduce_(torch.ones(2), group=group)
+        elif r == 1:
+            time.sleep(30)
+        else:
+            fm.allreduce_(torch.ones(3))
+        return
     model = Net()
     fm.synchronize_(model)
     opt = fm.DistributedOptimizer(

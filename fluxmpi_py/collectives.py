@@ -68,7 +68,8 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
     ``op`` is one of "sum", "average", "min", "max", "prod", or the bitwise "band", "bor",
     "bxor" (integer and bool CPU tensors; a float tensor is a TypeError). float16 and bfloat16 sums,
     products and averages are computed in fp32 and rounded once (so 4 ranks averaging
-    40000.0 in float16 get 40000.0, not inf). Integer "average" is the floor of the mean,
+    40000.0 in float16 get 40000.0, not inf); sums in gloo's order (:func:`set_sum_order`)
+    round every addition, as gloo does. Integer "average" is the floor of the mean,
     summed in int64 so that it cannot wrap. Complex tensors take "sum" and "average" (as pairs
     of reals); :func:`bcast_`, :func:`reduce_`, reduce_scatter (sum, average) and the
     collectives that only move data (the gathers, scatter, alltoall, grouped_bcast_) take them

@@ -1,6 +1,7 @@
 """Training-step time on 2 ranks: ours against the raw-MPI limit, DDP on gloo, DDP on fluxmpi
-(torch.distributed's "fluxmpi" backend), one MPI call per tensor and no communication, all
-measured in the same launch, interleaved.
+(torch.distributed's "fluxmpi" backend), DDP with a comm hook that moves nothing (DDP's own
+cost: "ddp_comm_ms" is what communication adds above it), one MPI call per tensor and no
+communication, all measured in the same launch, interleaved.
 
     mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first]
     python benchmarks/bench_train_step.py --import-orders [--quick]   # no mpiexec: a driver
@@ -177,6 +178,27 @@ def train_steps(make_model, x, y, comm, size, gloo):
             od.step()
 
         variants[label] = ddp_step
+
+    # DDP's own cost: the same DDP (on fluxmpi) with a comm hook that moves nothing and returns
+    # the bucket at once. What a step costs above this is the communication and its waits.
+    def no_comm(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    for label, view in (("ddp_no_comm", False), ("ddp_no_comm_bucket_view", True)):
+        ddp = nn.parallel.DistributedDataParallel(
+            make_model(), gradient_as_bucket_view=view, broadcast_buffers=False
+        )
+        ddp.register_comm_hook(None, no_comm)
+        od = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+
+        def ddp_step(ddp=ddp, od=od):
+            od.zero_grad()
+            loss_of(ddp, x, y).backward()
+            od.step()
+
+        variants[label] = ddp_step
     return variants, m1, o1
 
 
@@ -275,6 +297,18 @@ def main():
                 ms["ddp_fluxmpi_bucket_view"] / ms["ours"], 3
             ),
             "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
+            # what communication adds to a DDP step, over DDP with a hook that moves nothing
+            "ddp_comm_ms": {
+                "gloo": round(ms["ddp_gloo"] - ms["ddp_no_comm"], 2),
+                "fluxmpi": round(ms["ddp_fluxmpi"] - ms["ddp_no_comm"], 2),
+                "gloo_bucket_view": round(
+                    ms["ddp_gloo_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
+                ),
+                "fluxmpi_bucket_view": round(
+                    ms["ddp_fluxmpi_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
+                ),
+                "ours": round(ms["ours"] - ms["local"], 2),
+            },
             "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
             "buckets": len(o1.buckets),
             "launched_during_backward": o1._reducer.launched_early,

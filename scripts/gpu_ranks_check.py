@@ -114,6 +114,31 @@ def ddp_on_fluxmpi(dev, rank, world, check) -> None:
     check(f"DDP on the fluxmpi backend ({dev.type}) equals batch {world}B", close)
 
 
+def mixed_backend_string(dev, rank, world, check) -> None:
+    """A group made with "cpu:fluxmpi,cuda:nccl" (the issue's mixed form; "cuda:gloo" in the
+    CPU dry run, since a CPU torch has no NCCL): host tensors reduce on fluxmpi, CUDA tensors
+    on torch's own NCCL backend."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("fluxmpi")
+    cuda_backend = "nccl" if dev.type == "cuda" else "gloo"
+    group = dist.new_group(backend=f"cpu:fluxmpi,cuda:{cuda_backend}")
+    import fluxmpi_py._C as C
+
+    t = torch.full((5,), float(rank + 1))
+    before = C.world_agreements()  # fluxmpi's agreement: the host call ran on fluxmpi
+    dist.all_reduce(t, group=group)
+    on_fluxmpi = world == 1 or C.world_agreements() > before
+    check(f"cpu:fluxmpi,cuda:{cuda_backend}: a host all_reduce, on fluxmpi",
+          on_fluxmpi and bool((t == world * (world + 1) / 2).all()))  # fmt: skip
+    if dev.type == "cuda":
+        u = torch.full((5,), float(rank + 1), device=dev)
+        dist.all_reduce(u, group=group)
+        check("cpu:fluxmpi,cuda:nccl: a CUDA all_reduce (on NCCL)",
+              bool((u.cpu() == world * (world + 1) / 2).all()))  # fmt: skip
+
+
 def main() -> int:
     import argparse
 
@@ -168,7 +193,7 @@ def main() -> int:
     t = torch.arange(7.0, device=dev) * (rank + 1)
     fm.bcast_(t, root_rank=0)
     check("bcast_", torch.equal(t.cpu(), torch.arange(7.0)))
-    for part in (row_collectives, ddp_on_fluxmpi):  # never run on a GPU before: go on past
+    for part in (row_collectives, ddp_on_fluxmpi, mixed_backend_string):  # never run on a GPU
         try:
             part(dev, rank, world, check)
         except Exception as e:  # noqa: BLE001 (reported as a failed check)

@@ -16,6 +16,8 @@
 
 #include <unistd.h>
 
+#include "runtime/stall_answer.h"
+
 namespace fluxmpi {
 namespace {
 
@@ -26,7 +28,6 @@ constexpr int kStatusReplyTag = 7003;    // payload: a serialized Answer
 constexpr int kAbortTag = 7004;          // payload: the report to print before the job ends
 constexpr double kReplyWait_s = 3.0;     // a round waits this long for answers
 constexpr double kStackWait_s = 1.5;     // and a rank this long for its Python stack
-constexpr char kSep = '\x1e';
 
 std::atomic<double> g_warning_s{60.0};
 std::atomic<double> g_timeout_s{1800.0};
@@ -38,14 +39,6 @@ std::uint64_t g_st_asked = 0, g_st_answered = 0, g_st_taken = 0;
 bool g_st_listening = false;  // a Python thread is waiting for requests
 bool g_st_stop = false;
 std::string g_st_stack, g_st_site;
-
-// One rank's answer to a status request.
-struct Answer {
-  std::int64_t round = -1;
-  CallStatus status;
-  std::string stack;  // its main thread's Python stack, or "" when it could not be taken
-  std::string site;   // the innermost frame outside fluxmpi_py: "train.py:42 in main"
-};
 
 // Round state, touched by the watchdog thread only.
 struct Round {
@@ -66,62 +59,6 @@ std::string fmt_s(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, s < 10 ? "%.1f s" : "%.0f s", s);
   return buf;
-}
-
-std::string join_counts(const std::vector<std::int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
-std::vector<std::int64_t> split_counts(const std::string& s) {
-  std::vector<std::int64_t> out;
-  std::size_t pos = 0;
-  while (pos < s.size()) {
-    auto comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    out.push_back(std::stoll(s.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-std::string serialize(const Answer& a) {
-  const auto& s = a.status;
-  std::string out;
-  for (const std::string& f :
-       {std::to_string(a.round), std::to_string(s.group), std::to_string(s.number),
-        std::string(s.active ? "1" : "0"), std::to_string(s.for_s), join_counts(s.counts), s.kind,
-        s.call, s.detail, a.stack, a.site}) {
-    out += f;
-    out += kSep;
-  }
-  return out;
-}
-
-std::optional<Answer> deserialize(const std::string& in) {
-  std::vector<std::string> f;
-  std::size_t pos = 0;
-  for (std::size_t next; (next = in.find(kSep, pos)) != std::string::npos; pos = next + 1)
-    f.push_back(in.substr(pos, next - pos));
-  if (f.size() != 11) return std::nullopt;
-  Answer a;
-  try {
-    a.round = std::stoll(f[0]);
-    a.status.group = std::stoi(f[1]);
-    a.status.number = std::stoll(f[2]);
-    a.status.active = f[3] == "1";
-    a.status.for_s = std::stod(f[4]);
-    a.status.counts = split_counts(f[5]);
-  } catch (...) {
-    return std::nullopt;
-  }
-  a.status.kind = f[6];
-  a.status.call = f[7];
-  a.status.detail = f[8];
-  a.stack = f[9];
-  a.site = f[10];
-  return a;
 }
 
 // Ask this rank's Python thread for its stack; "" when none answers within kStackWait_s (no
@@ -323,13 +260,13 @@ void answer_requests(const CallStatus& me, MPI_Comm control) {
   Answer a = local_answer(me);
   for (const auto& [from, id] : asks) {
     a.round = id;
-    isend(control, from, kStatusReplyTag, serialize(a));
+    isend(control, from, kStatusReplyTag, serialize_answer(a));
   }
 }
 
 void collect_answers(MPI_Comm control) {
   while (auto msg = receive(control, kStatusReplyTag)) {
-    auto a = deserialize(msg->second);
+    auto a = parse_answer(msg->second);
     if (a && g_round.open && a->round == g_round.id) g_round.answers[msg->first] = std::move(*a);
   }
 }

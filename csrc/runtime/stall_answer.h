@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/stall_watch.h"
+#include "runtime/call_status.h"
 
 namespace fluxmpi {
 

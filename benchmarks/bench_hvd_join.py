@@ -8,7 +8,7 @@ Per size, in one launch, repetitions alternating between the variants so that a 
 machine load hits all alike: ``hvd`` (``hvd.allreduce``, average, a new tensor: join support
 included), ``plain`` (``fluxmpi_py.allreduce_`` of a clone, average: the same work without
 the hvd face) and, where the build still has the per-call join round's switch
-(``fluxmpi_py.horovod._join.ENABLED``), ``hvd_no_join`` (``hvd.allreduce`` with it off).
+(``fluxmpi_py.integrations.horovod._join.ENABLED``), ``hvd_no_join`` (``hvd.allreduce`` with it off).
 Each repetition times a loop of calls between barriers and takes the slowest rank's time.
 Then ``joined``: the highest rank has joined (``hvd.join()``) and the others run
 ``hvd.allreduce``, which the joined rank shadows with zeros. Reported: medians over
@@ -29,7 +29,7 @@ from common import emit, set_threads  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 import fluxmpi_py.horovod as hvd  # noqa: E402
-from fluxmpi_py.horovod import _join  # noqa: E402
+from fluxmpi_py.integrations.horovod import _join  # noqa: E402
 
 
 def timed(fn, iters):

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 RING_OFF = C.RingOptions(enabled=False)
 RING_ALWAYS = C.RingOptions(sum_min_bytes=1, average_min_bytes=1)

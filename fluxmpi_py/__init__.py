@@ -7,10 +7,11 @@
     data = fm.DistributedDataContainer(dataset, shuffle=True)
 
 Run with ``mpiexec -n N python train.py``; ``python train.py`` (or Jupyter) is a world of one.
-Each submodule lists its public names in ``__all__``; this package re-exports all of them.
+The package is layered (docs/DEVELOPING.md): ``_core`` (the only module that imports ``_C``),
+``runtime``, ``collectives``, ``sync`` and ``data``, ``training``, ``integrations``. Each subpackage
+lists its public names in ``__all__``; this module re-exports them, so users write ``fm.X``.
 """
 
-import importlib as _importlib
 import os as _os
 
 # Open MPI busy-polls while a rank waits in a collective. With the gradient reduction on its own
@@ -19,38 +20,142 @@ import os as _os
 # with yielding (benchmarks/bench_train_step.py). Open MPI reads this when MPI starts, so it is
 # set here, before Init or mpi4py can start MPI; a value the user set is kept.
 _os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+del _os
 
 __version__ = "0.1.0"
 
-# One role per module; each lists its public names in __all__.
-_MODULES = (
-    "runtime",
-    "groups",
-    "printing",
-    "preferences",
-    "collectives",
-    "differentiable",
-    "gather_collectives",
-    "object_collectives",
-    "optimizer",
-    "gradients",
-    "buffers",
-    "sync",
-    "data",
-    "sampler",
-    "launch",
-    "checkpoint",
-    "logs",
-    "consistency",
-    "sync_batchnorm",
-    "join",
-    "c10d",
+
+from .collectives import (
+    OPS,
+    Iallgather,
+    Iallreduce,
+    Ialltoall,
+    Ibcast,
+    Igather,
+    Ireduce_scatter,
+    Iscatter,
+    Request,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    alltoall,
+    bcast_,
+    broadcast,
+    broadcast_object,
+    gather,
+    grouped_allgather,
+    grouped_allreduce_,
+    grouped_alltoall,
+    grouped_bcast_,
+    grouped_gather,
+    grouped_reduce_scatter,
+    grouped_scatter,
+    reduce_,
+    reduce_scatter,
+    scatter,
+    set_sum_order,
+    sum_order,
+)
+from .data import (
+    DistributedDataContainer,
+    DistributedSampler,
+    FullDatasetWarning,
+)
+from .integrations import c10d as _c10d  # registers the torch.distributed backend "fluxmpi"
+from .runtime import (
+    RANK_FORMAT,
+    Group,
+    Init,
+    Initialized,
+    LaunchError,
+    RankFilter,
+    barrier,
+    build_info,
+    cudampi_enabled,
+    disable_cudampi_support,
+    fluxmpi_print,
+    fluxmpi_println,
+    get_logger,
+    launch,
+    local_rank,
+    new_group,
+    node_local_rank,
+    total_workers,
+)
+from .sync import (
+    synchronize_,
+)
+from .training import (
+    DistributedOptimizer,
+    Join,
+    SyncBatchNorm,
+    allreduce_gradients,
+    check_consistency,
+    load_checkpoint,
+    save_checkpoint,
+    synchronize_buffers_,
 )
 
-__all__ = []
-for _name in _MODULES:
-    _mod = _importlib.import_module(f".{_name}", __name__)
-    for _sym in _mod.__all__:
-        globals()[_sym] = getattr(_mod, _sym)
-    __all__ += list(_mod.__all__)
-del _importlib, _os, _name, _mod, _sym
+__all__ = [
+    "Init",
+    "Initialized",
+    "local_rank",
+    "total_workers",
+    "node_local_rank",
+    "barrier",
+    "build_info",
+    "Group",
+    "new_group",
+    "fluxmpi_print",
+    "fluxmpi_println",
+    "disable_cudampi_support",
+    "cudampi_enabled",
+    "launch",
+    "LaunchError",
+    "get_logger",
+    "RankFilter",
+    "RANK_FORMAT",
+    "allreduce_",
+    "bcast_",
+    "reduce_",
+    "Iallreduce",
+    "Ibcast",
+    "Request",
+    "OPS",
+    "set_sum_order",
+    "sum_order",
+    "allreduce",
+    "broadcast",
+    "allgather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "alltoall",
+    "Iallgather",
+    "Igather",
+    "Iscatter",
+    "Ireduce_scatter",
+    "Ialltoall",
+    "grouped_allgather",
+    "grouped_gather",
+    "grouped_scatter",
+    "grouped_reduce_scatter",
+    "grouped_alltoall",
+    "grouped_allreduce_",
+    "grouped_bcast_",
+    "broadcast_object",
+    "allgather_object",
+    "DistributedOptimizer",
+    "allreduce_gradients",
+    "synchronize_buffers_",
+    "save_checkpoint",
+    "load_checkpoint",
+    "check_consistency",
+    "SyncBatchNorm",
+    "Join",
+    "synchronize_",
+    "DistributedDataContainer",
+    "FullDatasetWarning",
+    "DistributedSampler",
+]

@@ -35,7 +35,7 @@ def test_collectives_without_mpiexec(case):
 
 
 def test_ring_options_round_trip_and_checks():
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     saved = C.ring_options()
     try:
@@ -70,7 +70,7 @@ def test_ring_options_round_trip_and_checks():
 def test_ring_min_bytes_environment_variable(value, expect):
     # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
     code = (
-        "from fluxmpi_py._loader import C\n"
+        "from fluxmpi_py._core import C\n"
         "try:\n    print(repr(C.ring_options()))\n"
         "except ValueError as e:\n    print('ValueError:', e)\n"
     )

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
-from fluxmpi_py._shared_view import SharedInts  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
+from fluxmpi_py._util.shared_view import SharedInts  # noqa: E402
 
 MODES = {"pad": dict(pad=True), "drop_last": dict(drop_last=True), "even": dict(pad=False)}
 SIZES = [
@@ -516,9 +516,11 @@ def test_sampler_refuses_a_container():
 
 
 def test_docstring_examples_run():
-    from fluxmpi_py import _dataloader_check, _shared_view, data
+    from fluxmpi_py import data
+    from fluxmpi_py._util import shared_view
+    from fluxmpi_py.data import container, loader_check
 
-    for m in (data, _shared_view, _dataloader_check):
+    for m in (container, shared_view, loader_check):
         res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, (m.__name__, res)
     missing = [n for n in data.__all__ if ">>>" not in (getattr(data, n).__doc__ or "")]

@@ -2,7 +2,7 @@
 one (no mpiexec); and every public callable has one. Modules are found on disk, so a new one is
 covered by itself (a module with neither examples nor __all__ has nothing to run). Examples that
 need several ranks are marked ``# doctest: +SKIP`` and run for real elsewhere (e.g.
-fluxmpi_py.launch's, by tests/test_launch.py)."""
+fluxmpi_py.runtime.launch's, by tests/test_launch.py)."""
 
 import glob
 import json
@@ -23,15 +23,16 @@ def has_something_to_check(path):
     return ">>>" in source or "__all__" in source
 
 
+def module_name(path):
+    rel = os.path.relpath(path, ROOT)[: -len(".py")].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+# Every module of the package and its subpackages, found on disk.
 MODULES = sorted(
-    "fluxmpi_py" if name == "__init__" else f"fluxmpi_py.{name}"
-    for name, path in (
-        (os.path.basename(p)[:-3], p) for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*.py"))
-    )
-    if has_something_to_check(path)
-) + sorted(  # subpackages (fluxmpi_py.horovod)
-    f"fluxmpi_py.{os.path.basename(os.path.dirname(p))}"
-    for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "*", "__init__.py"))
+    module_name(p)
+    for p in glob.glob(os.path.join(ROOT, "fluxmpi_py", "**", "*.py"), recursive=True)
+    if has_something_to_check(p)
 )
 
 # Prints one JSON line: the doctest counts, the failure report, and the public callables

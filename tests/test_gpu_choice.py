@@ -1,4 +1,4 @@
-"""Init's GPU choice (fluxmpi_py/_gpu_choice.py), without a GPU: which device each node-local
+"""Init's GPU choice (fluxmpi_py/runtime/gpu_choice.py), without a GPU: which device each node-local
 rank takes, and which ranks would share one (NCCL refuses that)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fluxmpi_py._gpu_choice import choose_gpu
+from fluxmpi_py.runtime.gpu_choice import choose_gpu
 
 
 @pytest.mark.parametrize(
@@ -57,13 +57,13 @@ def test_gpu_devices_chosen_and_checked():
     ],
 )
 def test_cuda_route_wanted(shared, nccl_told, forced, want):
-    from fluxmpi_py.runtime import _cuda_route_wanted
+    from fluxmpi_py.runtime.world import _cuda_route_wanted
 
     assert _cuda_route_wanted(shared, nccl_told, forced) is want
 
 
 def test_cuda_route_bad_value():
-    from fluxmpi_py.runtime import _cuda_route_wanted
+    from fluxmpi_py.runtime.world import _cuda_route_wanted
 
     assert _cuda_route_wanted(False, False, "yes") is None
 

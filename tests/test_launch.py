@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fluxmpi_py as fm  # noqa: E402
 
-# fluxmpi_py.launch is also the name of the function the package re-exports.
-launch_mod = sys.modules["fluxmpi_py.launch"]
+# fluxmpi_py.runtime.launch: fm.launch is also the name of the function the package re-exports.
+launch_mod = sys.modules["fluxmpi_py.runtime.launch"]
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -16,7 +16,7 @@ def test_optimizer_multirank(case):
 
 def test_planner_buckets():
     # The bucket planner is pure: no Init (checked in a fresh process below).
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     params = [
         torch.zeros(n, dtype=dt)
@@ -43,7 +43,7 @@ def test_planner_buckets():
 
 def test_reducer_plan_is_the_planners():
     import fluxmpi_py as fm
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     fm.Init()
     params = [torch.zeros(n) for n in (10, 300, 20)]
@@ -53,7 +53,7 @@ def test_reducer_plan_is_the_planners():
 
 
 def test_reducer_options_are_keyword_objects():
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     o = C.ReducerOptions(
         plan=C.PlanOptions(cap_bytes=100), op="avg", compression="float16", plan_hash=7
@@ -121,7 +121,7 @@ def test_planners_need_no_init():
     # A fresh interpreter that never calls Init reaches both pure planners.
     code = (
         "import torch\n"
-        "from fluxmpi_py._loader import C\n"
+        "from fluxmpi_py._core import C\n"
         "assert not C.initialized()\n"
         "b = C.plan_buckets([torch.zeros(3)], C.PlanOptions())\n"
         "s = C.plan_broadcast([torch.zeros(3)], C.BroadcastPlanOptions())\n"

@@ -111,7 +111,7 @@ def test_disable_cudampi_support_is_persisted(tmp_path):
     )
     assert rc == 0 and f"SET {tmp_path}" in out, out
     rc, out = run_py(
-        "import fluxmpi_py as fm; from fluxmpi_py._loader import C\n"
+        "import fluxmpi_py as fm; from fluxmpi_py._core import C\n"
         "assert not fm.cudampi_enabled() and C.cuda_mpi_allowed()  # Init passes it on\n"
         "fm.Init(); assert not C.cuda_mpi_allowed()\n"
         "assert fm.build_info()['cuda_mpi_enabled'] is False\n"

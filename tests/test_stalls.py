@@ -139,7 +139,7 @@ def test_dataloader_worker_raising_on_one_rank_ends_the_job():
 
 
 def test_settings_come_from_init_then_the_environment(monkeypatch):
-    from fluxmpi_py import _stall
+    from fluxmpi_py.runtime import stall as _stall
 
     monkeypatch.setenv("FLUXMPI_STALL_WARNING", "7.5")
     monkeypatch.setenv("FLUXMPI_TIMEOUT", "none")

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from fluxmpi_py._loader import C
+from fluxmpi_py._core import C
 
 STUB = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fluxmpi_py", "_C.pyi"

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
 
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 
 def options(bucket, direct, pack_cpu=False):

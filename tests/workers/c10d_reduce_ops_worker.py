@@ -20,7 +20,7 @@ from c10d_worker import check_equal, rank, world  # noqa: E402
 from harness import raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

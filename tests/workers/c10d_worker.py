@@ -68,7 +68,7 @@ def case_init_takes_rank_and_size_from_mpi():
 def case_timeout_becomes_the_job_timeout():
     from datetime import timedelta
 
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     setup()
     before = C.stall_settings()
@@ -549,7 +549,7 @@ def case_ddp_in_gloo_order_equals_ddp_on_gloo_bit_for_bit():
     size, every variant and the fp16 hook; over 3 ranks and more the sums took gloo's order."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     setup()
     before = C.gloo_order_calls()

@@ -260,7 +260,7 @@ def case_rng_required_or_for_another_world_size():
         fm.load_checkpoint(plain, rng=True)
     other = path_of("other_world.pt")
     if fm.local_rank() == 0:  # a checkpoint written by a job of one more rank
-        from fluxmpi_py import _rng
+        from fluxmpi_py._util import rng as _rng
 
         states = [_rng.capture()] * (fm.total_workers() + 1)
         torch.save(

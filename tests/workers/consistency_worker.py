@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 
 def last():

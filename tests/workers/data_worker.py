@@ -14,7 +14,7 @@ from harness import raises, run_cases  # also puts the repository on sys.path
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Subset, TensorDataset
 
 import fluxmpi_py as fm
-from fluxmpi_py._loader import C
+from fluxmpi_py._core import C
 
 MODES = {"pad": dict(pad=True), "drop_last": dict(drop_last=True), "even": dict(pad=False)}
 SIZES = [0, 1, 3, 4, 7, 10, 33, 257]

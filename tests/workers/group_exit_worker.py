@@ -19,11 +19,11 @@ fm.Init()
 mode = sys.argv[1]
 r = fm.local_rank()
 if mode == "local":
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     if r == 2:
         C.new_local_group([2], True, 60.0)
-    pair = fm.groups.Group(C.new_local_group([0, 2], True, 60.0)) if r != 1 else [0, 2]
+    pair = fm.Group(C.new_local_group([0, 2], True, 60.0)) if r != 1 else [0, 2]
 else:
     pair = fm.new_group([0, 2])
 if r in pair:

@@ -23,7 +23,7 @@ import sync_worker  # noqa: E402
 from harness import run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 HOSTS = int(os.environ.get("FLUXMPI_TEST_HOSTS", "2"))
 PER_HOST = int(os.environ.get("FLUXMPI_TEST_RANKS_PER_HOST", "2"))

@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import run_cases  # noqa: E402
 
-from fluxmpi_py._loader import C  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 
 
 def case_staging_moved_the_bytes():

@@ -208,7 +208,7 @@ def case_relocation_then_in_place_broadcasts():
 def case_relocated_model_broadcasts_without_copies():
     # A model of small parameters only: after the first call nothing is copied, even though a
     # Python storage object was made for every parameter beforehand (as torch.save does).
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     m = nn.Sequential(*[nn.Linear(16, 16) for _ in range(30)])
     with torch.no_grad():
@@ -249,7 +249,7 @@ def all_identical(model):
 def case_large_parameters_travel_packed_once_relocated():
     # A 256 KiB weight is over direct_bytes (64 KiB). Relocated with the small parameters into
     # one flat storage, it then travels in the same in-place broadcast as they do.
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     m = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 4))
     fill(m, R())
@@ -296,7 +296,7 @@ def case_replaced_layer_is_rehomed():
     # After relocation a layer is replaced (as when fine-tuning a new head). The old flat
     # storage is then held only by the remaining parameters: the next call moves them and the
     # new layer into a new flat storage, and later calls broadcast in place again.
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3))
     fill(m, R())
@@ -319,7 +319,7 @@ def case_parameter_moved_inside_its_flat_storage():
     # storage, same shape, another address. That rank's storage no longer has the plan's layout,
     # so it copies out of a packed buffer instead of receiving in place; every value is the
     # root's. bn.bias is not the parameter whose address anchors the layout (fc.weight is).
-    from fluxmpi_py._loader import C
+    from fluxmpi_py._core import C
 
     m = Net()
     fill(m, R())

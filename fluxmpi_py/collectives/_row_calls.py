@@ -1,0 +1,128 @@
+"""The one way Python calls the compiled row collectives and grouped forms
+(csrc/ops/gather_collectives.h): argument checks that do not raise on this rank alone but
+travel to the compiled core as text, so that every rank raises together; the name of the
+user's call for messages; and the Request of an async call.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .._core import C
+from .inplace import Request
+
+
+class PendingRequest(Request):
+    """A :class:`Request` whose result is made by the call (a new tensor, or a list).
+
+    >>> import torch, fluxmpi_py as fm; fm.Init()
+    >>> req = fm.Iallgather(torch.ones(2))
+    >>> req.wait().shape[0] == 2 * fm.total_workers(), req.test()
+    (True, True)
+    """
+
+    __slots__ = ("_finish",)
+
+    def __init__(self, pending, finish):
+        super().__init__(pending, None)
+        self._finish = finish
+
+    def wait(self):
+        """Block until done; return the result."""
+        return self._finish(self._work.wait(), self._work)
+
+
+# The kinds whose compiled call takes the list as it is and checks its items itself (at C
+# speed; a Python loop over a thousand tensors costs more than the collective's checks).
+_CHECKS_ITEMS = frozenset({"grouped_allreduce_", "grouped_bcast_"})
+
+
+def _tensors(tensors, grouped: bool, errors: list):
+    if not grouped:
+        if isinstance(tensors, torch.Tensor):
+            return [tensors]
+        errors.append(f"tensor must be a torch.Tensor, got {type(tensors).__name__}")
+        return []
+    if not isinstance(tensors, (list, tuple)):
+        errors.append(f"tensors must be a list of torch.Tensor, got {type(tensors).__name__}")
+        return []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            errors.append(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            return []
+    return list(tensors)
+
+
+def _ints(values) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    return [operator.index(v) for v in values]
+
+
+def _splits(splits, grouped: bool, errors: list) -> list[list[int]]:
+    """[] for equal parts; else one list of row counts per tensor ([] for equal parts)."""
+    if splits is None:
+        return []
+    try:
+        if grouped:
+            return [[] if s is None else _ints(s) for s in splits]
+        return [_ints(splits)]
+    except TypeError:
+        errors.append(f"splits must be a list of ints (rows per rank), got {splits!r}")
+        return []
+
+
+def _root(root_rank, errors: list) -> int:
+    try:
+        return operator.index(root_rank)
+    except TypeError:
+        errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
+        return 0
+
+
+def start(
+    kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error="", grad=False, **args
+):
+    """Start the compiled ``kind`` ("allgather", "gather", "scatter", "reduce_scatter",
+    "alltoall", "grouped_allreduce_", "grouped_bcast_") on one tensor or a list; returns its
+    PendingTensors handle. ``args``: root_rank, op, splits, as the kind takes them; ``error``:
+    a TypeError the caller found, raised by the call on every rank; ``grad`` (the single-tensor
+    row collectives): the differentiable form, which the ranks agree on."""
+    errors: list[str] = [error] if error else []
+    if async_op and not grouped:
+        call = "I" + call  # the name the user called: Iallgather()
+    if kind in _CHECKS_ITEMS and type(tensors) in (list, tuple):
+        ts = tensors
+    else:
+        ts = _tensors(tensors, grouped, errors)
+    pos = [ts]
+    if "op" in args:
+        pos.append(args["op"] if type(args["op"]) is str else str(args["op"]))
+    if "splits" in args:
+        pos.append(_splits(args["splits"], grouped, errors))
+    if "root_rank" in args:
+        pos.append(_root(args["root_rank"], errors))
+    if grad:
+        return getattr(C, kind)(*pos, call, async_op, "; ".join(errors), True)
+    return getattr(C, kind)(*pos, call, async_op, "; ".join(errors))
+
+
+def first(tensors, _pending):
+    return tensors[0]
+
+
+def first_or_none(tensors, _pending):
+    return tensors[0] if tensors else None
+
+
+def as_list(tensors, _pending):
+    return list(tensors)
+
+
+def finish(pending, async_op: bool, result):
+    """The call's result now (blocking), or a Request for it."""
+    if async_op:
+        return PendingRequest(pending, result)
+    return result(pending.wait(), pending)

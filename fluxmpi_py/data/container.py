@@ -1,0 +1,288 @@
+"""Each rank's shard of a dataset: DistributedDataContainer (DistributedSampler, for a
+DataLoader's ``sampler=``, is in :mod:`fluxmpi_py.sampler` and follows the same rules).
+
+An epoch's *order* is the n indices of the dataset, either ``0..n-1`` or (``shuffle=True``) a
+permutation that depends only on ``(seed, epoch)``, so it is the same on every rank. Rank r of
+p takes a contiguous range of *positions* in that order:
+
+* ``pad=True`` (default): ``ceil(n/p)`` positions each; the last ranks wrap around to the start
+  of the order, so every rank runs the same number of steps.
+* ``drop_last=True`` (overrides ``pad``): ``floor(n/p)`` each; the last ``n mod p`` positions
+  of the order are skipped this epoch.
+* ``pad=False``: every sample exactly once; ranks ``r < n mod p`` take one more. Ranks then
+  run different numbers of steps: a per-step collective (such as the DistributedOptimizer's
+  gradient reduction) hangs on the ranks that still have a step to go. Use it for evaluation
+  or with loops that stop at the same step count on every rank.
+
+The index math (shard ranges and a keyed Feistel permutation evaluated per index) lives in
+C++ and keeps no state, so memory does not grow with n and these objects hold only integers
+and a reference to the data: they pickle for DataLoader workers. The container's epoch, seed
+and resume position sit in shared memory (``SharedInts``), so its copies in persistent
+DataLoader workers follow ``set_epoch`` and ``load_state_dict``.
+
+Resuming: ``state_dict()`` holds ``epoch``, ``seed`` and ``position``, the number of samples
+of this rank's shard already delivered in that epoch (plus ``n`` and ``world_size``, checked on
+load). After ``load_state_dict`` the object continues at exactly that position.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .._core import C
+from .._util.shared_view import SharedInts
+from ..runtime.agreement import user_call
+from ..runtime.groups import on_group
+from ._args import (
+    _agree_across_ranks,
+    _check_epoch,
+    _check_range,
+    _check_seed,
+    _check_state,
+    _dataset_length,
+    _mode,
+    _world,
+)
+from .loader_check import FullDatasetWarning
+
+__all__ = ["DistributedDataContainer", "FullDatasetWarning"]
+
+
+class DistributedDataContainer(torch.utils.data.Dataset):
+    """This rank's shard of ``data``, as a map-style torch Dataset.
+
+    ``data`` is anything with ``__len__`` and ``__getitem__`` (a Dataset, TensorDataset, list,
+    tensor or numpy array). Rank and world size come from ``fluxmpi_py.Init()``; pass ``rank=``
+    and ``world_size=`` to use it without MPI, or ``group=`` (:func:`new_group`) to shard over
+    the group's members. See the module docstring for ``shuffle``,
+    ``pad`` and ``drop_last``. ``len(container)`` is this rank's sample count; item ``i`` is
+    ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
+
+    ``set_epoch(e)`` picks the epoch's permutation (with ``shuffle=True``). Call it before the
+    DataLoader iterator is created. The epoch, seed and resume position live in a few bytes of
+    shared memory that the container's copies in DataLoader workers read at each item (or
+    batch), so persistent workers follow ``set_epoch`` and ``load_state_dict`` too. A copy
+    made with ``pickle`` or ``copy`` is independent of the original.
+
+    Resuming: ``state_dict()`` reports ``position``, the number of this rank's samples already
+    delivered this epoch. Iterating the container itself (``for x in container``) counts them.
+    A DataLoader reads ahead of your loop, so when one drives the container pass what your
+    loop consumed: ``state_dict(consumed=steps * batch_size)``. After ``load_state_dict`` the
+    container shows the rest of that epoch (``len`` shrinks by ``position``) until
+    ``set_epoch`` moves to another epoch; ``set_epoch`` with the same epoch keeps it.
+
+    >>> import fluxmpi_py as fm
+    >>> shard = fm.DistributedDataContainer(list("abcdefg"), rank=1, world_size=2)
+    >>> len(shard), [shard[i] for i in range(len(shard))]
+    (4, ['e', 'f', 'g', 'a'])
+    >>> mixed = fm.DistributedDataContainer(range(10), shuffle=True, seed=3, rank=0, world_size=2)
+    >>> mixed.set_epoch(1); sorted(mixed) == sorted(mixed.indices().tolist())
+    True
+    """
+
+    @user_call.of("DistributedDataContainer()")
+    def __init__(
+        self,
+        data: Any,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        pad: bool = True,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        group=None,
+    ) -> None:
+        owner = "DistributedDataContainer"
+        if group is not None:
+            if rank is not None or world_size is not None:
+                raise ValueError(f"{owner}: pass group= or rank= and world_size=, not both")
+            with on_group(group, f"{owner}()"):
+                rank, world_size = group.rank, group.size
+                self.__init__(
+                    data,
+                    shuffle=shuffle,
+                    seed=seed,
+                    pad=pad,
+                    drop_last=drop_last,
+                    rank=rank,
+                    world_size=world_size,
+                )
+                _agree_across_ranks(
+                    owner,
+                    False,
+                    n=self._n,
+                    seed=_check_seed(seed, owner),
+                    shuffle=self._shuffle,
+                    mode=("pad", "drop_last", "even").index(self._mode),
+                )
+            return
+        if not hasattr(type(data), "__getitem__"):
+            raise TypeError(
+                f"{owner}: data must support data[i] (__getitem__), got {type(data).__name__}"
+            )
+        self._n = _dataset_length(data, "data", owner)
+        self._rank, self._world = _world(owner, rank, world_size, "rank", "world_size")
+        seed = _check_seed(seed, owner)
+        self._shuffle = bool(shuffle)
+        self._mode = _mode(pad, drop_last)
+        _agree_across_ranks(
+            owner,
+            rank is not None or world_size is not None,
+            n=self._n,
+            seed=seed,
+            shuffle=self._shuffle,
+            mode=("pad", "drop_last", "even").index(self._mode),
+        )
+        self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
+        # (epoch, seed, start): what set_epoch and load_state_dict change, shared with the copies
+        # in DataLoader workers; start is the resume offset into the shard for this epoch.
+        self._view = SharedInts((0, seed, 0))
+        self._yielded = 0  # items the container's own iterator delivered after start
+        self.data = data
+
+    def __copy__(self) -> DistributedDataContainer:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._view = SharedInts(self._view.read())  # a copy's set_epoch is its own
+        return new
+
+    # --- the shard -------------------------------------------------------------------------
+    def _spec(self, epoch: int, seed: int):
+        return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
+
+    def __len__(self) -> int:
+        return self._full - self._view.read()[2]
+
+    def _position(self, i: Any, start: int) -> int:
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(
+                f"DistributedDataContainer indices must be ints, got {type(i).__name__}"
+            ) from None
+        length = self._full - start
+        if i < 0:
+            i += length
+        if not 0 <= i < length:
+            raise IndexError(
+                f"DistributedDataContainer index out of range: rank {self._rank} holds {length} samples"
+            )
+        return start + i
+
+    def __getitem__(self, i: int):
+        epoch, seed, start = self._view.read()
+        return self.data[C.shard_index(*self._spec(epoch, seed), self._position(i, start))]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
+        epoch, seed, start = self._view.read()
+        spec = self._spec(epoch, seed)
+        globals_ = [C.shard_index(*spec, self._position(i, start)) for i in indices]
+        getitems = getattr(self.data, "__getitems__", None)
+        if getitems is not None:
+            return getitems(globals_)
+        return [self.data[g] for g in globals_]
+
+    def __iter__(self) -> Iterator:
+        self._yielded = 0
+        epoch, seed, start = self._view.read()
+        for g in C.shard_iter(*self._spec(epoch, seed), start, self._full):
+            item = self.data[g]
+            self._yielded += 1
+            yield item
+
+    def indices(self) -> torch.Tensor:
+        """The global indices of the current view of this rank's shard, as an int64 tensor.
+
+        >>> import fluxmpi_py as fm
+        >>> fm.DistributedDataContainer(range(5), pad=False, rank=0, world_size=2).indices().tolist()
+        [0, 1, 2]
+        """
+        epoch, seed, start = self._view.read()
+        return C.shard_indices(*self._spec(epoch, seed), start, self._full - start)
+
+    # --- epochs and resume -----------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._view.read()[0]
+
+    @property
+    def seed(self) -> int:
+        return self._view.read()[1]
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
+
+        >>> import fluxmpi_py as fm
+        >>> d = fm.DistributedDataContainer(range(8), shuffle=True, rank=0, world_size=1)
+        >>> d.set_epoch(2); d.epoch
+        2
+        """
+        epoch = _check_epoch(epoch, "DistributedDataContainer.set_epoch")
+        current, seed, start = self._view.read()
+        if epoch != current:
+            start = 0
+            self._yielded = 0
+        self._view.write((epoch, seed, start))
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
+        """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
+
+        ``position`` = the resume offset plus ``consumed`` (samples your loop took from the
+        current view), by default the items the container's own iterator yielded.
+
+        >>> import fluxmpi_py as fm
+        >>> d = fm.DistributedDataContainer(range(10), rank=0, world_size=2)
+        >>> d.state_dict(consumed=3)["position"]
+        3
+        """
+        if consumed is None:
+            consumed = self._yielded
+        consumed = _check_range(
+            consumed,
+            "consumed",
+            "DistributedDataContainer.state_dict",
+            0,
+            len(self) + 1,
+            f"len(self)={len(self)}]",
+        )
+        epoch, seed, start = self._view.read()
+        return {
+            "epoch": epoch,
+            "seed": seed,
+            "position": start + consumed,
+            "n": self._n,
+            "world_size": self._world,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at ``state``'s epoch, seed and position (see ``state_dict``).
+
+        >>> import fluxmpi_py as fm
+        >>> d = fm.DistributedDataContainer(range(10), rank=0, world_size=2)
+        >>> d.load_state_dict({"epoch": 0, "seed": 0, "position": 3}); d.indices().tolist()
+        [3, 4]
+        """
+        s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
+        self._view.write((s["epoch"], s["seed"], s["position"]))
+        self._yielded = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedDataContainer(n={self._n}, rank={self._rank}, world_size={self._world}, "
+            f"len={len(self)}, mode={self._mode!r}, shuffle={self._shuffle}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )

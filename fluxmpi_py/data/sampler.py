@@ -1,0 +1,201 @@
+"""DistributedSampler: each rank's indices of a dataset, for a DataLoader's ``sampler=``.
+
+The shard and order rules are DistributedDataContainer's (see :mod:`fluxmpi_py.data`): the
+same C++ index math, so both give a rank the same positions of the same epoch order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .._core import C
+from ..runtime.agreement import user_call
+from ._args import (
+    _agree_across_ranks,
+    _check_epoch,
+    _check_range,
+    _check_seed,
+    _check_state,
+    _dataset_length,
+    _mode,
+    _world,
+)
+from .loader_check import container_in, double_sharding_message
+
+__all__ = ["DistributedSampler"]
+
+
+class DistributedSampler(torch.utils.data.Sampler):
+    """Drop-in for ``torch.utils.data.DistributedSampler`` that needs no ``randperm(n)`` list.
+
+    Same arguments, ``set_epoch``, ``len`` and ``iter`` (plus ``pad``, see the module
+    docstring). ``dataset`` may also be the dataset's length as an int. Rank and replica
+    count come from ``fluxmpi_py.Init()`` unless given. Indices are computed in C++ in chunks
+    of 4 Ki as the iterator advances: the first comes at once and memory stays flat.
+
+    Unlike torch's sampler (which deals positions round-robin), each rank takes a contiguous
+    range of the epoch's order, as DistributedDataContainer does; with ``shuffle=True`` (the
+    default) that is equally random.
+
+    A DistributedDataContainer (or a ``Subset`` of one) is already one rank's shard: as
+    ``dataset`` it raises TypeError when both shard (its world_size and num_replicas > 1).
+
+    Resuming: ``state_dict()`` reports ``position``, how far the latest iterator got in this
+    rank's shard this epoch. A DataLoader draws indices ahead of your loop (prefetch), so pass
+    what the loop consumed: ``state_dict(consumed=steps * batch_size)``. After
+    ``load_state_dict`` the next iterator starts at that position (``len`` is the remainder);
+    later iterators, and ``set_epoch`` with another epoch, start at 0.
+
+    >>> import fluxmpi_py as fm, torch
+    >>> s = fm.DistributedSampler(10, num_replicas=2, rank=1, shuffle=False)
+    >>> list(s)
+    [5, 6, 7, 8, 9]
+    >>> s = fm.DistributedSampler(10, num_replicas=2, rank=0, seed=7)
+    >>> s.set_epoch(3); len(s), len(set(s))
+    (5, 5)
+    >>> loader = torch.utils.data.DataLoader(torch.arange(10.0), batch_size=5, sampler=s)
+    >>> sum(len(b) for b in loader)
+    5
+    """
+
+    @user_call.of("DistributedSampler()")
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        pad: bool = True,
+    ) -> None:
+        super().__init__()
+        owner = "DistributedSampler"
+        self._n = _dataset_length(dataset, "dataset", owner, allow_int=True)
+        self.rank, self.num_replicas = _world(owner, rank, num_replicas, "rank", "num_replicas")
+        container = container_in(dataset)
+        if container is not None and container.world_size > 1 and self.num_replicas > 1:
+            raise TypeError(double_sharding_message(owner, container, owner, self.num_replicas))
+        self.dataset = dataset
+        self.shuffle = bool(shuffle)
+        self.seed = _check_seed(seed, owner)
+        self.drop_last = bool(drop_last)
+        self.pad = bool(pad)
+        self.epoch = 0
+        self._mode = _mode(pad, drop_last)
+        _agree_across_ranks(
+            owner,
+            rank is not None or num_replicas is not None,
+            n=self._n,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            mode=("pad", "drop_last", "even").index(self._mode),
+        )
+        self.num_samples = C.shard_range(self._n, self.num_replicas, self.rank, self._mode)[1]
+        # torch's attribute: positions dealt out over all ranks this epoch
+        self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas
+        self._resume = 0  # start of the next iterator (load_state_dict), then 0
+        self._first = 0  # start of the latest iterator
+        self._last = None  # the latest iterator (read .position), or its position once pickled
+
+    def _spec(self):
+        # Read at each iterator, as torch does, so attributes set directly are honoured.
+        return (
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self._mode,
+            bool(self.shuffle),
+            _check_seed(self.seed, "DistributedSampler"),
+            _check_epoch(self.epoch, "DistributedSampler"),
+        )
+
+    def __len__(self) -> int:
+        return self.num_samples - self._resume
+
+    def __iter__(self) -> Iterator[int]:
+        spec = self._spec()
+        self._first, self._resume = self._resume, 0
+        # A C iterator: indices are computed in chunks of 4 Ki and handed out as ints without
+        # a Python frame per index; its .position says exactly how far the consumer got.
+        self._last = C.shard_iter(*spec, self._first, self.num_samples)
+        return self._last
+
+    def _position(self) -> int:
+        if self._last is None:
+            return self._resume
+        return self._last if isinstance(self._last, int) else self._last.position
+
+    def __getstate__(self) -> dict:
+        # The live iterator does not pickle; its position does.
+        state = dict(self.__dict__)
+        state["_last"] = None if self._last is None else self._position()
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
+
+        >>> import fluxmpi_py as fm
+        >>> s = fm.DistributedSampler(8, num_replicas=1, rank=0)
+        >>> s.set_epoch(1); first = list(s); s.set_epoch(2); first != list(s)
+        True
+        """
+        epoch = _check_epoch(epoch, "DistributedSampler.set_epoch")
+        if epoch != self.epoch:
+            self._resume, self._first, self._last = 0, 0, None
+        self.epoch = epoch
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
+        """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
+
+        ``position`` is how far the latest iterator got; with ``consumed``, it is where that
+        iterator started plus ``consumed`` (the samples your loop took from it).
+
+        >>> import fluxmpi_py as fm
+        >>> s = fm.DistributedSampler(10, num_replicas=2, rank=0)
+        >>> it = iter(s); _ = next(it), next(it); s.state_dict()["position"]
+        2
+        """
+        owner = "DistributedSampler.state_dict"
+        if consumed is None:
+            position = self._position()
+        else:
+            base = self._resume if self._last is None else self._first
+            consumed = _check_range(
+                consumed,
+                "consumed",
+                owner,
+                0,
+                self.num_samples - base + 1,
+                f"{self.num_samples - base}]",
+            )
+            position = base + consumed
+        return {
+            "epoch": _check_epoch(self.epoch, owner),
+            "seed": _check_seed(self.seed, owner),
+            "position": position,
+            "n": self._n,
+            "world_size": self.num_replicas,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next iterator continue at ``state``'s epoch, seed and position.
+
+        >>> import fluxmpi_py as fm
+        >>> s = fm.DistributedSampler(10, num_replicas=2, rank=1, shuffle=False)
+        >>> s.load_state_dict({"epoch": 0, "seed": 0, "position": 3}); list(s)
+        [8, 9]
+        """
+        s = _check_state(state, "DistributedSampler", self._n, self.num_replicas, self.num_samples)
+        self.epoch, self.seed, self._resume = s["epoch"], s["seed"], s["position"]
+        self._first, self._last = 0, None
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedSampler(n={self._n}, rank={self.rank}, num_replicas={self.num_replicas}, "
+            f"len={len(self)}, mode={self._mode!r}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )

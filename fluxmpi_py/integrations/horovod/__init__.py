@@ -1,0 +1,376 @@
+"""``import fluxmpi_py.horovod as hvd``: Horovod's ``horovod.torch`` names on fluxmpi_py.
+
+Covers the world process set: init, topology and build predicates; allreduce (ops,
+averaging, pre/post scaling), allgather, broadcast, alltoall, reducescatter, their async and
+grouped forms with ``synchronize``/``poll``; the object collectives; ``DistributedOptimizer``,
+``Compression``, ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``SyncBatchNorm``.
+Process sets (``hvd.ProcessSet``, ``add_process_set``, ``process_set=``) run on
+:func:`fluxmpi_py.new_group` sub-groups. Adasum raises a clear error naming the alternative.
+
+>>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+>>> hvd.allreduce(torch.ones(2)).tolist()
+[1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+import fluxmpi_py as _fm
+
+from ..._core import C as _C
+from ...collectives import differentiable as _diff
+from ...runtime.groups import on_group as _on_group
+from . import (
+    _collectives,
+    _extras,
+    _gradients,
+    _handles,
+    _join,
+    _ops,
+    _optimizer,
+    _process_sets,
+    _topology,
+)
+from ._collectives import *  # noqa: F403
+from ._extras import *  # noqa: F403
+from ._handles import _Handle, _in_set, named
+from ._ops import Adasum, Average, Max, Min, Product, Sum, _op, _root, _scale_
+from ._optimizer import *  # noqa: F403
+from ._process_sets import *  # noqa: F403
+from ._topology import *  # noqa: F403
+
+SyncBatchNorm = _fm.SyncBatchNorm
+
+# The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
+__test__ = {
+    n: getattr(m, n)
+    for m in (_collectives, _extras, _optimizer, _process_sets, _topology)
+    for n in m.__all__
+    if callable(getattr(m, n)) and n != "elastic"  # not hvd.global_process_set
+}
+
+__all__ = [
+    "Sum",
+    "Average",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+    "HorovodInternalError",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "allreduce",
+    "allreduce_",
+    "broadcast",
+    "broadcast_",
+    "allgather",
+    "barrier",
+    "allreduce_async",
+    "allreduce_async_",
+    "poll",
+    "synchronize",
+    "join",
+    "broadcast_object",
+    "allgather_object",
+    "SyncBatchNorm",
+    *_collectives.__all__,
+    *_extras.__all__,
+    *_optimizer.__all__,
+    *_process_sets.__all__,
+    *_topology.__all__,
+]
+
+
+class HorovodInternalError(RuntimeError):
+    """Horovod's error type for a failed collective, for code that catches it.
+
+    >>> import fluxmpi_py.horovod as hvd; issubclass(hvd.HorovodInternalError, RuntimeError)
+    True
+    """
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Start the runtime (idempotent). ``comm``: an mpi4py communicator, as in Horovod;
+    ``process_sets``: ProcessSets (or lists of ranks) to register, as ``add_process_set``.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
+    True
+    """
+    _fm.Init(comm=comm)
+    _topology.learn()
+    _process_sets._on_init(process_sets)
+    _SHUT_DOWN.clear()
+
+
+# Set by shutdown(), cleared by init(): Horovod's is_initialized() is False in between.
+_SHUT_DOWN: list = []
+
+
+def shutdown() -> None:
+    """Horovod's shutdown: the runtime ends at interpreter exit, so this waits on a barrier;
+    :func:`is_initialized` is False until the next :func:`init`.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.shutdown(); hvd.is_initialized()
+    False
+    """
+    if _fm.Initialized() and not _SHUT_DOWN:
+        _fm.barrier()
+    _SHUT_DOWN.append(True)
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has run (and no :func:`shutdown` since).
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
+    True
+    """
+    return _fm.Initialized() and not _SHUT_DOWN
+
+
+def rank() -> int:
+    """This process's rank in the world.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); 0 <= hvd.rank() < hvd.size()
+    True
+    """
+    return _fm.local_rank()
+
+
+def size() -> int:
+    """The number of processes.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.size() >= 1
+    True
+    """
+    return _fm.total_workers()
+
+
+def local_rank() -> int:
+    """This process's rank on its node.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.local_rank() >= 0
+    True
+    """
+    return _fm.node_local_rank()
+
+
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
+    """Reduce ``tensor`` in place over every rank of ``process_set`` (default: the world;
+    default op: average) and return it. Integer tensors are scaled in float64.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
+    True
+    """
+    call = "hvd.allreduce_()"
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
+        op = _op(average, op)
+        _fm.allreduce_(_scale_(tensor, prescale_factor), op)
+        return _scale_(tensor, postscale_factor)
+
+
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
+    """The reduction of ``tensor`` over every rank, in a new tensor (default: average).
+    Differentiable, as Horovod's: the gradient is the same reduction of the output's.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allreduce(torch.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        call = "hvd.allreduce()"
+        with named(name, process_set, call, hold=False), _in_set(process_set, call):
+            x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+            op = _op(average, op)
+            out = _diff.allreduce(x, op)
+            return out * postscale_factor if postscale_factor != 1.0 else out
+    return allreduce_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def barrier(process_set=None) -> None:
+    """Wait until every rank of ``process_set`` (default: the world) gets here.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
+    """
+    with _in_set(process_set, "hvd.barrier()"):
+        _fm.barrier()
+    _handles.settled()
+
+
+def join(device=-1) -> int:
+    """This rank ran out of data: until every rank has joined, take part in the others'
+    ``hvd.DistributedOptimizer`` steps with zero gradients (applying the reduced steps too,
+    so all ranks end with the same weights) and in their ``hvd.allreduce`` calls (all forms)
+    with zeros, on the world and on every process set this rank is in; return the last rank to
+    join. Averages divide by the world size (the set's size on a set; a joined rank counts as
+    zeros). Other collectives, issued while some rank of their set has joined, raise on the
+    ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
+    True
+    """
+    return _join.join()
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's ``obj`` (pickled) on every rank of ``process_set``.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
+    {'epoch': 3}
+    """
+    call = "hvd.broadcast_object()"
+    with named(name, process_set, call, hold=False):
+        group, root = _root(process_set, root_rank, call)
+        return _fm.broadcast_object(obj, root, group=group)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's ``obj`` (pickled), in rank order.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+    True
+    """
+    call = "hvd.allgather_object()"
+    with named(name, process_set, call, hold=False):
+        return _fm.allgather_object(obj, group=_process_sets.group_of(process_set, call))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """Overwrite ``tensor`` with root_rank's (a world rank, also with ``process_set``), in
+    place, and return it.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast_(torch.full((2,), float(hvd.rank())), 0).tolist()
+    [0.0, 0.0]
+    """
+    call = "hvd.broadcast_()"
+    with named(name, process_set, call, hold=False):
+        group, root = _root(process_set, root_rank, call, tensor)
+        return _fm.bcast_(tensor, root, group=group)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """root_rank's ``tensor``, in a new tensor. Differentiable, as Horovod's (the root's
+    gradient is the average of every rank's output gradient; the others' is zero).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.broadcast(torch.full((2,), float(hvd.rank())), 0).tolist()
+    [0.0, 0.0]
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        call = "hvd.broadcast()"
+        with named(name, process_set, call, hold=False):
+            group, root = _root(process_set, root_rank, call, tensor)
+            n = size() if group is None else group.size
+            return _diff.broadcast(_gradients.averaged_gradient(tensor, n), root, group=group)
+    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Every rank's ``tensor`` concatenated along dim 0 (which may differ by rank).
+    Differentiable, as Horovod's: this rank's rows of the average of every rank's output
+    gradient.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.allgather(torch.ones(1, 2)).shape[0] == hvd.size()
+    True
+    """
+    call = "hvd.allgather()"
+    with named(name, process_set, call, hold=False):
+        group = _process_sets.group_of(process_set, call)
+        if _gradients.needs_grad([tensor]):
+            tensor = _gradients.averaged_gradient(tensor, size() if group is None else group.size)
+        return _fm.allgather(tensor, group=group)
+
+
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
+    """Start :func:`allreduce_` in the background; :func:`synchronize` returns the tensor.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async_(torch.ones(2))).tolist()
+    [1.0, 1.0]
+    """
+    call = "hvd.allreduce_async_()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
+        op = _op(average, op)
+        req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
+        return _Handle(req, lambda t: _scale_(t, postscale_factor), key)
+
+
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+):
+    """Start :func:`allreduce` in the background; :func:`synchronize` returns the result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(2), op=hvd.Sum)).tolist() == [hvd.size()] * 2
+    True
+    """
+    return allreduce_async_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def poll(handle) -> bool:
+    """Whether the collective behind ``handle`` is done (never blocks).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h).shape, hvd.poll(h)
+    (torch.Size([2]), True)
+    """
+    return handle.request.test()  # the name stays taken until synchronize (see _collectives)
+
+
+def synchronize(handle):
+    """Wait for the collective behind ``handle`` and return its result.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allreduce_async(torch.ones(1))).tolist()
+    [1.0]
+    """
+    try:
+        out = handle.request.wait()
+    finally:
+        handle.release_name()
+        _handles.settled()
+    finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
+    return finish(out) if finish is not None else out

@@ -1,0 +1,430 @@
+"""Horovod's alltoall, reducescatter and grouped collectives on fluxmpi_py's row collectives
+(one fused data collective per grouped call), with their ``_async`` forms.
+
+Handles are :class:`._handles._Handle` objects, finished by ``hvd.synchronize``.
+``process_set=`` runs a call on that set's group (:mod:`._process_sets`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..._core import C
+from ...collectives import _row_calls as rows
+from ...collectives import rows as _gc
+from ...collectives.inplace import Ibcast
+from ...runtime.groups import on_handle
+from . import _gradients
+from ._handles import _Handle, _in_set, named, synchronize_now
+from ._ops import _op, _root, _scale_
+from ._process_sets import group_of
+
+__all__ = [
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "allgather_async",
+    "broadcast_async",
+    "broadcast_async_",
+]
+
+
+def _reducescatter_op(op) -> str:
+    """Horovod's reducescatter op as the fluxmpi_py reduction: "sum" or "average"."""
+    op = _op(None, op)
+    if op not in ("sum", "average"):
+        raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
+    return op
+
+
+def _scale_op(op, prescale_factor, postscale_factor, tensors):
+    """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
+    (op, finish) where finish applies the postscale to the result."""
+    op = _reducescatter_op(op)
+    if prescale_factor != 1.0:
+        for t in tensors:
+            t.mul_(prescale_factor)
+
+    def finish(out):
+        if postscale_factor != 1.0:
+            for t in out if isinstance(out, list) else [out]:
+                t.mul_(postscale_factor)
+        return out
+
+    return op, finish
+
+
+def _horovod_splits(tensor: torch.Tensor) -> list[int]:
+    """Horovod's reducescatter parts: dim 0 in as many parts as the (current group's) ranks,
+    the first ranks one row more when it does not divide."""
+    n = C.current_group().size
+    q, rem = divmod(tensor.shape[0] if tensor.dim() else 0, n)
+    return [q + (1 if r < rem else 0) for r in range(n)]
+
+
+class _AlltoallWithSplits(torch.autograd.Function):
+    """alltoall that also returns the received row counts; backward: the reverse alltoall."""
+
+    @staticmethod
+    def forward(ctx, x, splits):
+        p = rows.start(
+            "alltoall", x, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
+        )
+        out = p.wait()[0]
+        ctx.received = p.received_splits[0]
+        received = torch.tensor(ctx.received, dtype=torch.int32)
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _grad_received):
+        p = rows.start(
+            "alltoall", grad, grouped=False, async_op=False,
+            call="hvd.alltoall() backward", splits=ctx.received,
+        )  # fmt: skip
+        return p.wait()[0], None
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """grouped allreduce (sum or average) of copies; backward: the same grouped allreduce of
+    the outputs' gradients, on the forward's group."""
+
+    @staticmethod
+    def forward(ctx, op, *tensors):
+        ctx.op, ctx.group = op, C.current_group()
+        outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+        return tuple(_gc.grouped_allreduce_(outs, op))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with on_handle(ctx.group):
+            gs = [g.clone(memory_format=torch.contiguous_format) for g in grads]
+            return (None, *_gc.grouped_allreduce_(gs, ctx.op))
+
+
+class SplitsError(TypeError, ValueError):
+    """A bad ``splits`` of hvd.alltoall: a TypeError as in fluxmpi_py, and the ValueError
+    Horovod raises."""
+
+
+def _splits_error(e: TypeError) -> TypeError:
+    return SplitsError(str(e)) if "splits must be" in str(e) else e
+
+
+def _with_received(tensors, pending):
+    return tensors[0], torch.tensor(pending.received_splits[0], dtype=torch.int32)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Part j of ``tensor`` (dim 0, by ``splits`` or equal parts) goes to rank j; returns the
+    parts received, in rank order, and, when ``splits`` is given, the received row counts
+    (int32) too, as Horovod does. Differentiable.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> out, got = hvd.alltoall(torch.ones(n, 2), splits=[1] * n); out.shape[0] == n, got.tolist() == [1] * n
+    (True, True)
+    """
+    with (
+        named(name, process_set, "hvd.alltoall()", hold=False),
+        _in_set(process_set, "hvd.alltoall()"),
+    ):
+        if splits is None:
+            return _gc.alltoall(tensor)
+        try:
+            if tensor.requires_grad and torch.is_grad_enabled():
+                return _AlltoallWithSplits.apply(tensor, splits)
+            p = rows.start(
+                "alltoall", tensor, grouped=False, async_op=False, call="hvd.alltoall()",
+                splits=splits,
+            )  # fmt: skip
+        except TypeError as e:  # raised on every rank together
+            raise _splits_error(e) from None
+        return _with_received(p.wait(), p)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Start :func:`alltoall`; ``hvd.synchronize`` returns what it returns.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.synchronize(hvd.alltoall_async(torch.ones(n))).tolist() == [1.0] * n
+    True
+    """
+    call = "hvd.alltoall_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
+        p = rows.start(
+            "alltoall", tensor, grouped=False, async_op=True, call=call, splits=splits
+        )  # fmt: skip
+        done = rows.first if splits is None else _with_received
+        return _Handle(rows.finish(p, True, done), name=key)
+
+
+def reducescatter(
+    tensor, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Rank r's part (dim 0 in world-size parts, the first ranks one row more when it does
+    not divide) of the reduction of ``tensor`` over every rank; ``op``: ``hvd.Average``
+    (default) or ``hvd.Sum``. ``compression`` is accepted and ignored (full precision).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.reducescatter(torch.ones(n, 2), op=hvd.Sum).tolist() == [[float(n)] * 2]
+    True
+
+    Differentiable, as Horovod's: the gradient is the allgather of the output's, times the
+    size for ``hvd.Sum``, and times both scale factors.
+    """
+    if _gradients.needs_grad([tensor]):
+        call = "hvd.reducescatter()"
+        return _differentiable_reducescatter(
+            [tensor], name, op, process_set, prescale_factor, postscale_factor, call
+        )[0]
+    return synchronize_now(
+        reducescatter_async(
+            tensor, name, compression, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+
+
+def reducescatter_async(
+    tensor, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Start :func:`reducescatter`; ``hvd.synchronize`` returns the part.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(n))).tolist()
+    [1.0]
+    """
+    call = "hvd.reducescatter_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
+        tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
+        op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
+        req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
+        return _Handle(req, finish, key)
+
+
+def grouped_reducescatter(
+    tensors, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """:func:`reducescatter` of each tensor of a list, one data collective per dtype.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)])]
+    [[1.0], [1.0, 1.0]]
+
+    Differentiable, as :func:`reducescatter`.
+    """
+    tensors = list(tensors)
+    if _gradients.needs_grad(tensors):
+        call = "hvd.grouped_reducescatter()"
+        return _differentiable_reducescatter(
+            tensors, name, op, process_set, prescale_factor, postscale_factor, call
+        )
+    return synchronize_now(
+        grouped_reducescatter_async(
+            tensors, name, compression, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+
+
+def _differentiable_reducescatter(tensors, name, op, process_set, prescale, postscale, call):
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
+        op = _reducescatter_op(op)
+        splits = [_horovod_splits(t) for t in tensors]
+        outs = _gradients.GroupedReducescatter.apply(
+            call, op, splits, prescale, postscale, *tensors
+        )
+        return list(outs)
+
+
+def grouped_reducescatter_async(
+    tensors, name=None, compression=None, op=None, process_set=None,
+    prescale_factor=1.0, postscale_factor=1.0,
+):  # fmt: skip
+    """Start :func:`grouped_reducescatter`; ``hvd.synchronize`` returns the list.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
+    >>> len(hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(n)])))
+    1
+    """
+    call = "hvd.grouped_reducescatter_async()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
+        tensors = list(tensors)
+        if prescale_factor != 1.0:
+            tensors = [t.detach().clone() for t in tensors]
+        op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
+        splits = [_horovod_splits(t) for t in tensors]
+        req = _gc.grouped_reduce_scatter(tensors, op, splits, async_op=True)
+        return _Handle(req, finish, key)
+
+
+def grouped_allreduce_async_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """Start :func:`grouped_allreduce_` (one fused allreduce per dtype).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async_([torch.ones(1)]))]
+    [[1.0]]
+    """
+
+    call = "hvd.grouped_allreduce_async_()"
+    with named(name, process_set, call) as key, _in_set(process_set, call):
+        op = _op(average, op)
+        tensors = list(tensors)
+        if prescale_factor != 1.0:
+            tensors = [_scale_(t, prescale_factor) for t in tensors]
+        req = _gc.grouped_allreduce_(tensors, op, async_op=True)
+        if postscale_factor == 1.0:
+            return _Handle(req, None, key)
+        return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out], key)
+
+
+def grouped_allreduce_async(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """Start :func:`grouped_allreduce` (new tensors; the inputs are left alone).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(1)]))]
+    [[1.0]]
+    """
+    return grouped_allreduce_async_(
+        [t.detach().clone() for t in tensors], average, name, op, prescale_factor,
+        postscale_factor, process_set,
+    )  # fmt: skip
+
+
+def grouped_allreduce_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """:func:`hvd.allreduce_ <fluxmpi_py.horovod.allreduce_>` of each tensor of a list, in
+    place, fused into one allreduce per dtype; returns the list.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.grouped_allreduce_([torch.ones(1), torch.ones(2)])]
+    [[1.0], [1.0, 1.0]]
+    """
+
+    # Blocking on this thread: no hand-off to the engine thread and back (with a thousand
+    # tensors that hand-off cost more than the call's checks).
+    call = "hvd.grouped_allreduce_()"
+    with named(name, process_set, call, hold=False), _in_set(process_set, call):
+        op = _op(average, op)
+        tensors = list(tensors)
+        if prescale_factor != 1.0:  # a loop of 1000 no-op calls took ~20% of the call
+            tensors = [_scale_(t, prescale_factor) for t in tensors]
+        out = _gc.grouped_allreduce_(tensors, op)
+    if postscale_factor != 1.0:
+        out = [_scale_(t, postscale_factor) for t in out]
+    return out
+
+
+def grouped_allreduce(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
+    """:func:`grouped_allreduce_` into new tensors. Differentiable for sum and average (the
+    gradients are the same grouped allreduce of the outputs' gradients).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.tolist() for t in hvd.grouped_allreduce([torch.ones(1)], op=hvd.Sum)] == [[hvd.size()]]
+    True
+    """
+    tensors = list(tensors)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    ):
+        call = "hvd.grouped_allreduce()"
+        with named(name, process_set, call, hold=False), _in_set(process_set, call):
+            op = _op(average, op)
+            if op in ("sum", "average"):
+                xs = [t * prescale_factor if prescale_factor != 1.0 else t for t in tensors]
+                outs = _GroupedAllreduce.apply(op, *xs)
+                return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+    return synchronize_now(
+        grouped_allreduce_async(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """:func:`hvd.allgather <fluxmpi_py.horovod.allgather>` of each tensor of a list, in one
+    data collective. Differentiable, as ``hvd.allgather``.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> [t.shape[0] for t in hvd.grouped_allgather([torch.ones(1), torch.ones(2)])] == [hvd.size(), 2 * hvd.size()]
+    True
+    """
+    call = "hvd.grouped_allgather()"
+    tensors = list(tensors)
+    with named(name, process_set, call, hold=False):
+        group = group_of(process_set, call)
+        if _gradients.needs_grad(tensors):
+            with _in_set(process_set, call):
+                return list(_gradients.GroupedAllgather.apply(call, *tensors))
+        return _gc.grouped_allgather(tensors, group=group)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Start :func:`grouped_allgather`.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> len(hvd.synchronize(hvd.grouped_allgather_async([torch.ones(1)])))
+    1
+    """
+    call = "hvd.grouped_allgather_async()"
+    with named(name, process_set, call) as key:
+        group = group_of(process_set, call)
+        return _Handle(_gc.grouped_allgather(list(tensors), async_op=True, group=group), name=key)
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Start ``hvd.allgather``.
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.allgather_async(torch.ones(1))).shape[0] == hvd.size()
+    True
+    """
+    call = "hvd.allgather_async()"
+    with named(name, process_set, call) as key:
+        group = group_of(process_set, call)
+        return _Handle(_gc.allgather(tensor, async_op=True, group=group), name=key)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Start ``hvd.broadcast_`` (in place).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.broadcast_async_(torch.full((1,), float(hvd.rank())), 0)).tolist()
+    [0.0]
+    """
+
+    call = "hvd.broadcast_async_()"
+    with named(name, process_set, call) as key:
+        group, root = _root(process_set, root_rank, call, tensor)
+        return _Handle(Ibcast(tensor, root, group=group), name=key)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Start ``hvd.broadcast`` (into a new tensor).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> hvd.synchronize(hvd.broadcast_async(torch.full((1,), float(hvd.rank())), 0)).tolist()
+    [0.0]
+    """
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)

@@ -1,0 +1,48 @@
+"""Horovod's reduction ops and the argument checks its calls share: the op constants, the op
+check of allreduce, pre/post scaling and a process set's root."""
+
+from __future__ import annotations
+
+import torch
+
+from ..._core import C as _C
+from ...runtime.groups import on_group as _on_group
+from . import _process_sets
+
+# Horovod's reduction op constants, as the fluxmpi_py op names they map to.
+Sum, Average, Min, Max, Product, Adasum = "sum", "average", "min", "max", "prod", "adasum"
+
+
+def _op(average, op) -> str:
+    if average is not None and op is not None:
+        raise ValueError("hvd: give average= or op=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum:
+        raise NotImplementedError(
+            "hvd: Adasum is not supported by fluxmpi_py; use op=hvd.Average (or Sum)"
+        )
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError(f"hvd: unknown op {op!r}; expected hvd.Sum, Average, Min, Max or Product")
+    return op
+
+
+def _scale_(tensor, factor):
+    """Horovod's pre/post scaling, in place: integer tensors are scaled in float64 and cast
+    back (truncating), floating ones in their own dtype."""
+    if factor == 1.0:
+        return tensor
+    if tensor.is_floating_point() or tensor.is_complex():
+        return tensor.mul_(factor)
+    return tensor.copy_(tensor.double().mul_(factor).to(tensor.dtype))
+
+
+def _root(process_set, root_rank, call, tensor=None):
+    """(group, the world ``root_rank`` as a rank in the group). A root outside the set raises
+    a ValueError-like error on every member together (before any data moves)."""
+    group = _process_sets.group_of(process_set, call)
+    root, error = _process_sets.group_root(group, root_rank, call)
+    if error:
+        with _on_group(group, call):
+            _C.bcast_(torch.zeros(1) if tensor is None else tensor, 0, error)  # raises
+    return group, root

@@ -1,0 +1,326 @@
+"""Horovod's training helpers on fluxmpi_py: ``DistributedOptimizer``, ``Compression``,
+``broadcast_parameters`` and ``broadcast_optimizer_state``.
+
+``DistributedOptimizer`` here is fluxmpi_py's own (fused buckets reduced while backward runs),
+built from Horovod's arguments and checks; ``broadcast_optimizer_state`` is
+:func:`fluxmpi_py.synchronize_` on the optimizer, which needs no dummy step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import torch
+
+from ...collectives import rows as _gc
+from ...sync.synchronize import synchronize_
+from ...training.join import JoinState
+from ...training.optimizer import DistributedOptimizer as _FluxDistributedOptimizer
+from ._process_sets import group_of
+
+__all__ = [
+    "Compression",
+    "Compressor",
+    "NoneCompressor",
+    "FP16Compressor",
+    "DistributedOptimizer",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+]
+
+_SUM, _AVERAGE, _ADASUM = "sum", "average", "adasum"
+
+
+class Compressor:
+    """Horovod's compressor interface: ``compress(tensor) -> (tensor, ctx)`` and
+    ``decompress(tensor, ctx) -> tensor``. Only :class:`Compression`'s two are understood by
+    :func:`DistributedOptimizer`.
+
+    >>> import torch, fluxmpi_py.horovod as hvd
+    >>> t, ctx = hvd.Compression.none.compress(torch.ones(1)); hvd.Compression.none.decompress(t, ctx).dtype
+    torch.float32
+    """
+
+    #: The reducer's compression name for this compressor (None: full precision).
+    wire = None
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class NoneCompressor(Compressor):
+    """No compression: gradients travel in their own dtype.
+
+    >>> import torch, fluxmpi_py.horovod as hvd
+    >>> hvd.Compression.none.compress(torch.ones(1))[0].dtype
+    torch.float32
+    """
+
+
+class FP16Compressor(Compressor):
+    """Floating tensors travel as float16 and come back in their own dtype.
+
+    >>> import torch, fluxmpi_py.horovod as hvd
+    >>> t, ctx = hvd.Compression.fp16.compress(torch.ones(1)); t.dtype, hvd.Compression.fp16.decompress(t, ctx).dtype
+    (torch.float16, torch.float32)
+    """
+
+    wire = "fp16"
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class Compression:
+    """Horovod's ``hvd.Compression.none`` and ``hvd.Compression.fp16``.
+
+    >>> import fluxmpi_py.horovod as hvd; hvd.Compression.fp16.wire
+    'fp16'
+    """
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def _wire(compression) -> str | None:
+    if compression in (NoneCompressor, FP16Compressor) or isinstance(
+        compression, (NoneCompressor, FP16Compressor)
+    ):
+        return compression.wire
+    raise ValueError(
+        f"hvd.DistributedOptimizer(compression={compression!r}): fluxmpi_py compresses inside "
+        "its fused reduction and understands hvd.Compression.none and hvd.Compression.fp16 "
+        "(or fluxmpi_py.DistributedOptimizer(compression='bf16'))"
+    )
+
+
+def _checked_names(optimizer, named_parameters):
+    """Horovod's checks of ``named_parameters``: (name, tensor) pairs, unique names, every
+    parameter of the optimizer named. Returns the list, or None."""
+    if named_parameters is None:
+        return None
+    named = list(named_parameters)
+    if not all(
+        isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)
+        for item in named
+    ):
+        raise ValueError(
+            "named_parameters should be a sequence of (name, parameter) tuples, usually "
+            "produced by model.named_parameters()"
+        )
+    dups = sorted(n for n, c in Counter(n for n, _ in named).items() if c > 1)
+    if dups:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: "
+            + ", ".join(map(str, dups))
+        )
+    named_ids = {id(p) for _, p in named}
+    unnamed = [
+        f"param_groups[{g}][{i}] (shape {tuple(p.shape)})"
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+        if id(p) not in named_ids
+    ]
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not "
+            "named: " + ", ".join(unnamed)
+        )
+    return named
+
+
+def _check_groups(groups, num_groups):
+    if num_groups:
+        if groups is not None:
+            raise ValueError("hvd.DistributedOptimizer: give groups= or num_groups=, not both")
+        groups = num_groups
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups > 0):
+        return
+    if isinstance(groups, list) and all(
+        isinstance(g, list) and all(isinstance(p, torch.Tensor) for p in g) for g in groups
+    ):
+        return
+    raise ValueError(
+        f"hvd.DistributedOptimizer(groups={groups!r}): expected a positive int or a list of "
+        "lists of parameters"
+    )
+
+
+class _HorovodOptimizer(_FluxDistributedOptimizer):
+    """fluxmpi_py's DistributedOptimizer with Horovod's warning for ``step()`` after
+    ``synchronize()`` outside ``skip_synchronize()`` (the gradients are not reduced twice).
+    Ranks whose parameters differ after the first step (no ``hvd.broadcast_parameters``) get a
+    RuntimeWarning on every rank, not an error: Horovod runs such a step, and code that
+    broadcasts the state right after one (its own suite's) must go on."""
+
+    _unequal_start = "warn"
+    _start_remedy = "hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training"
+
+    def step(self, closure=None):
+        if self._synchronized and not self._skip_sync:
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(); the gradients already reduced are used (wrap step() "
+                "in optimizer.skip_synchronize() to say so)",
+                stacklevel=2,
+            )
+        return super().step(closure)
+
+
+def DistributedOptimizer(
+    optimizer,
+    named_parameters=None,
+    compression=Compression.none,
+    backward_passes_per_step=1,
+    op=_AVERAGE,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    sparse_as_dense=False,
+    process_set=None,
+):
+    """Horovod's ``hvd.DistributedOptimizer``: ``step()`` applies the gradient reduced over
+    every rank (``op=hvd.Average``, the default, or ``hvd.Sum``).
+
+    Returns a :class:`fluxmpi_py.DistributedOptimizer` around ``optimizer`` (not a subclass
+    of its class; the wrapped one is ``.optimizer``). ``backward_passes_per_step=k``
+    accumulates k backward passes locally and reduces their sum once; ``synchronize()`` and
+    ``skip_synchronize()`` work as in Horovod. Gradients are reduced in fused buckets while
+    backward runs, so ``groups``/``num_groups`` (Horovod's fusion hint) are checked and
+    otherwise not needed; ``gradient_predivide_factor`` gives the same average (it only moves
+    where Horovod divides). Each step starts with one tiny allreduce so that ranks that ran
+    out of data can ``hvd.join()``. ``compression=hvd.Compression.fp16`` sends the buckets as
+    float16. ``named_parameters`` names the parameters in errors; Horovod's checks apply
+    (ValueError for duplicate names or an unnamed parameter). Sparse gradients are not
+    supported (``sparse_as_dense`` is accepted for dense ones). ``process_set=`` averages
+    over that set's ranks only (a member that has called ``hvd.join()`` shadows its steps).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> m = torch.nn.Linear(2, 1)
+    >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
+    >>> m(torch.ones(3, 2)).sum().backward(); opt.step()
+    """
+    group = group_of(process_set, "hvd.DistributedOptimizer()")
+    if op == _ADASUM:
+        raise NotImplementedError(
+            "hvd.DistributedOptimizer(op=hvd.Adasum) is not supported by fluxmpi_py; use "
+            "op=hvd.Average"
+        )
+    if op not in (_SUM, _AVERAGE):
+        raise ValueError(f"hvd.DistributedOptimizer(op={op!r}): expected hvd.Average or hvd.Sum")
+    if gradient_predivide_factor != 1.0 and op != _AVERAGE:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(
+            f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}"
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"hvd.DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    _check_groups(groups, num_groups)
+    named = _checked_names(optimizer, named_parameters)
+    opt = _HorovodOptimizer(
+        optimizer,
+        op=op,
+        compression=_wire(compression),
+        backward_passes_per_step=backward_passes_per_step,
+        named_parameters=named,
+        group=group,
+    )
+    # So that hvd.join() can take part in its steps (on the world, or on the set's group).
+    (JOIN if group is None else set_join(group)).register(opt)
+    return opt
+
+
+def join_state() -> JoinState:
+    """hvd.join()'s bookkeeping of some optimizers: averaged over the world size (the set's
+    size on a set), a joined rank counting as zeros, which also shadows allreduces."""
+    state = JoinState(divide_by_initial_world_size=True, what="hvd.join")
+    state.shadows_allreduces = True
+    return state
+
+
+#: hvd.join()'s world optimizers: every hvd.DistributedOptimizer without process_set=.
+JOIN = join_state()
+
+#: The same per process set: id(group handle) -> (group, its optimizers' JoinState).
+SET_JOINS: dict = {}
+
+
+def set_join(group) -> JoinState:
+    """The JoinState of the ``process_set=`` optimizers on ``group`` (made on first use)."""
+    key = id(group._handle)
+    if key not in SET_JOINS:
+        SET_JOINS[key] = (group, join_state())
+    return SET_JOINS[key][1]
+
+
+def _param_list(params):
+    """Horovod's accepted ``params``: a dict (state_dict; sorted by key as Horovod does), or a
+    list/iterable of tensors or (name, tensor) pairs."""
+    if isinstance(params, dict):
+        return sorted(params.items(), key=lambda kv: str(kv[0]))
+    if isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
+        raise ValueError(f"invalid params of type: {type(params).__name__}")
+    return [p if isinstance(p, tuple) else (f"params[{i}]", p) for i, p in enumerate(params)]
+
+
+def broadcast_parameters(params, root_rank: int) -> None:
+    """Overwrite, in place, every tensor of ``params`` with root_rank's (one fused broadcast).
+
+    ``params``: ``model.state_dict()``, ``model.named_parameters()`` or a list of tensors.
+    Every rank must pass the same names, shapes and dtypes (checked; ValueError on every rank).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> m = torch.nn.Linear(2, 1); hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+    """
+    named = _param_list(params)
+    for name, p in named:
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise TypeError(
+                f"broadcast_parameters: {name} is a {type(p).__name__}, not a tensor "
+                "(use hvd.broadcast_object for other values)"
+            )
+    _gc.grouped_bcast_([p.detach() for _, p in named if p is not None], root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
+    """Give every rank root_rank's optimizer state and hyperparameters (``lr`` etc., also
+    as tensors), in place. No optimizer step is taken: ranks whose state is still empty get
+    the root's, and a rank with state the root lacks drops it. As after Horovod's dummy step,
+    on a rank whose optimizer had no state yet, every parameter that requires grad and has no
+    ``.grad`` gets a zero one (the next ``zero_grad()`` resets it); nothing else changes, and
+    no weight moves (Horovod's dummy step applies weight decay to zero gradients).
+
+    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
+    >>> opt = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())
+    >>> hvd.broadcast_optimizer_state(opt, root_rank=0)
+    """
+    if isinstance(optimizer, _FluxDistributedOptimizer):
+        optimizer = optimizer.optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"broadcast_optimizer_state takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    fresh = len(optimizer.state) == 0
+    synchronize_(optimizer, root_rank)  # the wrapper reads the new groups and state through
+    if fresh:
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)

@@ -1,0 +1,53 @@
+"""The runtime: Init and the world, groups, printing, preferences, stall settings, launch and logs."""
+
+from .groups import (
+    Group,
+    new_group,
+)
+from .launch import (
+    LaunchError,
+    launch,
+)
+from .logs import (
+    RANK_FORMAT,
+    RankFilter,
+    get_logger,
+)
+from .preferences import (
+    cudampi_enabled,
+    disable_cudampi_support,
+)
+from .printing import (
+    fluxmpi_print,
+    fluxmpi_println,
+)
+from .world import (
+    Init,
+    Initialized,
+    barrier,
+    build_info,
+    local_rank,
+    node_local_rank,
+    total_workers,
+)
+
+__all__ = [
+    "Init",
+    "Initialized",
+    "local_rank",
+    "total_workers",
+    "node_local_rank",
+    "barrier",
+    "build_info",
+    "Group",
+    "new_group",
+    "fluxmpi_print",
+    "fluxmpi_println",
+    "disable_cudampi_support",
+    "cudampi_enabled",
+    "launch",
+    "LaunchError",
+    "get_logger",
+    "RankFilter",
+    "RANK_FORMAT",
+]

@@ -1,0 +1,229 @@
+"""Cross-rank checks for Python callers: the one hash of a structure, and the collectives
+that compare values or errors across ranks before any data moves (the compiled core does the
+same for its own calls, csrc/ops/consensus). Each function except ``hash64``, ``user_call``
+and the two marking helpers is a collective: every rank calls it, in the same order, and
+every rank returns or raises together.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pickle
+from collections.abc import Sequence
+from typing import Callable, TypeVar
+
+import torch
+
+from .._core import C
+
+# Errors that keep their type when raised on every rank; anything else becomes RuntimeError.
+_PORTABLE = {
+    t.__name__: t
+    for t in (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        RuntimeError,
+        OSError,
+        FileNotFoundError,
+        PermissionError,
+        IsADirectoryError,
+        NotADirectoryError,
+        FileExistsError,
+        pickle.UnpicklingError,
+    )
+}
+
+
+_F = TypeVar("_F", bound=Callable)
+
+
+class user_call:
+    """Context manager (and decorator factory, ``user_call.of``) that names the user's call
+    while it runs, e.g. ``"DistributedOptimizer.step()"``: the messages of the ranks'
+    agreement and of the watchdog then name it instead of the collective inside it. The
+    outermost named call wins; work it hands to the engine thread keeps its name.
+
+    >>> with user_call("save_checkpoint()"):
+    ...     pass
+    """
+
+    __slots__ = ("_name", "_entered")
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __enter__(self) -> user_call:
+        self._entered = C.enter_user_call(self._name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        C.leave_user_call(self._entered)
+
+    @staticmethod
+    def of(name: str) -> Callable[[_F], _F]:
+        """Decorator: the function runs as the user call ``name``.
+
+        >>> @user_call.of("f()")
+        ... def f(): return 1
+        >>> f()
+        1
+        """
+
+        def wrap(fn):
+            @functools.wraps(fn)
+            def named(*args, **kwargs):
+                entered = C.enter_user_call(name)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    C.leave_user_call(entered)
+
+            return named
+
+        return wrap
+
+
+def mark_raised_on_every_rank(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as raised by every rank together (only where that holds: after an
+    agreement), so that one rank reports it for all (_excepthooks). Returns ``exc``.
+
+    >>> raised_on_every_rank(mark_raised_on_every_rank(ValueError("bad")))
+    True
+    """
+    exc.raised_on_every_rank = True
+    return exc
+
+
+def raised_on_every_rank(exc: BaseException) -> bool:
+    """Whether every rank raised ``exc`` together (marked by the agreement).
+
+    >>> raised_on_every_rank(ValueError("only here"))
+    False
+    """
+    return getattr(exc, "raised_on_every_rank", False) is True
+
+
+def hash64(text: str) -> int:
+    """A hash of ``text`` in [0, 2**63): the same on every rank and in every run, and small
+    enough that its negative is an int64 too (``span`` compares max(v) with -max(-v)).
+
+    >>> hash64("fc.weight") == hash64("fc.weight"), 0 <= hash64("") < 2**63
+    (True, True)
+    """
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def span(values: Sequence[int]) -> list[tuple[int, int]]:
+    """(min, max) over all ranks of each value, in one small allreduce. Values must lie in
+    (-2**63, 2**63).
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> span([3, -1])
+    [(3, 3), (-1, -1)]
+    """
+    n = len(values)
+    if C.size() == 1 or n == 0:
+        return [(int(v), int(v)) for v in values]
+    v = torch.tensor(list(values), dtype=torch.int64)
+    both = torch.cat([v, -v])
+    C.allreduce_(both, "max")
+    return [(-int(both[n + i]), int(both[i])) for i in range(n)]
+
+
+def bcast_bytes(data: bytes | None, root: int) -> bytes:
+    """``root``'s bytes on every rank (other ranks' ``data`` is ignored).
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> bcast_bytes(b"hi", 0)
+    b'hi'
+    """
+    return C.broadcast_bytes(data if C.rank() == root else None, root)
+
+
+def raise_together(error: BaseException | None, what: str) -> None:
+    """If any rank has an ``error``, raise the lowest such rank's on every rank: the same
+    exception type where it is a common one (ValueError, OSError, ...; else RuntimeError),
+    its message, and where it came from: ``"<message> (on rank R, in <what>)"``. The rank
+    that had it chains the original. Returns when no rank has one.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> raise_together(None, "nothing")
+    >>> raise_together(ValueError("bad"), "load")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad (on rank 0, in load)
+    """
+    size, rank = C.size(), C.rank()
+    ((bad, _),) = span([rank if error is not None else size])
+    if bad == size:
+        return
+    mine = b""
+    if rank == bad:
+        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        mine = pickle.dumps((type(error).__name__, str(text)))
+    name, message = pickle.loads(bcast_bytes(mine, bad))
+    exc = _PORTABLE.get(name, RuntimeError)
+    if name not in _PORTABLE:
+        message = f"{name}: {message}"
+    raised = mark_raised_on_every_rank(exc(f"{message} (on rank {bad}, in {what})"))
+    if rank == bad:
+        raise raised from error
+    raise raised
+
+
+def first_difference(items: Sequence[str], noun: str = "items") -> tuple[int, int, str, str] | None:
+    """Compare every rank's list of strings with rank 0's. None when all are equal; else
+    ``(index, rank, that rank's item, rank 0's item)`` for the lowest index at which some
+    rank differs (the lowest such rank). A missing item reads "nothing (it has only N
+    <noun>)".
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> first_difference(["a", "b"]) is None
+    True
+    """
+    items = list(items)
+    h = hash64("\n".join(items))
+    (lo_n, hi_n), (lo_h, hi_h) = span([len(items), h])
+    if lo_n == hi_n and lo_h == hi_h:
+        return None
+    size, rank = C.size(), C.rank()
+    ref = pickle.loads(bcast_bytes(pickle.dumps(items), 0))
+
+    def item(lst, i):
+        return lst[i] if i < len(lst) else f"nothing (it has only {len(lst)} {noun})"
+
+    first = next(
+        (i for i, (a, b) in enumerate(zip(items, ref)) if a != b), min(len(items), len(ref))
+    )
+    if first == len(items) == len(ref):
+        first = 1 << 40  # the same as rank 0
+    ((key, _),) = span([first * size + rank])
+    index, who = divmod(key, size)
+    mine = item(items, index).encode() if rank == who else None
+    return index, who, bcast_bytes(mine, who).decode(), item(ref, index)
+
+
+def require_same(
+    items: Sequence[str], what: str, noun: str, singular: str, advice: str = ""
+) -> None:
+    """Collective: return when every rank's ``items`` equal rank 0's; else raise ValueError on
+    every rank naming the first one that differs: ``"<what>: the <noun> differ across ranks;
+    first difference at <singular> <index>: rank R has ..., rank 0 has ...<advice>"``.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> require_same(["w: shape (3,)"], "doc", "parameters", "parameter")
+    """
+    diff = first_difference(items, noun)
+    if diff is None:
+        return
+    index, rank, theirs, ref0 = diff
+    raise mark_raised_on_every_rank(
+        ValueError(
+            f"{what}: the {noun} differ across ranks; first difference at {singular} {index}: "
+            f"rank {rank} has {theirs}, rank 0 has {ref0}{advice}"
+        )
+    )

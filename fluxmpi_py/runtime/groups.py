@@ -1,0 +1,121 @@
+"""Sub-groups: collectives among some of the ranks while the others do something else.
+
+``new_group(ranks)`` is called by every rank with the same list, in the same order as the
+other groups (as ``torch.distributed.new_group`` is). The collectives, DistributedOptimizer,
+synchronize_ and DistributedDataContainer take the group as ``group=``; only its members may
+call with it. Inside a group, ranks are numbered by their place in the sorted list: a
+``root_rank`` is a rank in the group, and results come in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .._core import C
+
+__all__ = ["Group", "new_group"]
+
+
+class Group:
+    """A subset of the ranks, made by :func:`new_group`.
+
+    ``ranks`` are the world ranks of its members (ascending), ``size`` their number, ``rank``
+    this process's rank in the group (None outside it); ``r in group`` asks about world rank r.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> g = fm.new_group([0])
+    >>> g.ranks, g.size, 0 in g, g.rank == (0 if fm.local_rank() == 0 else None)
+    ((0,), 1, True, True)
+    """
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    @property
+    def ranks(self) -> tuple:
+        """World ranks of the members, ascending."""
+        return tuple(self._handle.ranks)
+
+    @property
+    def size(self) -> int:
+        """Number of members."""
+        return self._handle.size
+
+    @property
+    def rank(self) -> int | None:
+        """This process's rank in the group (its place in ``ranks``), or None outside it."""
+        r = self._handle.rank
+        return None if r < 0 else r
+
+    def __contains__(self, world_rank: int) -> bool:
+        return world_rank in self._handle.ranks
+
+    def __repr__(self) -> str:
+        return f"Group(ranks={list(self.ranks)}, rank={self.rank})"
+
+
+def new_group(ranks: Iterable[int]) -> Group:
+    """Make a group of the world ranks ``ranks``. A collective over every rank: all call it
+    with the same list (order and repeats aside: a repeated rank is a ValueError), in the same
+    order as their other ``new_group`` calls. Different lists raise a RuntimeError on every
+    rank, naming each rank's list; a bad list raises a ValueError on every rank.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> fm.new_group(range(fm.total_workers())).size == fm.total_workers()
+    True
+    """
+    try:
+        ranks = [int(r) for r in ranks]
+    except TypeError as e:
+        raise TypeError(f"new_group: ranks must be an iterable of ints ({e})") from None
+    return Group(C.new_group(ranks))
+
+
+class on_group:
+    """Run the compiled calls inside this context on ``group`` (None: the world). A rank outside
+    the group gets a ValueError naming its rank, ``call`` and the group's ranks, raised here,
+    before any communication. Internal: the public functions take ``group=``."""
+
+    __slots__ = ("_handle", "_previous")
+
+    def __init__(self, group: Group | None, call: str):
+        if group is None:
+            self._handle = None
+            return
+        if not isinstance(group, Group):
+            raise TypeError(
+                f"{call}: group must be a fluxmpi_py.Group (from new_group) or None, "
+                f"got {type(group).__name__}"
+            )
+        group._handle.check_member(call)
+        self._handle = group._handle
+
+    def __enter__(self):
+        if self._handle is not None:
+            self._previous = C.set_current_group(self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._handle is not None:
+            C.set_current_group(self._previous)
+        return False
+
+
+class on_handle:
+    """Make the compiled group ``handle`` (``C.current_group()`` taken earlier) current inside
+    this context: a backward pass runs its collectives on the forward pass's group."""
+
+    __slots__ = ("_handle", "_previous")
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __enter__(self):
+        self._previous = C.set_current_group(self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        C.set_current_group(self._previous)
+        return False

@@ -1,0 +1,246 @@
+"""Start-up and rank helpers: Init, Initialized, local_rank, total_workers, barrier."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from .._core import C
+from ..data import loader_check as _dataloader_check
+from . import excepthooks as _excepthooks
+from . import stall as _stall
+from .agreement import mark_raised_on_every_rank
+from .gpu_choice import choose_gpu
+from .groups import on_group
+from .preferences import cudampi_enabled
+from .printing import fluxmpi_println
+
+__all__ = [
+    "Init",
+    "Initialized",
+    "local_rank",
+    "total_workers",
+    "node_local_rank",
+    "barrier",
+    "build_info",
+]
+
+_lock = threading.Lock()
+
+
+def _comm_handle(comm) -> int:
+    if comm is None:
+        return 0
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise TypeError(
+            "Init(comm=...) takes an mpi4py communicator, but mpi4py is not installed"
+        ) from e
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"Init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError(
+            "Init(comm=MPI.COMM_NULL): call Init only on the ranks inside the communicator"
+        )
+    return int(MPI._handleof(comm))
+
+
+def _at_exit():
+    if C.initialized():
+        C.shutdown()  # also wakes the stack thread, which then returns into Python
+        # Let it finish before the interpreter finalizes: a thread that retakes the GIL during
+        # finalization is ended by pthread_exit, whose unwind through C++ aborts the process.
+        _stall.join_stack_thread(timeout=5.0)
+
+
+def Init(
+    gpu_devices: Sequence[int] | None = None,
+    verbose: bool = False,
+    comm=None,
+    stall_warning=_stall._UNSET,
+    timeout=_stall._UNSET,
+) -> None:
+    """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
+
+    Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.
+    ``comm`` takes an mpi4py communicator to run on a subset of ranks. When CUDA is available
+    each rank takes GPU ``gpu_devices[node_local_rank()]``, or ``node_local_rank() % count``.
+    A collective that has waited ``stall_warning`` seconds (default 60, or
+    ``FLUXMPI_STALL_WARNING``) prints a report naming the ranks that have not entered it and
+    what they are doing; after ``timeout`` seconds (default 1800, or ``FLUXMPI_TIMEOUT``) the
+    job is aborted with that report. ``None`` (or 0) disables either.
+    NCCL allows one rank per GPU: where ranks of a node share one, CUDA collectives raise a
+    ValueError naming them (host tensors are unaffected).
+
+    >>> import fluxmpi_py as fm
+    >>> fm.Init()
+    >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
+    (True, True)
+    """
+    warning_s, timeout_s = _stall.settings(stall_warning, timeout)
+    with _lock:
+        first = not C.initialized()
+        C.init(_comm_handle(comm))
+        if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
+            C.set_stall_settings(warning_s, timeout_s)
+        if not first:
+            return
+        atexit.register(_at_exit)
+        # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
+        # memory instead of handing device pointers to a CUDA-aware MPI.
+        C.set_cuda_mpi_allowed(cudampi_enabled())
+        if C.size() > 1:
+            _stall.start_stack_thread()
+            _excepthooks.install()
+            _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
+        if choice.device is not None:
+            torch.cuda.set_device(choice.device)
+            device = torch.device("cuda", choice.device)
+        else:
+            device = torch.device("cpu")
+        # An experiment, never run on a GPU: NCCL on a stream of its own (csrc/backend/select.h).
+        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
+        # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
+        # over MPI instead (staged through pinned host memory), unless NCCL is told to share
+        # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
+        # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
+        # over MPI always.
+        over_mpi, why = _cuda_route(choice)
+        C.set_cuda_over_mpi(over_mpi)
+        C.set_cuda_refusal(why)
+        quiet = os.environ.get("FLUXMPI_CUDA_OVER_MPI") == "1"
+        if over_mpi and choice.shared and not quiet and C.node_rank() == 0:
+            warnings.warn(
+                f"fluxmpi_py: {choice.sharing_message()}; NCCL allows one rank per GPU, so "
+                "CUDA collectives go over MPI, staged through host memory (correct, slower "
+                "than NCCL). Run one rank per GPU, or choose distinct GPUs with "
+                "Init(gpu_devices=[...]); FLUXMPI_CUDA_OVER_MPI=1 silences this",
+                stacklevel=2,
+            )
+        if verbose:
+            fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
+
+
+def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:
+    """This rank's wish, before the ranks agree: CUDA collectives over MPI? None for a bad
+    `forced`. `shared`: node-local ranks share this rank's GPU; `nccl_told`: NCCL_HOSTID or
+    NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL share it; `forced`: FLUXMPI_CUDA_OVER_MPI's value,
+    "1" (always MPI), "0" (always NCCL) or "" (MPI where ranks share a GPU NCCL cannot)."""
+    if forced not in ("", "0", "1"):
+        return None
+    return forced == "1" or (forced == "" and shared and not nccl_told)
+
+
+def _cuda_route(choice) -> tuple[bool, str]:
+    """(CUDA collectives over MPI?, why NCCL must refuse them or "") for this rank's GPU choice
+    and the environment. Collective: every rank takes MPI if any rank does (a rank on NCCL and
+    a rank on MPI would never meet), and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
+    nccl_told = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
+    forced = os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
+    wanted = _cuda_route_wanted(bool(choice.shared), nccl_told, forced)
+    # [any rank over MPI, 1 + the highest rank with a bad value (0: none)]
+    votes = torch.tensor([int(bool(wanted)), 0 if wanted is not None else C.rank() + 1])
+    C.allreduce_(votes, "max")
+    if votes[1] > 0:
+        bad = int(votes[1]) - 1
+        value = f" is {forced!r}" if bad == C.rank() else ""
+        raise mark_raised_on_every_rank(
+            ValueError(
+                f"fluxmpi_py.Init(): FLUXMPI_CUDA_OVER_MPI on rank {bad}{value}: expected 1 (CUDA "
+                "collectives over MPI), 0 (over NCCL) or unset (over MPI only where ranks share "
+                "a GPU)"
+            )
+        )
+    if votes[0]:
+        return True, ""
+    if choice.shared and not nccl_told:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
+        return False, (
+            choice.sharing_message() + "; NCCL allows one rank per GPU and "
+            "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "
+            "GPU, choose distinct GPUs with Init(gpu_devices=[...]), or unset "
+            "FLUXMPI_CUDA_OVER_MPI to share the GPU over MPI"
+        )
+    return False, ""
+
+
+def Initialized() -> bool:
+    """True once Init() has run in this process.
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.Initialized()
+    True
+    """
+    return bool(C.initialized())
+
+
+def local_rank() -> int:
+    """This process's rank in the job's communicator, 0 <= rank < total_workers().
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.local_rank()
+    0
+    """
+    return C.rank()
+
+
+def total_workers() -> int:
+    """Number of ranks in the job's communicator.
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.total_workers()
+    1
+    """
+    return C.size()
+
+
+def node_local_rank() -> int:
+    """This process's rank among the ranks on the same node (used to pick a GPU).
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.node_local_rank()
+    0
+    """
+    return C.node_rank()
+
+
+def barrier(*, group=None) -> None:
+    """Block until every rank (every member of ``group``) has called barrier(). A collective.
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.barrier()
+    """
+    if group is None:
+        C.barrier()
+        return
+    with on_group(group, "barrier()"):
+        C.barrier()
+
+
+def build_info() -> dict:
+    """Versions this process runs with: torch, MPI vendor and standard, CUDA and NCCL.
+
+    >>> import fluxmpi_py as fm; sorted(fm.build_info())[:3]
+    ['compiled_torch', 'compiled_with_cuda', 'cuda']
+    """
+    return {
+        "torch": torch.__version__,
+        "compiled_torch": C.compiled_torch_version,
+        "mpi_library": C.mpi_library_version(),
+        "mpi_standard": C.mpi_standard_version(),
+        "cuda": torch.version.cuda,
+        "compiled_with_cuda": bool(C.compiled_with_cuda()),
+        "nccl": C.nccl_version() or None,
+        "cuda_mpi_enabled": cudampi_enabled(),
+        # Whether the MPI library takes CUDA pointers ("yes"/"no"; "unknown" before Init).
+        "cuda_aware_mpi": C.mpi_cuda_support(),
+        # where CUDA tensors' collectives run: "nccl", or "mpi" (ranks sharing a GPU, or
+        # FLUXMPI_CUDA_OVER_MPI=1); None without CUDA in the build
+        "cuda_collectives": (
+            ("mpi" if C.cuda_over_mpi() else "nccl") if C.compiled_with_cuda() else None
+        ),
+        "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
+        "mpi_wait": C.wait_policy() or None,
+    }

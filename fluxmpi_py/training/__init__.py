@@ -1,0 +1,36 @@
+"""The training step: DistributedOptimizer, gradient reduction, join, buffers, consistency checks,
+SyncBatchNorm and checkpoints."""
+
+from .buffers import (
+    synchronize_buffers_,
+)
+from .checkpoint import (
+    load_checkpoint,
+    save_checkpoint,
+)
+from .consistency import (
+    check_consistency,
+)
+from .gradients import (
+    allreduce_gradients,
+)
+from .join import (
+    Join,
+)
+from .optimizer import (
+    DistributedOptimizer,
+)
+from .sync_batchnorm import (
+    SyncBatchNorm,
+)
+
+__all__ = [
+    "DistributedOptimizer",
+    "allreduce_gradients",
+    "synchronize_buffers_",
+    "save_checkpoint",
+    "load_checkpoint",
+    "check_consistency",
+    "SyncBatchNorm",
+    "Join",
+]

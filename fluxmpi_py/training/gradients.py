@@ -1,0 +1,85 @@
+"""allreduce_gradients: FluxMPI's one-call gradient reduction, for training loops without
+DistributedOptimizer. The same plan and C++ reducer as DistributedOptimizer, cached per
+parameter list."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+import torch
+
+from ..runtime.agreement import user_call
+from ._reduction_plan import ReductionPlan, replan_if_changed
+from .consistency import _check as _check_consistency
+from .optimizer import _NEVER, DEFAULT_DIRECT_MIN_BYTES, _MiB
+
+__all__ = ["allreduce_gradients"]
+
+
+_plan_cache: dict = {}
+
+
+@user_call.of("allreduce_gradients()")
+def allreduce_gradients(
+    model_or_params: torch.nn.Module | Iterable[torch.Tensor],
+    op: str = "average",
+    *,
+    bucket_cap_mb: float = 25,
+    direct_min_bytes: int | None = DEFAULT_DIRECT_MIN_BYTES,
+) -> None:
+    """Reduce the ``.grad`` of every parameter over all ranks in one fused call (FluxMPI's
+    ``allreduce_gradients``), for training loops without DistributedOptimizer.
+
+    A gradient missing on some ranks counts as zeros there; missing on every rank stays None.
+    The first call with a parameter list checks that every rank holds the same parameters
+    (ValueError on every rank, naming the first that differs: a forgotten
+    :func:`synchronize_`). Parameters with ``requires_grad=False`` are left out; a call after
+    some rank froze or unfroze a parameter re-plans on every rank (or raises ValueError naming
+    the parameter where the ranks differ). Small gradients may afterwards be views of a fused
+    buffer (as DDP's gradient_as_bucket_view).
+
+    >>> import torch, fluxmpi_py as fm; fm.Init()
+    >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
+    >>> fm.allreduce_gradients(m)
+    """
+    if op not in ("sum", "average", "avg", "mean"):
+        raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
+    direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
+    is_module = isinstance(model_or_params, torch.nn.Module)
+    given = list(model_or_params.parameters()) if is_module else list(model_or_params)
+
+    def named():
+        if is_module:
+            return list(model_or_params.named_parameters())
+        return [(f"params[{i}]", p) for i, p in enumerate(given)]
+
+    # The same parameters as last time (checked by identity, at C speed): reuse the plan, its
+    # reducer and its buffers; per call that leaves the requires_grad check and the reduction.
+    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
+    hit = _plan_cache.get(key)
+    if hit is None or not all(map(operator.is_, hit[0], given)):
+        if not is_module and not all(isinstance(p, torch.Tensor) for p in given):
+            raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
+        if len(_plan_cache) > 8:
+            _plan_cache.clear()
+        plan = ReductionPlan(
+            named(),
+            "allreduce_gradients()",
+            op=op,
+            cap_bytes=int(bucket_cap_mb * _MiB),
+            direct_min_bytes=direct,
+        )
+        # A new plan (the first call): the ranks must start from the same parameters, or each
+        # would apply the averaged gradients to its own weights (see DistributedOptimizer's
+        # first-step check). One pass over them and one tiny allreduce, per plan.
+        _check_consistency(
+            {"parameters": dict(named())},
+            {},
+            "allreduce_gradients(): the ranks must hold the same parameters when it first "
+            "sees them (start them equal: fm.synchronize_(model) after building or loading "
+            "it, or the same seed everywhere)",
+        )
+        hit = _plan_cache[key] = (given, plan)
+    plan = hit[1]
+    replan_if_changed(plan, plan.requires_grad_changed(), named)

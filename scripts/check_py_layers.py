@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Check that the Python package keeps its layers, as scripts/check_layers.py does for csrc/:
+every import of a fluxmpi_py module points to the importing module's own layer or a lower one,
+no two modules import each other (directly or around a cycle), no fluxmpi_py import hides
+inside a function, and only ``_core`` imports the compiled ``_C``.
+
+    python3 scripts/check_py_layers.py [PACKAGE_DIR]   # exit status 1 and one line per fault
+
+The layers, top to bottom (docs/DEVELOPING.md):
+
+    fluxmpi_py/__init__.py, horovod.py    the public face (fm.X, fluxmpi_py.horovod)
+    integrations/                         the c10d backend and the Horovod face
+    training/                             optimizer, gradients, join, buffers, checkpoints, ...
+    sync/  data/                          synchronize_ | DistributedDataContainer, sampler
+    collectives/                          allreduce_ ... alltoall, objects, differentiable
+    runtime/                              Init and the world, groups, agreement, stalls, launch
+    _core.py  _util/                      the gateway to _C | helpers that need nothing else
+
+sync/ and data/ share a level but may not import each other. integrations/ may also import the
+package itself (``import fluxmpi_py as fm``: the public names), which must then not import them
+back: the cycle check sees that.
+
+>>> layer_of("training/join.py"), layer_of("_core.py"), layer_of("__init__.py")
+('training', '_core', 'face')
+>>> allowed("training", "runtime"), allowed("runtime", "collectives"), allowed("sync", "data")
+(True, False, False)
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+# top-level name -> (layer, level); a module may import its own layer or one of a lower level.
+LAYERS = {
+    "__init__.py": ("face", 7),
+    "horovod.py": ("face", 7),
+    "integrations": ("integrations", 6),
+    "training": ("training", 5),
+    "sync": ("sync", 4),
+    "data": ("data", 4),
+    "collectives": ("collectives", 3),
+    "runtime": ("runtime", 2),
+    "_core.py": ("_core", 1),
+    "_util": ("_util", 0),
+}
+PACKAGE = "fluxmpi_py"
+GATEWAY = "_core.py"  # the one module that may import _C
+
+
+def layer_of(rel: str) -> str | None:
+    """The layer of a path relative to the package directory (None outside every layer)."""
+    top = rel.split("/", 1)[0]
+    return LAYERS[top][0] if top in LAYERS else None
+
+
+def allowed(src: str, dst: str) -> bool:
+    """Whether a module of layer `src` may import a module of layer `dst`."""
+    level = {name: lvl for name, lvl in LAYERS.values()}
+    return src == dst or level[dst] < level[src]
+
+
+def modules(root: str) -> dict[str, str]:
+    """Dotted module name (relative to the package, "" for the package) -> path relative to root."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+                name = rel[: -len(".py")].replace("/", ".")
+                name = name[: -len("__init__")].rstrip(".") if name.endswith("__init__") else name
+                out[name] = rel
+    return out
+
+
+def _target(mods: dict[str, str], cur: str, is_pkg: bool, node: ast.AST) -> list[str]:
+    """The package modules an import statement reaches (a ``from X import name`` may name a
+    submodule of X)."""
+    found = []
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.name == PACKAGE or a.name.startswith(PACKAGE + "."):
+                found.append(a.name[len(PACKAGE) + 1 :])
+        return found
+    assert isinstance(node, ast.ImportFrom)
+    if node.level == 0:
+        if node.module != PACKAGE and not (node.module or "").startswith(PACKAGE + "."):
+            return []
+        base = (node.module or "")[len(PACKAGE) + 1 :]
+    else:
+        parts = cur.split(".") if cur else []
+        pkg = parts if is_pkg else parts[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+        base = ".".join([*pkg, *([node.module] if node.module else [])])
+    for a in node.names:
+        sub = f"{base}.{a.name}" if base else a.name
+        found.append(sub if sub in mods or a.name == "_C" else base)
+    return found
+
+
+def _functions_imports(tree: ast.AST) -> set[int]:
+    """Ids of the import nodes that sit inside a function or method."""
+    inner: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for n in ast.walk(fn):
+                if isinstance(n, (ast.Import, ast.ImportFrom)):
+                    inner.add(id(n))
+    return inner
+
+
+def check(root: str) -> tuple[list[str], int]:
+    """(faults, number of modules checked) for the package at `root` (a fluxmpi_py/ directory)."""
+    faults: list[str] = []
+    mods = modules(root)
+    edges: dict[str, set[str]] = {}
+    for name, rel in sorted(mods.items()):
+        src = layer_of(rel)
+        if src is None:
+            faults.append(f"{rel}: outside every layer (put it in one of the layers' folders)")
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), rel)
+        inner = _functions_imports(tree)
+        is_pkg = rel.endswith("__init__.py")
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in _target(mods, name, is_pkg, node):
+                where = f"{rel}:{node.lineno}"
+                if target.endswith("_C") and target.split(".")[-1] == "_C" or target == "_C":
+                    if rel != GATEWAY:
+                        faults.append(f"{where}: imports _C; only {GATEWAY} may (use its C)")
+                    continue
+                if id(node) in inner:
+                    faults.append(
+                        f"{where}: imports {PACKAGE}.{target} inside a function; import it at "
+                        "the top of the module (a circle it dodges is a fault of its own)"
+                    )
+                if target not in mods:
+                    continue  # a name from the package itself: checked by the edge to it
+                dst = layer_of(mods[target])
+                if src == "integrations" and target == "":
+                    pass  # integrations build on the public face (import fluxmpi_py as fm)
+                elif dst is not None and not allowed(src, dst):
+                    faults.append(
+                        f"{where}: imports {PACKAGE}.{target or '(the package)'}: layer {src} "
+                        f"may not import layer {dst}"
+                    )
+                if target != name:
+                    edges.setdefault(name, set()).add(target)
+    cycle = _find_cycle(edges)
+    if cycle:
+        faults.append("import cycle: " + " -> ".join(f"{PACKAGE}.{m}".rstrip(".") for m in cycle))
+    return faults, len(mods)
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph, the first node repeated at the end."""
+    graph = edges
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m) :] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def main(argv: list[str]) -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = argv[1] if len(argv) > 1 else os.path.join(here, "..", PACKAGE)
+    faults, n = check(root)
+    for f in faults:
+        print(f)
+    if faults:
+        print(f"check_py_layers: {len(faults)} fault(s) in {n} modules", file=sys.stderr)
+        return 1
+    print(
+        f"check_py_layers: {n} modules follow face > integrations > training > sync | data > "
+        "collectives > runtime > _core | _util"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

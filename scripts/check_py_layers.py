@@ -150,38 +150,33 @@ def check(root: str) -> tuple[list[str], int]:
                     )
                 if target != name:
                     edges.setdefault(name, set()).add(target)
-    cycle = _find_cycle(edges)
-    if cycle:
+    for cycle in _find_cycles(edges):
         faults.append("import cycle: " + " -> ".join(f"{PACKAGE}.{m}".rstrip(".") for m in cycle))
     return faults, len(mods)
 
 
-def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of the graph, the first node repeated at the end."""
-    graph = edges
-    state: dict[str, int] = {}
+def _find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk closes (one per edge back onto its path), each with its
+    first node repeated at the end."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
+    found: list[list[str]] = []
 
-    def visit(n: str) -> list[str] | None:
+    def visit(n: str) -> None:
         state[n] = 1
         path.append(n)
-        for m in sorted(graph.get(n, ())):
+        for m in sorted(edges.get(n, ())):
             if state.get(m) == 1:
-                return path[path.index(m) :] + [m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
+                found.append(path[path.index(m) :] + [m])
+            elif m not in state:
+                visit(m)
         path.pop()
         state[n] = 2
-        return None
 
-    for n in sorted(graph):
+    for n in sorted(edges):
         if n not in state:
-            found = visit(n)
-            if found:
-                return found
-    return None
+            visit(n)
+    return found
 
 
 def main(argv: list[str]) -> int:

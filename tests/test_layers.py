@@ -67,3 +67,72 @@ def test_checker_fails_on_a_file_outside_the_layers(tmp_path):
     (csrc / "bindings.cpp").write_text('#include "ops/collectives.h"\n')
     rc, out = check(str(csrc))
     assert rc == 1 and "bindings.cpp: outside every layer" in out, out
+
+
+# --- the Python package: scripts/check_py_layers.py -------------------------------------------
+PY_SCRIPT = os.path.join(ROOT, "scripts", "check_py_layers.py")
+
+
+def check_package(package):
+    proc = subprocess.run(
+        [sys.executable, PY_SCRIPT, package], capture_output=True, text=True, timeout=60
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_package_follows_the_layers():
+    rc, out = check_package(os.path.join(ROOT, "fluxmpi_py"))
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(
+    "path, line, fault",
+    [
+        # an upward import, and the sibling rule
+        (
+            "runtime/groups.py",
+            "from ..training import optimizer",
+            "runtime/groups.py:1: imports fluxmpi_py.training.optimizer: layer runtime may not "
+            "import layer training",
+        ),
+        ("sync/_walk.py", "from ..data import sampler", "layer sync may not import layer data"),
+        # the circle the package had (optimizer <-> join), put back at the top
+        (
+            "training/join.py",
+            "from .optimizer import DistributedOptimizer",
+            "fluxmpi_py.training.join -> fluxmpi_py.training.optimizer",
+        ),
+        # the same import hidden inside a function is reported as such
+        (
+            "training/join.py",
+            "def _late():\n    from .optimizer import DistributedOptimizer",
+            "imports fluxmpi_py.training.optimizer inside a function",
+        ),
+        # the compiled core through anything but _core
+        ("collectives/inplace.py", "from .. import _C", "imports _C; only _core.py may"),
+        ("training/optimizer.py", "import fluxmpi_py._C as C", "imports _C; only _core.py may"),
+    ],
+)
+def test_package_checker_fails_on_a_bad_import(tmp_path, path, line, fault):
+    package = tmp_path / "fluxmpi_py"
+    shutil.copytree(
+        os.path.join(ROOT, "fluxmpi_py"),
+        package,
+        ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+    )
+    f = package / path
+    f.write_text(line + "\n" + f.read_text())
+    rc, out = check_package(str(package))
+    assert rc == 1 and fault in out, out
+
+
+def test_package_checker_fails_on_a_module_outside_the_layers(tmp_path):
+    package = tmp_path / "fluxmpi_py"
+    shutil.copytree(
+        os.path.join(ROOT, "fluxmpi_py"),
+        package,
+        ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+    )
+    (package / "helpers.py").write_text("from ._core import C\n")
+    rc, out = check_package(str(package))
+    assert rc == 1 and "helpers.py: outside every layer" in out, out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 
 class _Recording:
@@ -26,7 +26,7 @@ class _Recording:
 
 
 def write_atomic(
-    path: str, data: bytes | Callable[[IO[bytes]], None], *, durable: bool = False
+    path: str, data: bytes | Callable[[Any], None], *, durable: bool = False
 ) -> None:
     """Write ``data`` (bytes, or a function that writes to the open binary file) to ``path``
     so that a reader sees the old file or the whole new one, never a part: it goes to a

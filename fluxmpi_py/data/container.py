@@ -84,6 +84,10 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     True
     """
 
+    _n: int  # the dataset's length
+    _shuffle: bool
+    _mode: str  # "pad", "drop_last" or "even"
+
     @user_call.of("DistributedDataContainer()")
     def __init__(
         self,
@@ -103,7 +107,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
                 raise ValueError(f"{owner}: pass group= or rank= and world_size=, not both")
             with on_group(group, f"{owner}()"):
                 rank, world_size = group.rank, group.size
-                self.__init__(
+                type(self).__init__(
+                    self,
                     data,
                     shuffle=shuffle,
                     seed=seed,
@@ -152,7 +157,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         return new
 
     # --- the shard -------------------------------------------------------------------------
-    def _spec(self, epoch: int, seed: int):
+    def _spec(self, epoch: int, seed: int) -> tuple[int, int, int, str, bool, int, int]:
         return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
 
     def __len__(self) -> int:

@@ -99,9 +99,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas
         self._resume = 0  # start of the next iterator (load_state_dict), then 0
         self._first = 0  # start of the latest iterator
-        self._last = None  # the latest iterator (read .position), or its position once pickled
+        self._last: C.ShardIterator | int | None = None  # the latest iterator (read .position), or its position once pickled
 
-    def _spec(self):
+    def _spec(self) -> tuple[int, int, int, str, bool, int, int]:
         # Read at each iterator, as torch does, so attributes set directly are honoured.
         return (
             self._n,
@@ -121,8 +121,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._first, self._resume = self._resume, 0
         # A C iterator: indices are computed in chunks of 4 Ki and handed out as ints without
         # a Python frame per index; its .position says exactly how far the consumer got.
-        self._last = C.shard_iter(*spec, self._first, self.num_samples)
-        return self._last
+        it = C.shard_iter(*spec, self._first, self.num_samples)
+        self._last = it
+        return it
 
     def _position(self) -> int:
         if self._last is None:

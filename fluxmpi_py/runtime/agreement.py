@@ -93,7 +93,7 @@ def mark_raised_on_every_rank(exc: BaseException) -> BaseException:
     >>> raised_on_every_rank(mark_raised_on_every_rank(ValueError("bad")))
     True
     """
-    exc.raised_on_every_rank = True
+    setattr(exc, "raised_on_every_rank", True)  # read by the excepthook: one rank reports
     return exc
 
 

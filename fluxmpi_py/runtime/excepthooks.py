@@ -34,7 +34,7 @@ def _traceback_text(exc_type, exc, tb) -> str:
     # it goes out in one write.
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf):
-        (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+        _previous_excepthook(exc_type, exc, tb)
     return buf.getvalue()
 
 

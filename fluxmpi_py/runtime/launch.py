@@ -138,7 +138,7 @@ def _encode_callable(fn: Callable) -> dict:
 def _decode_callable(spec: dict) -> Callable:
     if spec["kind"] == "pickle":
         return pickle.loads(spec["data"])
-    namespace = {"__name__": "__fluxmpi_launch__"}
+    namespace: dict[str, Any] = {"__name__": "__fluxmpi_launch__"}
     exec(compile(spec["source"], f"<launch: source of {spec['name']}>", "exec"), namespace)
     return namespace[spec["name"]]
 
@@ -218,6 +218,7 @@ def _stream(proc: subprocess.Popen, deadline: float | None, tail: deque) -> bool
     """Copy the ranks' stdout/stderr to ours as it arrives (from this thread, so that Jupyter
     shows it under the running cell). Returns False if the deadline passed first."""
     sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None  # started with PIPEs
     sinks = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
     partial = {fd: b"" for fd in sinks}
     for fd in sinks:
@@ -348,8 +349,9 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
                     finished = False
         finally:
             _kill_group(proc)  # on success too: nothing of the job may survive the call
-            proc.stdout.close()
-            proc.stderr.close()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         if not finished:
             raise TimeoutError(
                 f"launch: {name} on {np} ranks did not finish within {timeout} s; "

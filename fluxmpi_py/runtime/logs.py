@@ -85,9 +85,9 @@ def get_logger(
     handler = next((h for h in logger.handlers if getattr(h, "_fluxmpi_py", False)), None)
     if handler is None:
         handler = logging.StreamHandler(stream or sys.stderr)
-        handler._fluxmpi_py = True
+        setattr(handler, "_fluxmpi_py", True)  # marks our handler, found again above
         logger.addHandler(handler)
-    elif stream is not None:
+    elif stream is not None and isinstance(handler, logging.StreamHandler):
         handler.setStream(stream)
     for f in list(handler.filters):
         if isinstance(f, RankFilter):

@@ -20,8 +20,10 @@ from .._core import C
 DEFAULT_STALL_WARNING = 60.0  # seconds, as Horovod's stall inspector
 DEFAULT_TIMEOUT = 1800.0  # seconds, as torch.distributed
 # Frames in these directories are not the user's line ("issued at").
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], torch)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fluxmpi_py/
+_LIBRARY_DIRS = (
+    _PACKAGE_DIR + os.sep,
+    os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
 )
 _OFF = ("", "0", "none", "off", "never", "inf")
 _UNSET = object()
@@ -83,7 +85,8 @@ def main_thread_stack(limit: int = 16) -> tuple[str, str]:
     >>> stack, site = main_thread_stack(); "File" in stack
     True
     """
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    ident = threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
     if frame is None:
         return "", ""
     frames = traceback.extract_stack(frame, limit=limit)

@@ -10,6 +10,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from .._core import C
 from ._walk import (
     _MISSING,
     _TYPE,
@@ -37,12 +38,12 @@ class _Planner:
         self.meta = meta
         self.rank = rank
         self.root = root
-        self.targets = [None] * len(meta)
+        self.targets: list[torch.Tensor | None] = [None] * len(meta)
 
     def _where(self, mine, roots) -> str:
         return f"{mine} on rank {self.rank}, {roots} on root {self.root}"
 
-    def _fail(self, cls: int, path: str, msg: str):
+    def _fail(self, cls: C.ErrorClass, path: str, msg: str):
         raise _SyncError(cls, f"{_show(path)}: {msg}")
 
     def _kind_error(self, path: str, expected: str, x):

@@ -29,7 +29,7 @@ _MISSING = object()
 class _SyncError(Exception):
     """A local problem, carried into the next agreement so that every rank raises it."""
 
-    def __init__(self, cls: int, msg: str):
+    def __init__(self, cls: C.ErrorClass, msg: str):
         super().__init__(msg)
         self.cls = cls
         self.msg = msg

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import warnings
+from typing import cast
 
 import torch
 
@@ -28,6 +29,11 @@ def _named_buffer_slots(module: torch.nn.Module) -> list[tuple[str, torch.nn.Mod
         (name, module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
         for name, _ in module.named_buffers()
     ]
+
+
+def _buffer(owner: torch.nn.Module, key: str) -> torch.Tensor:
+    """The buffer in a slot (named_buffers lists only the slots that hold a tensor)."""
+    return cast(torch.Tensor, owner._buffers[key])
 
 
 class BufferSync:
@@ -54,7 +60,7 @@ class BufferSync:
         self._slots = _named_buffer_slots(module)
         descs = []
         for name, owner, key in self._slots:
-            b = owner._buffers[key]
+            b = _buffer(owner, key)
             descs.append(
                 f"{name}: shape {tuple(b.shape)}, dtype {str(b.dtype).replace('torch.', '')}, "
                 f"device {b.device.type}"
@@ -79,7 +85,7 @@ class BufferSync:
     def start(self) -> list:
         """Launch the collectives on packed copies of the buffers (the buffers themselves
         stay readable); ``finish`` writes the results back. A collective."""
-        bufs = [owner._buffers[key] for _, owner, key in self._slots]
+        bufs = [_buffer(owner, key) for _, owner, key in self._slots]
         if self._bufs is None or not all(map(operator.is_, bufs, self._bufs)):
             self._plan(bufs)  # first call, or a module replaced a buffer (e.g. .to(device))
         pending = []

@@ -47,7 +47,11 @@ def allreduce_gradients(
         raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
     direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
     is_module = isinstance(model_or_params, torch.nn.Module)
-    given = list(model_or_params.parameters()) if is_module else list(model_or_params)
+    given = (
+        list(model_or_params.parameters())
+        if isinstance(model_or_params, torch.nn.Module)
+        else list(model_or_params)
+    )
 
     def named():
         if is_module:

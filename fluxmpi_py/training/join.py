@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any
 
 from .._core import C
 from ..collectives.objects import allgather_object
@@ -41,8 +42,8 @@ class Joinable:
     needs nothing from the optimizer's. Join sets ``_join`` (the state and the optimizer's
     index) and reads ``_group``."""
 
-    _join = None
-    _group = None
+    _join: tuple[JoinState, int] | None = None
+    _group: Any = None
 
 
 class JoinState:

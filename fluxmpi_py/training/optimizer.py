@@ -137,7 +137,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._sync_enabled = True  # False inside no_sync()
             self._skip_sync = False  # True inside skip_synchronize()
             self._synchronized = False  # synchronize() already ran for this step
-            self._handles = []
+            self._handles: list[torch.utils.hooks.RemovableHandle] = []
             self._check_every = check_every
             self._steps_taken = 0  # step() calls, for check_every
             self._module = module
@@ -198,6 +198,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
 
     def _join_round(self) -> None:
         """Inside a join: this step's round, as an active rank (a tiny collective)."""
+        assert self._join is not None  # called inside a Join only
         state, index = self._join
         with on_group(self._group, "DistributedOptimizer.step()"):  # backward's hook: no group
             self._join_count = round_(state, index)
@@ -216,6 +217,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         self._finish_reduction()
 
     def _rescale_for_join(self, count: int) -> None:
+        assert self._join is not None  # called inside a Join only
         scale = grad_scale(self._join[0], count)
         if scale != 1.0 and self._op == "average":
             for p in self._plan.order:

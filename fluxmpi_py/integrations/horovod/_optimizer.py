@@ -43,7 +43,7 @@ class Compressor:
     """
 
     #: The reducer's compression name for this compressor (None: full precision).
-    wire = None
+    wire: str | None = None
 
     @staticmethod
     def compress(tensor):

@@ -62,7 +62,7 @@ from .data import (
     DistributedSampler,
     FullDatasetWarning,
 )
-from .integrations import c10d as _c10d  # registers the torch.distributed backend "fluxmpi"
+from .integrations import c10d as _c10d  # noqa: F401  (registers the c10d backend "fluxmpi")
 from .runtime import (
     RANK_FORMAT,
     Group,

@@ -25,9 +25,7 @@ class _Recording:
         self._f.flush()
 
 
-def write_atomic(
-    path: str, data: bytes | Callable[[Any], None], *, durable: bool = False
-) -> None:
+def write_atomic(path: str, data: bytes | Callable[[Any], None], *, durable: bool = False) -> None:
     """Write ``data`` (bytes, or a function that writes to the open binary file) to ``path``
     so that a reader sees the old file or the whole new one, never a part: it goes to a
     temporary name in the same directory, which is then renamed over ``path``. With

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .._core import C
-from ..runtime.groups import on_group, on_handle
+from ..runtime.groups import group_dispatch, on_handle
 from . import _row_calls as rows
 from .inplace import allreduce_, bcast_, reduce_
 
@@ -193,6 +193,7 @@ class Alltoall(torch.autograd.Function):
             return p.wait()[0], None
 
 
+@group_dispatch("allreduce()")
 def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
     """The reduction of ``tensor`` over all ranks, as a new tensor; differentiable for "sum"
     and "average" (the gradient is the same allreduce of the output's gradient). A collective.
@@ -204,9 +205,6 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Ten
     >>> y.tolist() == [float(fm.total_workers())] * 2, x.grad.tolist() == y.tolist()
     (True, True)
     """
-    if group is not None:
-        with on_group(group, "allreduce()"):
-            return allreduce(tensor, op)
     if _needs_grad(tensor):
         error = _no_gradient("allreduce()", op)
         if error:
@@ -217,6 +215,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Ten
     return allreduce_(tensor.clone(memory_format=torch.contiguous_format), op)
 
 
+@group_dispatch("broadcast()")
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
     """root_rank's ``tensor`` on every rank, as a new tensor; differentiable (the root's
     gradient is the sum of every rank's output gradient; the others' is zero). A collective.
@@ -228,9 +227,6 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.
     >>> y.tolist(), x.grad.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [0.0, 0.0])
     ([0.0, 0.0], True)
     """
-    if group is not None:
-        with on_group(group, "broadcast()"):
-            return broadcast(tensor, root_rank)
     if _needs_grad(tensor) and type(root_rank) is int:
         return _Broadcast.apply(tensor, root_rank)
     if not isinstance(tensor, torch.Tensor):

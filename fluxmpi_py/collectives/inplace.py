@@ -17,7 +17,7 @@ import operator
 import torch
 
 from .._core import C
-from ..runtime.groups import on_group
+from ..runtime.groups import group_dispatch
 
 __all__ = [
     "allreduce_",
@@ -62,6 +62,7 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
     return fn(tensor, *args, *root, "; ".join(errors))
 
 
+@group_dispatch("allreduce_()")
 def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
@@ -83,9 +84,6 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
 
     With ``group=`` (:func:`new_group`) the members reduce among themselves.
     """
-    if group is not None:
-        with on_group(group, "allreduce_()"):
-            return allreduce_(tensor, op)
     if isinstance(tensor, torch.Tensor) and type(op) is str:  # the fast path of a hot call
         C.allreduce_(tensor, op)
     else:
@@ -93,6 +91,7 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
     return tensor
 
 
+@group_dispatch("bcast_()")
 def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with root_rank's values, in place; return it.
     A collective: every rank passes a tensor of the same shape and dtype.
@@ -103,9 +102,6 @@ def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Ten
 
     With ``group=``, ``root_rank`` is a rank in the group.
     """
-    if group is not None:
-        with on_group(group, "bcast_()"):
-            return bcast_(tensor, root_rank)
     if isinstance(tensor, torch.Tensor) and type(root_rank) is int:
         C.bcast_(tensor, root_rank)
     else:
@@ -113,6 +109,7 @@ def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Ten
     return tensor
 
 
+@group_dispatch("reduce_()")
 def reduce_(
     tensor: torch.Tensor, op: str = "sum", root_rank: int = 0, *, group=None
 ) -> torch.Tensor:
@@ -124,9 +121,6 @@ def reduce_(
     >>> t.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [1.0, 1.0])
     True
     """
-    if group is not None:
-        with on_group(group, "reduce_()"):
-            return reduce_(tensor, op, root_rank)
     _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
 
@@ -165,6 +159,7 @@ class Request:
         return f"Request({self._work.what}, done={self.test()})"
 
 
+@group_dispatch("Iallreduce()")
 def Iallreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> Request:
     """Start :func:`allreduce_` in the background and return a :class:`Request`. The tensor
     holds the result after ``wait()``; do not read or write it before then.
@@ -173,12 +168,10 @@ def Iallreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> Request:
     >>> fm.Iallreduce(torch.ones(3), op="max").wait().tolist()
     [1.0, 1.0, 1.0]
     """
-    if group is not None:
-        with on_group(group, "Iallreduce()"):
-            return Iallreduce(tensor, op)
     return Request(_call(C.iallreduce_, tensor, op if type(op) is str else str(op)), tensor)
 
 
+@group_dispatch("Ibcast()")
 def Ibcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> Request:
     """Start :func:`bcast_` in the background and return a :class:`Request`.
 
@@ -186,9 +179,6 @@ def Ibcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> Request:
     >>> fm.Ibcast(torch.full((2,), float(fm.local_rank())), root_rank=0).wait().tolist()
     [0.0, 0.0]
     """
-    if group is not None:
-        with on_group(group, "Ibcast()"):
-            return Ibcast(tensor, root_rank)
     return Request(_call(C.ibcast_, tensor, root_rank=root_rank), tensor)
 
 

@@ -11,7 +11,7 @@ import pickle
 from typing import Any
 
 from .._core import C
-from ..runtime.groups import on_group
+from ..runtime.groups import group_dispatch
 
 __all__ = ["broadcast_object", "allgather_object"]
 
@@ -23,6 +23,7 @@ def _pickled(obj) -> tuple[bytes, str]:
         return b"", f"the object does not pickle: {type(e).__name__}: {e}"
 
 
+@group_dispatch("broadcast_object()")
 def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
     """root_rank's ``obj`` on every rank (the root gets its own object back; the others an
     unpickled copy). A collective.
@@ -31,9 +32,6 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
     >>> fm.broadcast_object({"step": 10 + fm.local_rank()}, root_rank=0)
     {'step': 10}
     """
-    if group is not None:
-        with on_group(group, "broadcast_object()"):
-            return broadcast_object(obj, root_rank)
     try:
         root = operator.index(root_rank)
         error = ""
@@ -46,6 +44,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
     return obj if out is None else pickle.loads(out)
 
 
+@group_dispatch("allgather_object()")
 def allgather_object(obj: Any, *, group=None) -> list:
     """Every rank's ``obj``, in rank order (this rank's own object at its place; the others'
     unpickled copies). A collective.
@@ -54,9 +53,6 @@ def allgather_object(obj: Any, *, group=None) -> list:
     >>> fm.allgather_object(fm.local_rank()) == list(range(fm.total_workers()))
     True
     """
-    if group is not None:
-        with on_group(group, "allgather_object()"):
-            return allgather_object(obj)
     data, error = _pickled(obj)
     out = C.allgather_object_bytes(data, error)
     me = C.current_group().rank

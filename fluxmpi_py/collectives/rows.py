@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .._core import C
-from ..runtime.groups import on_group
+from ..runtime.groups import group_dispatch
 from . import _row_calls as rows
 from .differentiable import (
     Allgather,
@@ -63,6 +63,7 @@ def _plain(tensor) -> bool:
     )
 
 
+@group_dispatch("allgather()")
 def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
     """Every rank's ``tensor`` concatenated along dim 0, in rank order, on every rank.
     Dim 0 may differ by rank (the row counts are exchanged first); dtype and the other dims
@@ -73,9 +74,6 @@ def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
     >>> fm.allgather(torch.full((r + 1, 2), float(r))).shape == (n * (n + 1) // 2, 2)
     True
     """
-    if group is not None:
-        with on_group(group, "allgather()"):
-            return allgather(tensor, async_op=async_op)
     if not async_op and _plain(tensor):  # the fast path of a hot call
         return C.allgather_tensor(tensor)
     if not async_op and _needs_grad(tensor):
@@ -84,6 +82,7 @@ def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
     return rows.finish(p, async_op, rows.first)
 
 
+@group_dispatch("gather()")
 def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, group=None):
     """Every rank's ``tensor`` concatenated along dim 0 on root_rank; ``None`` on the others.
     Dim 0 may differ by rank. Differentiable when ``tensor`` requires grad on every rank (the
@@ -95,9 +94,6 @@ def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, 
     >>> out.tolist() == list(range(fm.total_workers())) if fm.local_rank() == 0 else out is None
     True
     """
-    if group is not None:
-        with on_group(group, "gather()"):
-            return gather(tensor, root_rank, async_op=async_op)
     if not async_op and _needs_grad(tensor):
         return Gather.apply(tensor, root_rank)
     p = rows.start(
@@ -106,6 +102,7 @@ def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, 
     return rows.finish(p, async_op, rows.first_or_none)
 
 
+@group_dispatch("scatter()")
 def scatter(
     tensor: torch.Tensor, root_rank: int = 0, splits=None, *, async_op: bool = False, group=None
 ):
@@ -120,9 +117,6 @@ def scatter(
     >>> fm.scatter(torch.arange(2.0 * n), root_rank=0).tolist() == [2.0 * fm.local_rank(), 2.0 * fm.local_rank() + 1]
     True
     """
-    if group is not None:
-        with on_group(group, "scatter()"):
-            return scatter(tensor, root_rank, splits, async_op=async_op)
     if not async_op and _needs_grad(tensor):
         return Scatter.apply(tensor, root_rank, splits)
     p = rows.start(
@@ -132,6 +126,7 @@ def scatter(
     return rows.finish(p, async_op, rows.first)
 
 
+@group_dispatch("reduce_scatter()")
 def reduce_scatter(
     tensor: torch.Tensor, op: str = "sum", splits=None, *, async_op: bool = False, group=None
 ):
@@ -144,9 +139,6 @@ def reduce_scatter(
     >>> fm.reduce_scatter(torch.ones(n, 3), op="sum").tolist() == [[float(n)] * 3]
     True
     """
-    if group is not None:
-        with on_group(group, "reduce_scatter()"):
-            return reduce_scatter(tensor, op, splits, async_op=async_op)
     if not async_op and splits is None and type(op) is str and _plain(tensor):
         return C.reduce_scatter_tensor(tensor, op)
     error = ""
@@ -161,6 +153,7 @@ def reduce_scatter(
     return rows.finish(p, async_op, rows.first)
 
 
+@group_dispatch("alltoall()")
 def alltoall(tensor: torch.Tensor, splits=None, *, async_op: bool = False, group=None):
     """Part j (along dim 0, by this rank's ``splits``) of ``tensor`` goes to rank j; returns
     the parts this rank received, concatenated in rank order. Splits may differ by rank; dtype
@@ -171,9 +164,6 @@ def alltoall(tensor: torch.Tensor, splits=None, *, async_op: bool = False, group
     >>> fm.alltoall(torch.full((n,), float(r))).tolist() == [float(j) for j in range(n)]
     True
     """
-    if group is not None:
-        with on_group(group, "alltoall()"):
-            return alltoall(tensor, splits, async_op=async_op)
     if not async_op and splits is None and _plain(tensor):
         return C.alltoall_tensor(tensor)
     if not async_op and _needs_grad(tensor):
@@ -184,6 +174,7 @@ def alltoall(tensor: torch.Tensor, splits=None, *, async_op: bool = False, group
     return rows.finish(p, async_op, rows.first)
 
 
+@group_dispatch("Iallgather()")
 def Iallgather(tensor: torch.Tensor, *, group=None) -> rows.PendingRequest:
     """:func:`allgather` in the background: a Request whose ``wait()`` returns the result.
 
@@ -191,12 +182,10 @@ def Iallgather(tensor: torch.Tensor, *, group=None) -> rows.PendingRequest:
     >>> fm.Iallgather(torch.ones(1)).wait().tolist() == [1.0] * fm.total_workers()
     True
     """
-    if group is not None:
-        with on_group(group, "Iallgather()"):
-            return Iallgather(tensor)
     return allgather(tensor, async_op=True)
 
 
+@group_dispatch("Igather()")
 def Igather(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> rows.PendingRequest:
     """:func:`gather` in the background.
 
@@ -205,12 +194,10 @@ def Igather(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> rows.Pen
     >>> (out.numel() == fm.total_workers()) if fm.local_rank() == 0 else out is None
     True
     """
-    if group is not None:
-        with on_group(group, "Igather()"):
-            return Igather(tensor, root_rank)
     return gather(tensor, root_rank, async_op=True)
 
 
+@group_dispatch("Iscatter()")
 def Iscatter(
     tensor: torch.Tensor, root_rank: int = 0, splits=None, *, group=None
 ) -> rows.PendingRequest:
@@ -220,12 +207,10 @@ def Iscatter(
     >>> fm.Iscatter(torch.ones(fm.total_workers())).wait().tolist()
     [1.0]
     """
-    if group is not None:
-        with on_group(group, "Iscatter()"):
-            return Iscatter(tensor, root_rank, splits)
     return scatter(tensor, root_rank, splits, async_op=True)
 
 
+@group_dispatch("Ireduce_scatter()")
 def Ireduce_scatter(
     tensor: torch.Tensor, op: str = "sum", splits=None, *, group=None
 ) -> rows.PendingRequest:
@@ -235,12 +220,10 @@ def Ireduce_scatter(
     >>> fm.Ireduce_scatter(torch.ones(fm.total_workers()), op="average").wait().tolist()
     [1.0]
     """
-    if group is not None:
-        with on_group(group, "Ireduce_scatter()"):
-            return Ireduce_scatter(tensor, op, splits)
     return reduce_scatter(tensor, op, splits, async_op=True)
 
 
+@group_dispatch("Ialltoall()")
 def Ialltoall(tensor: torch.Tensor, splits=None, *, group=None) -> rows.PendingRequest:
     """:func:`alltoall` in the background.
 
@@ -248,12 +231,10 @@ def Ialltoall(tensor: torch.Tensor, splits=None, *, group=None) -> rows.PendingR
     >>> fm.Ialltoall(torch.ones(fm.total_workers())).wait().tolist() == [1.0] * fm.total_workers()
     True
     """
-    if group is not None:
-        with on_group(group, "Ialltoall()"):
-            return Ialltoall(tensor, splits)
     return alltoall(tensor, splits, async_op=True)
 
 
+@group_dispatch("grouped_allgather()")
 def grouped_allgather(tensors, *, async_op: bool = False, group=None):
     """:func:`allgather` of each tensor of a list, in one data collective; returns a list.
 
@@ -262,15 +243,13 @@ def grouped_allgather(tensors, *, async_op: bool = False, group=None):
     >>> (a.numel(), b.numel(), b.dtype) == (fm.total_workers(), 2 * fm.total_workers(), torch.int64)
     True
     """
-    if group is not None:
-        with on_group(group, "grouped_allgather()"):
-            return grouped_allgather(tensors, async_op=async_op)
     p = rows.start(
         "allgather", tensors, grouped=True, async_op=async_op, call="grouped_allgather()"
     )
     return rows.finish(p, async_op, rows.as_list)
 
 
+@group_dispatch("grouped_gather()")
 def grouped_gather(tensors, root_rank: int = 0, *, async_op: bool = False, group=None):
     """:func:`gather` of each tensor of a list, in one data collective; a list on the root,
     ``None`` on the others.
@@ -280,9 +259,6 @@ def grouped_gather(tensors, root_rank: int = 0, *, async_op: bool = False, group
     >>> [t.numel() for t in out] == [fm.total_workers(), 2 * fm.total_workers()] if fm.local_rank() == 0 else out is None
     True
     """
-    if group is not None:
-        with on_group(group, "grouped_gather()"):
-            return grouped_gather(tensors, root_rank, async_op=async_op)
     p = rows.start(
         "gather", tensors, grouped=True, async_op=async_op, call="grouped_gather()",
         root_rank=root_rank,
@@ -290,6 +266,7 @@ def grouped_gather(tensors, root_rank: int = 0, *, async_op: bool = False, group
     return rows.finish(p, async_op, lambda ts, _p: list(ts) if ts or not tensors else None)
 
 
+@group_dispatch("grouped_scatter()")
 def grouped_scatter(
     tensors, root_rank: int = 0, splits=None, *, async_op: bool = False, group=None
 ):
@@ -301,9 +278,6 @@ def grouped_scatter(
     >>> [t.tolist() for t in fm.grouped_scatter([torch.ones(n), torch.zeros(2 * n)])]
     [[1.0], [0.0, 0.0]]
     """
-    if group is not None:
-        with on_group(group, "grouped_scatter()"):
-            return grouped_scatter(tensors, root_rank, splits, async_op=async_op)
     p = rows.start(
         "scatter", tensors, grouped=True, async_op=async_op, call="grouped_scatter()",
         splits=splits, root_rank=root_rank,
@@ -311,6 +285,7 @@ def grouped_scatter(
     return rows.finish(p, async_op, rows.as_list)
 
 
+@group_dispatch("grouped_reduce_scatter()")
 def grouped_reduce_scatter(
     tensors, op: str = "sum", splits=None, *, async_op: bool = False, group=None
 ):
@@ -321,9 +296,6 @@ def grouped_reduce_scatter(
     >>> [t.tolist() for t in fm.grouped_reduce_scatter([torch.ones(n), torch.ones(2 * n)])] == [[n], [n, n]]
     True
     """
-    if group is not None:
-        with on_group(group, "grouped_reduce_scatter()"):
-            return grouped_reduce_scatter(tensors, op, splits, async_op=async_op)
     p = rows.start(
         "reduce_scatter", tensors, grouped=True, async_op=async_op,
         call="grouped_reduce_scatter()", op=op, splits=splits,
@@ -331,6 +303,7 @@ def grouped_reduce_scatter(
     return rows.finish(p, async_op, rows.as_list)
 
 
+@group_dispatch("grouped_alltoall()")
 def grouped_alltoall(tensors, splits=None, *, async_op: bool = False, group=None):
     """:func:`alltoall` of each tensor of a list, in one data collective.
 
@@ -339,9 +312,6 @@ def grouped_alltoall(tensors, splits=None, *, async_op: bool = False, group=None
     >>> [t.numel() for t in fm.grouped_alltoall([torch.ones(n), torch.ones(3 * n)])] == [n, 3 * n]
     True
     """
-    if group is not None:
-        with on_group(group, "grouped_alltoall()"):
-            return grouped_alltoall(tensors, splits, async_op=async_op)
     p = rows.start(
         "alltoall", tensors, grouped=True, async_op=async_op, call="grouped_alltoall()",
         splits=splits,
@@ -349,6 +319,7 @@ def grouped_alltoall(tensors, splits=None, *, async_op: bool = False, group=None
     return rows.finish(p, async_op, rows.as_list)
 
 
+@group_dispatch("grouped_allreduce_()")
 def grouped_allreduce_(tensors, op: str = "sum", *, async_op: bool = False, group=None):
     """:func:`allreduce_` of each tensor of a list, in place, packed into one buffer per
     dtype (one allreduce for the lot). Returns the list.
@@ -358,9 +329,6 @@ def grouped_allreduce_(tensors, op: str = "sum", *, async_op: bool = False, grou
     >>> [t.tolist() for t in ts] == [[float(fm.total_workers())] * k for k in (2, 3)]
     True
     """
-    if group is not None:
-        with on_group(group, "grouped_allreduce_()"):
-            return grouped_allreduce_(tensors, op, async_op=async_op)
     p = rows.start(
         "grouped_allreduce_", tensors, grouped=True, async_op=async_op,
         call="grouped_allreduce_()", op=op,
@@ -368,6 +336,7 @@ def grouped_allreduce_(tensors, op: str = "sum", *, async_op: bool = False, grou
     return rows.finish(p, async_op, lambda _none, _p: list(tensors))  # in place: the inputs
 
 
+@group_dispatch("grouped_bcast_()")
 def grouped_bcast_(tensors, root_rank: int = 0, *, async_op: bool = False, group=None):
     """:func:`bcast_` of each tensor of a list, in place, in one broadcast. Returns the list.
 
@@ -376,9 +345,6 @@ def grouped_bcast_(tensors, root_rank: int = 0, *, async_op: bool = False, group
     >>> [t.tolist() for t in ts]
     [[0.0, 0.0], [1.0]]
     """
-    if group is not None:
-        with on_group(group, "grouped_bcast_()"):
-            return grouped_bcast_(tensors, root_rank, async_op=async_op)
     p = rows.start(
         "grouped_bcast_", tensors, grouped=True, async_op=async_op, call="grouped_bcast_()",
         root_rank=root_rank,

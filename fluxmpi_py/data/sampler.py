@@ -99,7 +99,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas
         self._resume = 0  # start of the next iterator (load_state_dict), then 0
         self._first = 0  # start of the latest iterator
-        self._last: C.ShardIterator | int | None = None  # the latest iterator (read .position), or its position once pickled
+        self._last: C.ShardIterator | int | None = (
+            None  # the latest iterator (read .position), or its position once pickled
+        )
 
     def _spec(self) -> tuple[int, int, int, str, bool, int, int]:
         # Read at each iterator, as torch does, so attributes set directly are honoured.

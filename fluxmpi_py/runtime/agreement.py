@@ -11,7 +11,7 @@ import functools
 import hashlib
 import pickle
 from collections.abc import Sequence
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 import torch
 
@@ -93,7 +93,7 @@ def mark_raised_on_every_rank(exc: BaseException) -> BaseException:
     >>> raised_on_every_rank(mark_raised_on_every_rank(ValueError("bad")))
     True
     """
-    setattr(exc, "raised_on_every_rank", True)  # read by the excepthook: one rank reports
+    cast(Any, exc).raised_on_every_rank = True  # read by the excepthook: one rank reports
     return exc
 
 

@@ -9,9 +9,13 @@ call with it. Inside a group, ranks are numbered by their place in the sorted li
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
+from typing import Callable, TypeVar
 
 from .._core import C
+
+_F = TypeVar("_F", bound=Callable)
 
 __all__ = ["Group", "new_group"]
 
@@ -101,6 +105,25 @@ class on_group:
         if self._handle is not None:
             C.set_current_group(self._previous)
         return False
+
+
+def group_dispatch(call: str) -> Callable[[_F], _F]:
+    """The one ``group=`` rule of the public collectives, as a decorator: called with a group,
+    the function runs inside ``on_group(group, call)`` (so a non-member raises, naming
+    ``call``, before any communication); without one, on the world. The function keeps
+    ``group=None`` in its signature for its readers; it always sees None there."""
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def dispatch(*args, group=None, **kwargs):
+            if group is None:
+                return fn(*args, **kwargs)
+            with on_group(group, call):
+                return fn(*args, **kwargs)
+
+        return dispatch  # type: ignore[return-value]
+
+    return wrap
 
 
 class on_handle:

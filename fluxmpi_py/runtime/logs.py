@@ -23,6 +23,7 @@ RANK_FORMAT = "[%(rank)s / %(world_size)s] %(asctime)s %(levelname)s %(name)s: %
 # What launchers set for each rank (Open MPI, MPICH/Hydra, PMIx, Slurm), before Init runs.
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_HANDLER_NAME = "fluxmpi_py"  # the name of the handler get_logger adds
 
 
 def _rank_and_size():
@@ -82,10 +83,10 @@ def get_logger(
     [0 / 1] epoch 1: loss 0.25
     """
     logger = logging.getLogger(name)
-    handler = next((h for h in logger.handlers if getattr(h, "_fluxmpi_py", False)), None)
+    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
     if handler is None:
         handler = logging.StreamHandler(stream or sys.stderr)
-        setattr(handler, "_fluxmpi_py", True)  # marks our handler, found again above
+        handler.set_name(_HANDLER_NAME)  # ours, found again above
         logger.addHandler(handler)
     elif stream is not None and isinstance(handler, logging.StreamHandler):
         handler.setStream(stream)

@@ -11,7 +11,7 @@ first entry that differs and which ranks disagree.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -92,7 +92,7 @@ class _Walk:
                 for k, v in x.items():
                     self.visit(v, _key_path(path, k))
             elif isinstance(x, tuple) and hasattr(type(x), "_fields"):  # namedtuple
-                for f, v in zip(getattr(type(x), "_fields"), x):
+                for f, v in zip(cast(Any, type(x))._fields, x):
                     self.visit(v, _attr_path(path, f))
             elif isinstance(x, (list, tuple)):
                 for i, v in enumerate(x):

@@ -18,16 +18,13 @@ import torch
 
 import fluxmpi_py as _fm
 
-from ..._core import C as _C
 from ...collectives import differentiable as _diff
-from ...runtime.groups import on_group as _on_group
 from . import (
     _collectives,
     _extras,
     _gradients,
     _handles,
     _join,
-    _ops,
     _optimizer,
     _process_sets,
     _topology,

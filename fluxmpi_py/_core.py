@@ -1,7 +1,15 @@
-"""Import the compiled core, and when that fails, say why and how to fix it."""
+"""The gateway to the compiled core: the only module that imports ``_C`` (when that fails, it
+says why and how to fix it), and the vocabulary every layer above shares, written once: the
+reduction ops and the root-rank check.
+
+>>> from fluxmpi_py._core import GRADIENT_OPS, parse_root
+>>> GRADIENT_OPS["mean"], parse_root(1), parse_root("0")
+('average', (1, ''), (0, "root_rank must be an int, got '0' (str)"))
+"""
 
 import glob
 import importlib.machinery
+import operator
 import os
 import sys
 
@@ -103,3 +111,19 @@ except ImportError as _e:
     raise load_error(_e) from None
 
 C = _C
+
+
+# The reduction ops of the collectives (the compiled core parses the same names).
+REDUCE_OPS = ("sum", "average", "min", "max", "prod", "band", "bor", "bxor")
+# The linear ops that gradients are reduced with (DistributedOptimizer, allreduce_gradients,
+# the differentiable allreduce), with torch's and NumPy's spellings of the average.
+GRADIENT_OPS = {"sum": "sum", "average": "average", "avg": "average", "mean": "average"}
+
+
+def parse_root(root_rank) -> tuple[int, str]:
+    """``(root, "")`` for an int-like ``root_rank``; else ``(0, message)``. Callers fold the
+    message into the call's agreement, so that every rank raises it and none waits alone."""
+    try:
+        return operator.index(root_rank), ""
+    except TypeError:
+        return 0, f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})"

@@ -10,7 +10,7 @@ import operator
 
 import torch
 
-from .._core import C
+from .._core import C, parse_root
 from .inplace import Request
 
 
@@ -75,11 +75,10 @@ def _splits(splits, grouped: bool, errors: list) -> list[list[int]]:
 
 
 def _root(root_rank, errors: list) -> int:
-    try:
-        return operator.index(root_rank)
-    except TypeError:
-        errors.append(f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})")
-        return 0
+    root, error = parse_root(root_rank)
+    if error:
+        errors.append(error)
+    return root
 
 
 def start(

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from .._core import C
+from .._core import GRADIENT_OPS, C
 from ..runtime.groups import group_dispatch, on_handle
 from . import _row_calls as rows
 from .inplace import allreduce_, bcast_, reduce_
 
 __all__ = ["allreduce", "broadcast"]
-
-_LINEAR_OPS = ("sum", "average", "avg", "mean")
 
 
 def _needs_grad(tensor) -> bool:
@@ -32,7 +30,7 @@ def _needs_grad(tensor) -> bool:
 
 
 def _no_gradient(call: str, op) -> str:
-    if op in _LINEAR_OPS:
+    if op in GRADIENT_OPS:
         return ""
     return f"{call} with op={op!r} has no gradient; use 'sum' or 'average', or pass tensor.detach()"
 

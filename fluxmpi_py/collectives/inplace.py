@@ -12,11 +12,9 @@ builds with CUDA.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from .._core import C
+from .._core import REDUCE_OPS, C, parse_root
 from ..runtime.groups import group_dispatch
 
 __all__ = [
@@ -32,7 +30,7 @@ __all__ = [
 ]
 
 #: The reduction ops every reducing collective accepts.
-OPS = ("sum", "average", "min", "max", "prod", "band", "bor", "bxor")
+OPS = REDUCE_OPS
 
 
 _NO_ROOT = object()
@@ -52,13 +50,10 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
         tensor = None
     root = ()
     if has_root:
-        try:
-            root = (operator.index(root_rank),)
-        except TypeError:
-            errors.append(
-                f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})"
-            )
-            root = (0,)
+        value, error = parse_root(root_rank)
+        root = (value,)
+        if error:
+            errors.append(error)
     return fn(tensor, *args, *root, "; ".join(errors))
 
 

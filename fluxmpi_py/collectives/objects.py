@@ -6,11 +6,10 @@ before the bytes move. An object that does not pickle raises on every rank.
 
 from __future__ import annotations
 
-import operator
 import pickle
 from typing import Any
 
-from .._core import C
+from .._core import C, parse_root
 from ..runtime.groups import group_dispatch
 
 __all__ = ["broadcast_object", "allgather_object"]
@@ -32,11 +31,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
     >>> fm.broadcast_object({"step": 10 + fm.local_rank()}, root_rank=0)
     {'step': 10}
     """
-    try:
-        root = operator.index(root_rank)
-        error = ""
-    except TypeError:
-        root, error = 0, f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})"
+    root, error = parse_root(root_rank)
     data = None
     if C.initialized() and C.current_group().rank == root and not error:
         data, error = _pickled(obj)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import torch
 
+from .._core import GRADIENT_OPS
 from ..runtime.agreement import user_call
 from ._reduction_plan import ReductionPlan, replan_if_changed
 from .consistency import _check as _check_consistency
@@ -43,7 +44,7 @@ def allreduce_gradients(
     >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)
     """
-    if op not in ("sum", "average", "avg", "mean"):
+    if op not in GRADIENT_OPS:
         raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
     direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
     is_module = isinstance(model_or_params, torch.nn.Module)

@@ -130,6 +130,7 @@ class FluxmpiPublicApi(griffe.Extension):
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs) -> None:
         if pkg.path != PACKAGE:
             return
+        _rewrite_docstrings(pkg, set())  # first: a re-export may hide a submodule of its name
         if not pkg.exports:
             _add_reexports(pkg)
         modules = list(_modules(pkg))
@@ -140,4 +141,3 @@ class FluxmpiPublicApi(griffe.Extension):
         for mod in modules:
             _borrow_exports(mod)
             _objects_over_submodules(mod)
-        _rewrite_docstrings(pkg, set())

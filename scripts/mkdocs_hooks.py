@@ -1,7 +1,10 @@
-"""MkDocs hooks (mkdocs.yml): the plots under benchmarks/results/ join the site.
+"""MkDocs hooks (mkdocs.yml).
 
-docs/measurements.md shows them as ``../benchmarks/results/X.png``, a path that works on a
-repository browser; the site copies each plot it links to beside the pages and points there.
+- The plots under benchmarks/results/ join the site: docs/measurements.md shows them as
+  ``../benchmarks/results/X.png``, a path that works on a repository browser; the site copies
+  each plot beside the pages and points there.
+- A page of docs/sections/ opens with a ``##`` heading (the pages were the README's sections);
+  on the site that heading is the page's title.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri.startswith("sections/") and markdown.startswith("## "):
+        return markdown[1:]
     # Only pages at the top of docs/ link this way (docs/measurements.md).
     if "/" not in page.file.src_uri:
         return markdown.replace(f"]({OUTSIDE}", f"]({RESULTS}/")

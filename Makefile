@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMP_NUM_THREADS := 1
 MPIEXEC := mpiexec --oversubscribe
 
-.PHONY: all test lint format demo build deps mpi bench clean cuda-check
+.PHONY: all test lint format demo build deps mpi bench clean cuda-check docs
 
 all: test
 
@@ -82,6 +82,18 @@ lint: $(VENV)/.deps
 	echo "== mypy"; $(VENV)/bin/mypy || status=1; \
 	[ $$status = 0 ] && echo "lint: all clean" || { echo "lint failed: make format fixes the mechanical findings"; exit 1; }
 
+# The documentation site (mkdocs.yml) into site/, --strict: a broken link, a page missing from
+# the nav or an API name that cannot be read fails it. It needs no build, no torch and no MPI:
+# the API reference is read from the sources (requirements-docs.txt, into the same .venv).
+$(VENV)/.docs-deps: requirements-docs.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-docs.txt
+	touch $@
+
+docs: $(VENV)/.docs-deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	@echo "docs: site/index.html"
+
 # The mechanical fixes only: pyupgrade (then the typing imports it leaves unused) and import
 # order, the formatters and spelling. What needs a person (a closure over a loop variable, an
 # ambiguous name) stays for `make lint`.
@@ -107,4 +119,4 @@ bench: build
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; timeout 1200 $(MPIEXEC) -n 2 $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf build $(VENV) fluxmpi_py/*.so *.egg-info
+	rm -rf build site $(VENV) fluxmpi_py/*.so *.egg-info

@@ -1,5 +1,6 @@
 """Checkpoints under faults at 2 ranks (tests/workers/checkpoint_fault_worker.py): a rank
-killed while rank 0 writes leaves the previous checkpoint intact; a full disk gives every rank
+killed while rank 0 writes leaves the previous checkpoint intact, and the next save removes
+the temporary file that the killed write left; a full disk gives every rank
 the same clear OSError and keeps the previous file."""
 
 import os
@@ -23,6 +24,9 @@ def test_rank_killed_while_rank0_writes_keeps_the_previous_checkpoint(tmp_path):
     assert "rank 0: loaded step 1 intact" in out and "rank 1: loaded step 1 intact" in out
     partial = [n for n in os.listdir(d) if n.startswith(".ckpt.pt.tmp")]
     assert partial, os.listdir(d)  # the write was cut short: its temporary file is left
+    _, out = run_mpi(WORKER, 2, "save_again", d, timeout=90)  # the next save removes it
+    assert "rank 0: saved step 3" in out, out[-3000:]
+    assert not [n for n in os.listdir(d) if ".tmp" in n], os.listdir(d)
 
 
 @pytest.fixture

@@ -147,8 +147,9 @@ def bcast_bytes(data: bytes | None, root: int) -> bytes:
 def raise_together(error: BaseException | None, what: str) -> None:
     """If any rank has an ``error``, raise the lowest such rank's on every rank: the same
     exception type where it is a common one (ValueError, OSError, ...; else RuntimeError),
-    its message, and where it came from: ``"<message> (on rank R, in <what>)"``. The rank
-    that had it chains the original. Returns when no rank has one.
+    its message, and where it came from: ``"<message> (on rank R, in <what>)"``, R its rank
+    in the world. The rank that had it chains the original. Returns when no rank has one.
+    Runs on the current group (inside ``on_group``, its members alone take part).
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> raise_together(None, "nothing")
@@ -157,7 +158,8 @@ def raise_together(error: BaseException | None, what: str) -> None:
     ...
     ValueError: bad (on rank 0, in load)
     """
-    size, rank = C.size(), C.rank()
+    group = C.current_group()
+    size, rank = group.size, group.rank
     ((bad, _),) = span([rank if error is not None else size])
     if bad == size:
         return
@@ -165,11 +167,12 @@ def raise_together(error: BaseException | None, what: str) -> None:
     if rank == bad:
         text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
         mine = pickle.dumps((type(error).__name__, str(text)))
-    name, message = pickle.loads(bcast_bytes(mine, bad))
+    name, message = pickle.loads(C.broadcast_bytes(mine if rank == bad else None, bad))
     exc = _PORTABLE.get(name, RuntimeError)
     if name not in _PORTABLE:
         message = f"{name}: {message}"
-    raised = mark_raised_on_every_rank(exc(f"{message} (on rank {bad}, in {what})"))
+    world_rank = group.ranks[bad]
+    raised = mark_raised_on_every_rank(exc(f"{message} (on rank {world_rank}, in {what})"))
     if rank == bad:
         raise raised from error
     raise raised

@@ -35,6 +35,14 @@ class _SyncError(Exception):
         self.msg = msg
 
 
+def _shares_memory(t: torch.Tensor) -> bool:
+    """Whether elements of ``t`` share memory (a dimension of stride 0 and size > 1, as
+    expand() makes): such a tensor cannot be written in place. The root only reads its
+    tensors, but the check is the same on every rank, so the outcome does not depend on
+    which rank is the root."""
+    return not t.is_contiguous() and any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape))
+
+
 def _show(path: str) -> str:
     return path or "obj"
 
@@ -114,6 +122,12 @@ class _Flattener:
                 _TYPE,
                 f"{_show(path)}: tensors on {t.device} cannot be "
                 "synchronized; expected a CPU or CUDA tensor",
+            )
+        if _shares_memory(t):  # found on every rank's walk, so every rank raises it
+            raise _SyncError(
+                _VALUE,
+                f"{_show(path)}: the tensor has elements that share memory (e.g. made by "
+                "expand()), so it cannot be updated in place; pass a .clone() of it",
             )
         i = len(self.tensors)
         self.tensors.append(t)
@@ -250,7 +264,7 @@ class _ModuleWalk:
         strided = torch.strided
         for named in (m.named_parameters(), m.named_buffers()):
             for name, t in named:
-                if t.layout is not strided or not (t.is_cpu or t.is_cuda):
+                if t.layout is not strided or not (t.is_cpu or t.is_cuda) or _shares_memory(t):
                     _Flattener().leaf(t, name)  # raises, naming the path
                 self.names.append(name)
                 self.tensors.append(t)

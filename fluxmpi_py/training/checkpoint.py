@@ -15,6 +15,13 @@ a resumed run draws the same random numbers as an uninterrupted one.
 
 Both are collectives (every rank calls them). An error on any rank, such as a missing file on
 rank 0, raises the same exception on every rank instead of leaving the others waiting.
+
+Nothing loads wrong: the file ends with a digest of its bytes (crc32 by default; see
+``_DIGEST``), checked before anything is read, so a damaged file raises ValueError on every
+rank naming it. A checkpoint written before digests (format version 1) still loads, with a
+warning that it cannot be checked; a plain ``torch.save`` dict loads unchecked, as before.
+Loading is all or nothing: every target is checked against its entry (keys, shapes, dtypes,
+optimizer groups and per-parameter state) on every rank before any of them is touched.
 """
 
 from __future__ import annotations
@@ -28,15 +35,19 @@ from typing import Any
 import torch
 
 from .._util import rng as _rng
-from .._util.files import write_atomic
+from .._util.files import start_digest_check, write_atomic
 from ..runtime.agreement import bcast_bytes, raise_together, user_call
 from ..runtime.world import local_rank, total_workers
 from ..sync.synchronize import synchronize_
+from ._checkpoint_fit import check_fits, load_order
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
 _FORMAT = "fluxmpi_py.checkpoint"
-_VERSION = 1
+_VERSION = 2  # 2: the file ends with a digest trailer (_files.check_digest)
+# The digest written with every checkpoint: "crc32" (zlib) or "sha256" (hashlib), or None for
+# none (benchmarks/bench_checkpoint.py compares them; docs/measurements.md has the figures).
+_DIGEST = "crc32"
 
 
 def _check_path(path, fn: str) -> str:
@@ -48,11 +59,23 @@ def _check_path(path, fn: str) -> str:
     return os.fspath(path)
 
 
+def _check_flag(value, fn: str, name: str, allowed: tuple, default: str) -> None:
+    """A reserved keyword (rng=, weights_only=) must hold one of its flags: the user's own
+    object of that name would otherwise be taken for the flag."""
+    if not any(value is a for a in allowed):
+        shown = " or ".join(map(repr, allowed))
+        raise TypeError(
+            f"{fn}: {name}= is reserved for the flag {shown} (default {default}), got a "
+            f"{type(value).__name__}; store your own object under another name, e.g. "
+            f"{name}_state=..."
+        )
+
+
 def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
 
 
-def _gather_rng_states() -> list:
+def _gather_rng_states() -> list | None:
     """Every rank's generator states, on rank 0 (a list by rank; None elsewhere); a
     collective of one small broadcast per rank."""
     error, mine = None, b""
@@ -84,6 +107,11 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
 
     ``rng=True`` also stores every rank's random number generator states (torch, CUDA when
     initialized, numpy, Python's ``random``), which ``load_checkpoint`` restores on each rank.
+    ``rng`` is reserved for that flag: any other value (a tensor, say) raises TypeError on
+    every rank; store your own generator state under another name (``rng_state=...``).
+    The file ends with a digest of its bytes (crc32), which ``load_checkpoint`` checks.
+    Temporary files that a killed save of ``path`` left beside it (``.<name>.tmp<pid>...``,
+    their process gone) are removed.
     For a DataLoader in the loop, give it a generator of its own
     (``generator=torch.Generator().manual_seed(s)``): creating its iterator then draws from
     that, not from the global generator, whose state would otherwise depend on where the run
@@ -96,25 +124,32 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     ['epoch', 'model']
     """
     error = None
-    states = _gather_rng_states() if rng else None
     try:
         path = _check_path(path, "save_checkpoint")
+        _check_flag(rng, "save_checkpoint", "rng", (True, False), "False")
         if not objects:
             raise ValueError(
                 "save_checkpoint: nothing to save; pass objects by keyword, "
                 "e.g. save_checkpoint(path, model=model, optimizer=opt)"
             )
+    except Exception as e:  # folded into the agreement below, so every rank raises it
+        error = e
+    raise_together(error, f"save_checkpoint({path!r})")
+    error = None
+    states = _gather_rng_states() if rng else None
+    try:
         if local_rank() == 0:
             payload = {
                 "format": _FORMAT,
                 "version": _VERSION,
+                "digest": _DIGEST,
                 "world_size": total_workers(),
                 "objects": {k: _state_of(v) for k, v in objects.items()},
             }
             if states is not None:
                 payload["rng"] = states
             try:
-                write_atomic(path, lambda f: torch.save(payload, f), durable=True)
+                write_atomic(path, lambda f: torch.save(payload, f), durable=True, digest=_DIGEST)
             except OSError as e:
                 raise _disk_error(path, e) from e
     except Exception as e:  # folded into the agreement below, so every rank raises it
@@ -142,7 +177,7 @@ def _same_dict(tree: dict) -> dict:
     # layers' versions), which load_state_dict reads.
     if type(tree) is not OrderedDict:
         return {}
-    out = OrderedDict()
+    out: OrderedDict = OrderedDict()
     out.__dict__.update(getattr(tree, "__dict__", {}))
     return out
 
@@ -184,10 +219,46 @@ def _sync_tensors(tensors: list[torch.Tensor]) -> None:
 
 
 def _read(path: str, weights_only: bool) -> tuple[dict, list | None]:
-    """The checkpoint's objects and its generator states by rank (None when it has none)."""
-    with open(path, "rb") as f:
-        data = torch.load(f, map_location="cpu", weights_only=weights_only)
+    """The checkpoint's objects and its generator states by rank (None when it has none),
+    after checking its digest (ValueError naming the path when it is damaged)."""
+
+    def checked_digest() -> str | None:
+        try:
+            return check()
+        except ValueError as e:
+            raise ValueError(f"load_checkpoint: {e}; nothing was loaded") from None
+
+    # The digest is checked while torch.load reads (on another core), except where the
+    # unpickler may run arbitrary code (weights_only=False): then first.
+    check = start_digest_check(path)
+    if not weights_only:
+        checked_digest()
+    try:
+        with open(path, "rb") as f:
+            data = torch.load(f, map_location="cpu", weights_only=weights_only)
+    except OSError:
+        raise  # a missing or unreadable file: its own error names it
+    except (RuntimeError, EOFError) as e:  # torch's zip reader on a cut or damaged file
+        checked_digest()  # damage, when that is the cause, is what to report
+        raise RuntimeError(
+            f"load_checkpoint: cannot read {path!r} (damaged, or not a torch file): {e}"
+        ) from e
+    except Exception:
+        checked_digest()
+        raise
+    digest = checked_digest()
     if isinstance(data, dict) and data.get("format") == _FORMAT:
+        if digest is None and data.get("digest"):
+            raise ValueError(
+                f"load_checkpoint: {path!r} is damaged: it was saved with a "
+                f"{data['digest']} digest, which is missing from its end; nothing was loaded"
+            )
+        if digest is None and data.get("version", 1) < 2:
+            warnings.warn(
+                f"load_checkpoint: {path!r} was saved before checkpoints carried a digest, "
+                "so it cannot be checked for damage; save it again to add one",
+                stacklevel=3,
+            )
         return data["objects"], data.get("rng")
     if isinstance(data, dict):  # a plain torch.save of a dict: take it as it is
         return data, None
@@ -232,6 +303,16 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
     modules and optimizers), identical on every rank. ``weights_only`` is passed to
     ``torch.load``; True accepts tensors, numbers, strings and containers of them.
 
+    All or nothing: before any target is touched, every rank checks each one against its
+    entry (a module's keys, shapes and dtypes; an optimizer's parameter groups, their sizes
+    and the shapes of per-parameter state such as ``exp_avg``; a tensor's shape and dtype;
+    floating point may load into another floating dtype) and a misfit raises ValueError on
+    every rank, naming the target and the first differences. Targets of other kinds
+    (schedulers, ...) load first, so that their failure too leaves the checked ones untouched.
+    A damaged file (its digest does not match its bytes) raises ValueError on every rank,
+    naming the path, before anything is loaded. ``rng`` and ``weights_only`` are reserved
+    flags (TypeError for any other value).
+
     Generator states saved with ``rng=True`` are restored on each rank (its own), when the
     checkpoint holds them for this number of ranks (for another number: a warning, and they
     are not restored). ``rng=True`` requires them (ValueError otherwise); ``rng=False``
@@ -251,6 +332,8 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
     tensors: list[torch.Tensor] = []
     try:
         path = _check_path(path, "load_checkpoint")
+        _check_flag(rng, "load_checkpoint", "rng", (None, True, False), "None")
+        _check_flag(weights_only, "load_checkpoint", "weights_only", (True, False), "True")
         for name, obj in targets.items():
             if not (
                 callable(getattr(obj, "load_state_dict", None)) or isinstance(obj, torch.Tensor)
@@ -282,8 +365,16 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
     objects, states = _join(skeleton, tensors)
 
     error = None
-    try:
+    try:  # every rank checks every target before any rank touches one
         for name, obj in targets.items():
+            check_fits(name, obj, objects[name], path)
+    except Exception as e:
+        error = e
+    raise_together(error, f"load_checkpoint({path!r})")
+
+    error = None
+    try:
+        for name, obj in load_order(targets):
             if isinstance(obj, torch.Tensor):
                 with torch.no_grad():
                     obj.copy_(objects[name])

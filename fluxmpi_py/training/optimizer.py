@@ -18,7 +18,7 @@ import torch
 
 from .._core import C
 from ..collectives.inplace import allreduce_
-from ..runtime.agreement import user_call
+from ..runtime.agreement import raise_together, user_call
 from ..runtime.groups import on_group
 from ._optimizer_args import check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
@@ -100,23 +100,31 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         check_every: int | None = None,
         group=None,
     ):
-        if isinstance(optimizer, DistributedOptimizer):
-            raise TypeError("the optimizer is already a DistributedOptimizer")
-        compression = check_optimizer_args(
-            optimizer,
-            op,
-            compression,
-            backward_passes_per_step,
-            check_every,
-            bucket_cap_mb,
-            buffers,
-            module,
-        )
+        error = None
+        try:
+            if isinstance(optimizer, DistributedOptimizer):
+                raise TypeError("the optimizer is already a DistributedOptimizer")
+            compression = check_optimizer_args(
+                optimizer,
+                op,
+                compression,
+                backward_passes_per_step,
+                check_every,
+                bucket_cap_mb,
+                buffers,
+                module,
+            )
+        except Exception as e:  # noqa: BLE001 - raised below, on every rank of the group
+            error = e
         if not C.initialized():
+            if error is not None:
+                raise error
             raise RuntimeError("fluxmpi_py is not initialized: call fluxmpi_py.Init() first")
         on_group(group, "DistributedOptimizer()")  # a rank outside the group raises here
         self._group = group
         with on_group(group, "DistributedOptimizer()"):
+            # A bad argument on one rank raises on every rank, before the plan's collectives.
+            raise_together(error, "DistributedOptimizer()")
             # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
             # touch this object touch the real optimizer.
             super().__init__(

@@ -4,7 +4,8 @@
 
 ``kill_during_write``: save a checkpoint (step 1), then save another (step 2) while rank 0's
 write stalls half way and the last rank SIGKILLs itself; the job dies. ``verify``: every rank
-loads DIR/ckpt.pt and checks that it is the intact step-1 checkpoint. ``full_disk`` (DIR is a
+loads DIR/ckpt.pt and checks that it is the intact step-1 checkpoint. ``save_again``: save
+step 3 (which removes the killed write's temporary file). ``full_disk`` (DIR is a
 small file system): save a small checkpoint, then one too large for the disk; every rank must
 get the same clear OSError, and the small checkpoint must still load.
 """
@@ -73,6 +74,11 @@ def verify(directory):
     print(f"rank {fm.local_rank()}: loaded step 1 intact", flush=True)
 
 
+def save_again(directory):
+    fm.save_checkpoint(os.path.join(directory, "ckpt.pt"), model=model_of(3), step=3)
+    print(f"rank {fm.local_rank()}: saved step 3", flush=True)
+
+
 def full_disk(directory):
     path = os.path.join(directory, "ckpt.pt")
     fm.save_checkpoint(path, model=model_of(1), step=1)
@@ -98,6 +104,10 @@ def full_disk(directory):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     fm.Init()
-    {"kill_during_write": kill_during_write, "verify": verify, "full_disk": full_disk}[sys.argv[1]](
-        sys.argv[2]
-    )
+    modes = {
+        "kill_during_write": kill_during_write,
+        "verify": verify,
+        "save_again": save_again,
+        "full_disk": full_disk,
+    }
+    modes[sys.argv[1]](sys.argv[2])

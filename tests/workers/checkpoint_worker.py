@@ -164,7 +164,7 @@ def case_bad_arguments_on_one_rank_raise_on_every_rank():
         fm.load_checkpoint(path, model=target)
     with raises(ValueError, "nothing to save"):
         fm.save_checkpoint(path)
-    with raises(RuntimeError, "size mismatch|shape"):  # a model of another shape
+    with raises(ValueError, "model= does not fit", "shape"):  # a model of another shape
         fm.load_checkpoint(path, model=torch.nn.Linear(3, 2))
 
 
@@ -275,6 +275,170 @@ def case_rng_required_or_for_another_world_size():
         assert fm.load_checkpoint(other)["step"] == 1
     if fm.local_rank() == 0:
         assert any("they are not restored" in str(w.message) for w in caught), caught
+
+
+# ---- issue 33: nothing loads wrong ---------------------------------------------------------
+
+
+def flip_bytes(path, offset, n=64):
+    """Rank 0 inverts n bytes of the file at offset (from the end when negative)."""
+    if fm.local_rank() == 0:
+        with open(path, "r+b") as f:
+            f.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+            at = f.tell()
+            data = bytes(b ^ 0xFF for b in f.read(n))
+            f.seek(at)
+            f.write(data)
+    fm.barrier()
+
+
+def case_damaged_file_raises_on_every_rank_and_loads_nothing():
+    saved = torch.nn.Linear(64, 64)
+    path = fm.save_checkpoint(path_of("damaged.pt"), model=saved)
+    size = os.path.getsize(path)
+    for offset in (size // 2, -40):  # inside the weights; inside the digest trailer
+        path = fm.save_checkpoint(path_of("damaged.pt"), model=saved)
+        flip_bytes(path, offset)
+        model = torch.nn.Linear(64, 64)
+        before = flat(model)
+        with raises(ValueError, "damaged.pt", "is damaged", "on rank 0", "nothing was loaded"):
+            fm.load_checkpoint(path, model=model)
+        assert torch.equal(flat(model), before), f"rank {fm.local_rank()}: model was changed"
+
+
+def case_checkpoint_without_digest_loads_with_a_warning():
+    import warnings
+
+    path = path_of("v1.pt")
+    saved = torch.nn.Linear(3, 2)
+    if fm.local_rank() == 0:  # as save_checkpoint wrote them before digests (version 1)
+        objects = {"model": saved.state_dict(), "step": 4}
+        payload = {"format": "fluxmpi_py.checkpoint", "version": 1, "objects": objects}
+        torch.save(payload, path)
+    fm.barrier()
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fm.load_checkpoint(path, model=model)["step"] == 4
+    assert torch.equal(model.weight, fm.synchronize_(saved).weight)
+    if fm.local_rank() == 0:
+        assert any("cannot be checked for damage" in str(w.message) for w in caught), caught
+
+
+def case_load_that_does_not_fit_changes_nothing():
+    def net(last):
+        torch.manual_seed(last.out_features)  # the same on every rank
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), last)
+
+    saved = net(torch.nn.Linear(3, 2))
+    opt = torch.optim.Adam(saved.parameters())
+    saved(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    path = fm.save_checkpoint(path_of("fit.pt"), model=saved, optimizer=opt, step=1)
+
+    other = net(torch.nn.Linear(3, 5))  # another last layer: the first one would fit
+    before = flat(other)
+    with raises(ValueError, "model= does not fit", r"'2.weight' has shape \(2, 3\)", "nothing"):
+        fm.load_checkpoint(path, model=other)
+    assert torch.equal(flat(other), before), "the layers that fit were overwritten"
+
+    model = net(torch.nn.Linear(3, 2))
+    before = flat(model)
+    two_groups = torch.optim.Adam(
+        [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.1}]
+    )
+    with raises(
+        ValueError, "optimizer= does not fit", "1 parameter groups in the checkpoint, 2 here"
+    ):
+        fm.load_checkpoint(path, model=model, optimizer=two_groups)
+    assert torch.equal(flat(model), before), "the model was restored although the optimizer failed"
+    assert not two_groups.state
+
+    # Adam's state of another shape (torch would load it and fail at the next step).
+    bad = torch.load(path)["objects"]
+    bad["optimizer"]["state"][0]["exp_avg"] = torch.zeros(7)
+    path2 = fm.save_checkpoint(path_of("fit2.pt"), **bad)
+    fresh = torch.optim.Adam(model.parameters())
+    with raises(ValueError, "optimizer= does not fit", "'exp_avg' of parameter 0 of group 0"):
+        fm.load_checkpoint(path2, model=model, optimizer=fresh)
+    assert torch.equal(flat(model), before) and not fresh.state
+
+    # A tensor target of another shape is not broadcast into.
+    w = torch.zeros(2, 2)
+    fm.save_checkpoint(path_of("fit3.pt"), w=torch.ones(2))
+    with raises(ValueError, "w= does not fit", r"shape \(2,\) in the checkpoint, \(2, 2\)"):
+        fm.load_checkpoint(path_of("fit3.pt"), w=w)
+    assert not w.any()
+
+    # The ranks stay in step: a load that fits works right after.
+    assert fm.load_checkpoint(path, model=model, optimizer=opt)["step"] == 1
+    assert torch.equal(flat(model), flat(torch.load(path)["objects"]["model"].values()))
+
+
+def _dead_pid():
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def case_stale_temporaries_removed_at_the_next_save():
+    import subprocess
+    import sys
+
+    from fluxmpi_py._util import files as _files
+
+    path = path_of("stale.pt")
+    d = os.path.dirname(path)
+    live, names = None, None
+    if fm.local_rank() == 0:  # rank 0 saves, so the processes are on its host
+        live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        dead, host = _dead_pid(), _files._HOST
+        stale = [f".stale.pt.tmp{dead}", f".stale.pt.tmp{dead}.{host}"]
+        kept = [
+            f".stale.pt.tmp{live.pid}",  # saves in progress
+            f".stale.pt.tmp{live.pid}.{host}",
+            f".stale.pt.tmp{dead}.other-host",  # another host's: cannot tell
+            f".stale.pt.tmp{dead}x",  # other patterns
+            f"stale.pt.tmp{dead}",
+            f".other.pt.tmp{dead}",
+            f".stale.pt.tmp{dead}.{host}.bak",
+        ]
+        for name in stale + kept:
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(b"partial")
+        names = (stale, kept)
+    stale, kept = fm.broadcast_object(names)
+    try:
+        fm.save_checkpoint(path, step=1)
+        present = set(os.listdir(d))
+        assert not present & set(stale), sorted(present & set(stale))
+        assert set(kept) <= present, sorted(set(kept) - present)
+    finally:
+        if live is not None:
+            live.kill()
+            live.wait()
+    fm.barrier()
+
+
+def case_reserved_keywords_are_checked():
+    path = path_of("reserved.pt")
+    model = torch.nn.Linear(2, 2)
+    with raises(TypeError, "rng= is reserved", "got a Tensor", "rng_state=", "on rank 0"):
+        fm.save_checkpoint(path, model=model, rng=torch.get_rng_state())
+    last = fm.total_workers() - 1
+    mine = torch.get_rng_state() if fm.local_rank() == last else False
+    with raises(TypeError, "rng= is reserved", f"on rank {last}"):
+        fm.save_checkpoint(path, model=model, rng=mine)
+    fm.save_checkpoint(path, model=model, rng_state=torch.get_rng_state())
+    got = fm.load_checkpoint(path)
+    assert torch.equal(got["rng_state"], fm.synchronize_(torch.get_rng_state()))
+    with raises(TypeError, "rng= is reserved"):
+        fm.load_checkpoint(path, rng=torch.get_rng_state())
+    with raises(TypeError, "weights_only= is reserved"):
+        fm.load_checkpoint(path, weights_only=torch.zeros(1))
 
 
 if __name__ == "__main__":

@@ -221,5 +221,10 @@ def test_gpu_ranks_check_passes_on_host_tensors(np):
     script = os.path.join(ROOT, "scripts", "gpu_ranks_check.py")
     _, out = run_mpi(script, np, "--cpu", timeout=180)
     assert "FAIL" not in out, out[-4000:]
-    for name in ("gather backward", "alltoall in uneven parts", "DDP on the fluxmpi backend"):
+    for name in (
+        "gather backward",
+        "alltoall in uneven parts",
+        "DDP on the fluxmpi backend",
+        "DistributedOptimizer on 4 KiB to 4 MiB gradients",
+    ):
         assert f"ok: {name}" in out, f"check {name!r} did not run:\n{out[-4000:]}"

@@ -11,7 +11,9 @@ and the optimizer) in fp32 and in bf16, and torchvision's ResNet-50 at batch 16 
 torchvision is installed. Variants: local (no communication), ours, ours with
 compression="bf16" (fp32 models), ours with NCCL on a stream of its own (the experiment of
 FLUXMPI_NCCL_COMM_STREAM=1), DDP on NCCL (default buckets, and gradient_as_bucket_view),
-DDP with torch's bf16_compress_hook (fp32 models).
+DDP with torch's bf16_compress_hook (fp32 models). --plans adds two bucket plans of ours:
+a first bucket of 1 MiB (DDP's), and the plan before issue 31 (CUDA gradients of 1 MiB or
+more reduced alone, one NCCL call each).
 
 Prints one JSON line (rank 0): per workload, each variant's step time in ms (the slowest
 rank's median), and the ratios ddp/ours and ours/local.
@@ -84,7 +86,7 @@ def loss_of(model, x, y):
     return out.float() if y is None else nn.functional.cross_entropy(out, y)
 
 
-def variants_for(make_model, x, y, fp32):
+def variants_for(make_model, x, y, fp32, plans=False):
     """One step function per variant, each with its own model and optimizer."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -111,6 +113,14 @@ def variants_for(make_model, x, y, fp32):
         m = make_model()
         sgd = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
         steps[label] = plain(m, fm.DistributedOptimizer(sgd, compression=compression))
+    if plans:
+        for label, options in (
+            ("ours_first_bucket_1mib", {"first_bucket_cap_mb": 1}),
+            ("ours_direct_1mib", {"cuda_direct_min_bytes": 1 << 20}),
+        ):
+            m = make_model()
+            sgd = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+            steps[label] = plain(m, fm.DistributedOptimizer(sgd, **options))
     # the experiment: NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1), this step only
     m = make_model()
     on_comm_stream = plain(
@@ -143,6 +153,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--port", type=int, default=29531)
+    ap.add_argument("--plans", action="store_true", help="also ours with other bucket plans")
     args = ap.parse_args()
 
     fm.Init()
@@ -168,7 +179,7 @@ def main():
     for name, (make_model, make_x, make_y, fp32) in workloads(args.quick, dev).items():
         torch.manual_seed(1 + rank)  # each rank its own batch
         x, y = make_x(), (make_y() if make_y else None)
-        steps = variants_for(make_model, x, y, fp32)
+        steps = variants_for(make_model, x, y, fp32, args.plans)
         times = {k: [] for k in steps}
         order = list(steps)
         shuffle = random.Random(7)  # the same order on every rank: DDP's collectives must meet

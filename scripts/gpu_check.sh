@@ -36,6 +36,11 @@
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
 #   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
 #               against DDP on NCCL and no communication, one JSON line
+#   bench-plans the same with --plans (ours with DDP's 1 MiB first bucket, and with the old
+#               one-call-per-large-gradient rule), 3 rounds
+#
+# Every step runs under its own timeout (GPU_CHECK_STEP_S, 120 s), so that a hang costs at
+# most that much of a GPU session; a step that runs out says "timed out".
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,6 +52,7 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 LOGS=${GPU_CHECK_LOGS:-$ROOT/build/gpu_check}
 mkdir -p "$LOGS"
+STEP_S=${GPU_CHECK_STEP_S:-120}
 FAILED=0
 summary() { printf '%-11s %-8s %s\n' "$1" "$2" "$3"; [ "$2" = FAIL ] && FAILED=1; return 0; }
 
@@ -70,16 +76,17 @@ if [ -n "$torch_gcc" ]; then
     fi
   done
 fi
-if "$PY" setup.py build_ext --inplace > "$LOGS/build.log" 2>&1 \
+if timeout "$STEP_S" "$PY" setup.py build_ext --inplace > "$LOGS/build.log" 2>&1 \
    && "$PY" -c "import fluxmpi_py as fm, sys; sys.exit(0 if fm.build_info()['compiled_with_cuda'] else 1)"; then
   summary build ok "with CUDA and NCCL $("$PY" -c 'import fluxmpi_py as fm; print(fm.build_info()["nccl"])')$cxx_note"
 else
   summary build FAIL "see $LOGS/build.log"; exit 1
 fi
 
-"$PY" -m pytest -q -m cuda -rs tests > "$LOGS/gpu_tests.log" 2>&1
+timeout "$STEP_S" "$PY" -m pytest -q -m cuda -rs tests > "$LOGS/gpu_tests.log" 2>&1
 rc=$?
 line=$(tail -n 1 "$LOGS/gpu_tests.log")
+[ $rc = 124 ] && line="timed out after $STEP_S s: $line"
 if [ $rc = 0 ] && ! grep -q skipped <<< "$line"; then
   summary gpu-tests ok "$line"
 else
@@ -91,10 +98,10 @@ run2() {
   local margs=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do margs+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  timeout 300 mpiexec --oversubscribe -n 2 "${margs[@]}" "$PY" -X faulthandler \
+  timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${margs[@]}" "$PY" -X faulthandler \
     scripts/gpu_ranks_check.py "$@"
 }
-aware=$("$PY" -c "import fluxmpi_py as fm; fm.Init(); print(fm.build_info()['cuda_aware_mpi'])" 2>/dev/null)
+aware=$(timeout 60 "$PY" -c "import fluxmpi_py as fm; fm.Init(); print(fm.build_info()['cuda_aware_mpi'])" 2>/dev/null)
 if run2 -- --route mpi > "$LOGS/mpi_shared.log" 2>&1; then
   summary mpi-shared ok "2 ranks on one GPU over MPI (CUDA-aware MPI: ${aware:-unknown})"
 else
@@ -126,15 +133,23 @@ else
   summary nccl-2-cs FAIL "$(grep -h 'FAIL:' "$LOGS/nccl_comm_stream.log" | head -n 3 | tr '\n' ' ')($LOGS/nccl_comm_stream.log)"
 fi
 
-if out=$("$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); then
+if out=$(timeout "$STEP_S" "$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); then
   summary bench ok "$out"
 else
   summary bench FAIL "see $LOGS/bench.log"
 fi
-if out=$(timeout 500 mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
+if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
     "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds 5 2> "$LOGS/bench_step.log"); then
   summary bench-step ok "$(tail -n 1 <<< "$out")"
 else
   summary bench-step FAIL "see $LOGS/bench_step.log"
+fi
+# The bucket plans on CUDA (issue 31): 25 MB buckets for every gradient (the default), DDP's
+# 1 MiB first bucket, and the old rule (gradients of 1 MiB or more alone); a quicker run.
+if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
+    "$PY" benchmarks/bench_gpu_step.py --plans --rounds 3 2> "$LOGS/bench_plans.log"); then
+  summary bench-plans ok "$(tail -n 1 <<< "$out")"
+else
+  summary bench-plans FAIL "see $LOGS/bench_plans.log"
 fi
 exit $FAILED

@@ -114,6 +114,33 @@ def ddp_on_fluxmpi(dev, rank, world, check) -> None:
     check(f"DDP on the fluxmpi backend ({dev.type}) equals batch {world}B", close)
 
 
+def large_gradient_buckets(dev, rank, world, check):
+    """DistributedOptimizer on gradients of 4 KiB to 4 MiB under 5 MiB buckets: on CUDA every
+    gradient is a view of a fused bucket (one pack and one NCCL call per bucket, issue 31),
+    on the host those of 1 MiB and more go direct. Each rank's gradient is known, so the
+    averaged step is checked against its value."""
+    shapes = [(1 << 18,), (3, 1 << 18), (1000,), (1 << 20,)]  # 1 MiB, 3 MiB, 4 KB, 4 MiB
+    for first in (None, 1):  # DDP's small first bucket (1 MiB), as an option
+        params = [torch.nn.Parameter(torch.zeros(s, device=dev)) for s in shapes]
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD(params, lr=1.0), bucket_cap_mb=5, first_bucket_cap_mb=first
+        )
+        for _ in range(2):
+            opt.zero_grad()
+            sum((p * (rank + 1 + k)).sum() for k, p in enumerate(params)).backward()
+            opt.step()
+        # the gradient of params[k] on rank r is r + 1 + k: averaged, (world + 1) / 2 + k
+        ok = all(
+            torch.allclose(p, torch.full_like(p, -2 * ((world + 1) / 2 + k)))
+            for k, p in enumerate(params)
+        )
+        check(
+            f"DistributedOptimizer on 4 KiB to 4 MiB gradients in 5 MiB buckets "
+            f"(first bucket {first or 5} MiB)",
+            ok,
+        )
+
+
 def mixed_backend_string(dev, rank, world, check) -> None:
     """A group made with "cpu:fluxmpi,cuda:nccl" (the issue's mixed form; "cuda:gloo" in the
     CPU dry run, since a CPU torch has no NCCL): host tensors reduce on fluxmpi, CUDA tensors
@@ -173,6 +200,8 @@ def main() -> int:
             check("a CUDA allreduce_ on a shared GPU raises", False)
         except ValueError as e:
             check(f"a CUDA allreduce_ on a shared GPU raises: {e}", "share" in str(e))
+            # sharing is found by the GPU's physical identity (its UUID), not its index
+            check("the sharing is named by the GPU's UUID", "share GPU-" in str(e))
         t = torch.ones(3)
         fm.allreduce_(t)
         check("a CPU allreduce_ after the refusal", bool((t == world).all()))
@@ -193,7 +222,12 @@ def main() -> int:
     t = torch.arange(7.0, device=dev) * (rank + 1)
     fm.bcast_(t, root_rank=0)
     check("bcast_", torch.equal(t.cpu(), torch.arange(7.0)))
-    for part in (row_collectives, ddp_on_fluxmpi, mixed_backend_string):  # never run on a GPU
+    for part in (
+        row_collectives,
+        ddp_on_fluxmpi,
+        mixed_backend_string,
+        large_gradient_buckets,
+    ):  # never run on a GPU
         try:
             part(dev, rank, world, check)
         except Exception as e:  # noqa: BLE001 (reported as a failed check)

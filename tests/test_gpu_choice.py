@@ -7,7 +7,14 @@ import os
 
 import pytest
 
-from fluxmpi_py.runtime.gpu_choice import choose_gpu
+from fluxmpi_py.runtime.gpu_choice import (
+    LOCAL_RANK_VARIABLES,
+    choose_gpu,
+    device_before_init,
+    launcher_local_rank,
+    physical_gpu_id,
+    sharing_by_identity,
+)
 
 
 @pytest.mark.parametrize(
@@ -25,7 +32,7 @@ def test_no_gpu_no_device():
 
 def test_more_ranks_than_gpus_names_who_shares():
     c = choose_gpu(1, 5, 2)
-    assert c.shared == {0: (0, 2, 4), 1: (1, 3)}
+    assert c.shared == {"cuda:0": (0, 2, 4), "cuda:1": (1, 3)}
     assert c.sharing_message() == (
         "node-local ranks 0, 2 and 4 share cuda:0; node-local ranks 1 and 3 share cuda:1 "
         "(5 ranks, 2 GPUs)"
@@ -35,11 +42,108 @@ def test_more_ranks_than_gpus_names_who_shares():
 
 def test_gpu_devices_chosen_and_checked():
     assert [choose_gpu(r, 2, 4, gpu_devices=[3, 1]).device for r in range(2)] == [3, 1]
-    assert choose_gpu(0, 2, 4, gpu_devices=[2, 2]).shared == {2: (0, 1)}
+    assert choose_gpu(0, 2, 4, gpu_devices=[2, 2]).shared == {"cuda:2": (0, 1)}
     with pytest.raises(ValueError, match=r"2 ranks run on this node, so it needs at least 2"):
         choose_gpu(0, 2, 4, gpu_devices=[0])
     with pytest.raises(ValueError, match=r"cuda:4 is not a GPU of this machine, which has 4"):
         choose_gpu(0, 2, 4, gpu_devices=[0, 4])
+
+
+# --- before MPI_Init: the launcher's local rank --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LOCAL_RANK_VARIABLES)
+def test_every_launcher_variable_is_read(name):
+    assert launcher_local_rank({name: "2"}) == 2
+    assert launcher_local_rank({name: " 2 "}) == 2
+
+
+def test_launcher_variable_precedence_and_bad_values():
+    # mpirun inside a Slurm allocation: SLURM_LOCALID is the daemon's (0 on every rank)
+    env = {"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert launcher_local_rank(env) == 1
+    assert launcher_local_rank({"MPI_LOCALRANKID": "3", "SLURM_LOCALID": "0"}) == 3
+    assert launcher_local_rank({}) is None
+    assert launcher_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "", "SLURM_LOCALID": "1"}) == 1
+    assert launcher_local_rank({"PMI_LOCAL_RANK": "-1"}) is None
+    assert launcher_local_rank({"PMI_LOCAL_RANK": "one"}) is None
+
+
+@pytest.mark.parametrize("node_size, count", [(1, 1), (2, 2), (4, 2), (3, 8), (2, 1)])
+@pytest.mark.parametrize("gpu_devices", [None, "reversed"])
+def test_device_before_init_is_the_device_init_keeps(node_size, count, gpu_devices):
+    # Init sets the device twice only where the two disagree: the launcher's rank and MPI's
+    # node-local rank are the same number, so the choice must be the same function of it.
+    devices = list(reversed(range(node_size))) if gpu_devices else None
+    if devices is not None and max(devices) >= count:
+        devices = [d % count for d in devices]
+    for r in range(node_size):
+        env = {"OMPI_COMM_WORLD_LOCAL_RANK": str(r)}
+        want = choose_gpu(r, node_size, count, devices).device
+        assert device_before_init(env, count, devices) == want
+
+
+def test_device_before_init_never_raises():
+    env = {"SLURM_LOCALID": "1"}
+    assert device_before_init({}, 4) is None  # no launcher: MPI's node rank decides later
+    assert device_before_init(env, 0) is None  # no GPU
+    assert device_before_init(env, 4, gpu_devices=[0]) is None  # too short: Init raises later
+    assert device_before_init(env, 4, gpu_devices=[0, 7]) is None  # not a GPU: likewise
+    assert device_before_init(env, 4, gpu_devices=[0, 3]) == 3
+
+
+# --- sharing by the GPU's physical identity -------------------------------------------------------
+
+
+class Props:
+    def __init__(self, uuid="", domain=0, bus=0, device=0):
+        self.uuid = uuid
+        self.pci_domain_id, self.pci_bus_id, self.pci_device_id = domain, bus, device
+
+
+def test_physical_gpu_id():
+    assert physical_gpu_id(Props("1234-abcd"), "n0") == "GPU-1234-abcd"
+    assert physical_gpu_id(Props("MIG-77"), "n0") == "MIG-77"
+    assert physical_gpu_id(Props("", 0, 0x41, 0), "n0") == "n0/pci:0000:41:00"
+
+    class NoUuid:
+        pci_domain_id, pci_bus_id, pci_device_id = 1, 2, 3
+
+    assert physical_gpu_id(NoUuid(), "h") == "h/pci:0001:02:03"
+
+
+def node(host, ids):
+    """(host, node-local rank, id) for ranks 0.. of one host."""
+    return [(host, r, i) for r, i in enumerate(ids)]
+
+
+def test_per_rank_visible_devices_is_not_sharing():
+    # CUDA_VISIBLE_DEVICES=r per rank: every rank has one GPU, cuda:0, a different one
+    logical = choose_gpu(1, 4, 1)
+    assert logical.shared == {"cuda:0": (0, 1, 2, 3)}  # the index alone says "shared"
+    gathered = node("n0", ["GPU-a", "GPU-b", "GPU-c", "GPU-d"])
+    c = sharing_by_identity(logical, gathered, 1)
+    assert c.shared == {} and c.sharing_message() == "" and c.device == 0
+
+
+def test_one_gpu_under_different_indices_is_sharing():
+    # rank 0 sees the GPU as cuda:0, rank 1 (CUDA_VISIBLE_DEVICES=1,0) as cuda:1
+    logical = choose_gpu(1, 2, 2)
+    assert logical.shared == {}
+    c = sharing_by_identity(logical, node("n0", ["GPU-a", "GPU-a"]), 1)
+    assert c.shared == {"GPU-a": (0, 1)}
+    assert c.sharing_message() == "node-local ranks 0 and 1 share GPU-a (2 ranks, 2 GPUs)"
+
+
+def test_sharing_is_per_host_and_ranks_without_gpu_share_nothing():
+    gathered = node("n0", ["GPU-a", "GPU-b", ""]) + node("n1", ["GPU-c", "GPU-c", "", ""])
+    on_n0 = sharing_by_identity(choose_gpu(0, 3, 2), gathered, 0)
+    assert on_n0.shared == {}  # n1's sharing is not n0's
+    on_n1 = sharing_by_identity(choose_gpu(3, 4, 2), gathered, 6)  # a rank without GPU
+    assert on_n1.shared == {"GPU-c": (0, 1)}
+    # the same logical index on two hosts is two GPUs
+    same_index = node("n0", ["n0/pci:0000:41:00"]) + node("n1", ["n1/pci:0000:41:00"])
+    assert sharing_by_identity(choose_gpu(0, 1, 1), same_index, 1).shared == {}
 
 
 # --- where CUDA collectives run (Init: NCCL, or MPI where ranks share a GPU) ---------------------
@@ -117,5 +221,10 @@ def test_gpu_ranks_check_passes_on_host_tensors(np):
     script = os.path.join(ROOT, "scripts", "gpu_ranks_check.py")
     _, out = run_mpi(script, np, "--cpu", timeout=180)
     assert "FAIL" not in out, out[-4000:]
-    for name in ("gather backward", "alltoall in uneven parts", "DDP on the fluxmpi backend"):
+    for name in (
+        "gather backward",
+        "alltoall in uneven parts",
+        "DDP on the fluxmpi backend",
+        "DistributedOptimizer on 4 KiB to 4 MiB gradients",
+    ):
         assert f"ok: {name}" in out, f"check {name!r} did not run:\n{out[-4000:]}"

@@ -66,7 +66,8 @@ def test_reducer_options_are_keyword_objects():
         7,
     )
     assert repr(o) == (
-        "ReducerOptions(plan=PlanOptions(cap_bytes=100, direct_min_bytes=1048576), "
+        "ReducerOptions(plan=PlanOptions(cap_bytes=100, direct_min_bytes=1048576, "
+        "cuda_direct_min_bytes=4611686018427387904, first_cap_bytes=0), "
         "op='average', compression='fp16', plan_hash=7)"
     )
     o.plan.cap_bytes = 200  # fields are read and written in place

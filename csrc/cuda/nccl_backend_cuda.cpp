@@ -18,10 +18,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "cuda/nccl_check.h"
 #include "cuda/nccl_comm.h"
 #include "cuda/nccl_lowering.h"
+#include "runtime/comm_stream_order.h"
 #include "runtime/environment.h"
 
 namespace fluxmpi {
@@ -95,14 +97,39 @@ c10::cuda::CUDAStream comm_stream_for(int device) {
   return it->second;
 }
 
-// `later` waits (on the device, not the host) for what `first` has enqueued so far.
-void order_after(const c10::cuda::CUDAStream& first, const c10::cuda::CUDAStream& later) {
-  cudaEvent_t ev = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(ev, first.stream()), "cudaEventRecord");
-  check_cuda(cudaStreamWaitEvent(later.stream(), ev, 0), "cudaStreamWaitEvent");
-  check_cuda(cudaEventDestroy(ev), "cudaEventDestroy");  // freed once it has completed
-}
+// CUDA streams and events as runtime/comm_stream_order.h's Device: the ordering written there, and
+// tested on CPU over a fake device, is the one the calls below keep.
+struct CudaStreams {
+  using Stream = c10::cuda::CUDAStream;
+  // A timing-free event, destroyed with this object (CUDA frees it once it has completed, so
+  // a stream may still be waiting for it then).
+  class Event {
+   public:
+    Event() {
+      check_cuda(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    ~Event() {
+      if (ev_ != nullptr) cudaEventDestroy(ev_);
+    }
+    Event(Event&& o) noexcept : ev_(std::exchange(o.ev_, nullptr)) {}
+    Event& operator=(Event&&) = delete;
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+    cudaEvent_t get() const { return ev_; }
+
+   private:
+    cudaEvent_t ev_ = nullptr;
+  };
+
+  Event record(const Stream& s) {
+    Event e;
+    check_cuda(cudaEventRecord(e.get(), s.stream()), "cudaEventRecord");
+    return e;
+  }
+  void wait(const Stream& s, const Event& e) {
+    check_cuda(cudaStreamWaitEvent(s.stream(), e.get(), 0), "cudaStreamWaitEvent");
+  }
+};
 
 // The context every call shares: the backend's device made current (before any CUDA call, so
 // that a thread that never chose a device does not create a context on GPU 0), the stream the
@@ -118,7 +145,8 @@ struct Call {
         caller(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device))),
         stream(nccl_comm_stream() ? comm_stream_for(device) : caller),
         on_stream(stream) {
-    if (stream != caller) order_after(caller, stream);
+    CudaStreams dev;
+    enter_stream(dev, caller, stream);  // the communication stream waits for the caller's
   }
 
   ncclComm_t comm() {

@@ -12,13 +12,22 @@ namespace fluxmpi {
 std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts) {
   TORCH_CHECK_VALUE(opts.cap_bytes > 0, "bucket cap must be positive, got ", opts.cap_bytes,
                     " bytes");
+  TORCH_CHECK_VALUE(opts.first_cap_bytes >= 0,
+                    "first bucket cap must be positive, or 0 for none, got ", opts.first_cap_bytes,
+                    " bytes");
+  TORCH_CHECK_VALUE(opts.direct_min_bytes > 0 && opts.cuda_direct_min_bytes > 0,
+                    "direct_min_bytes must be positive, got ", opts.direct_min_bytes,
+                    " (host) and ", opts.cuda_direct_min_bytes, " (CUDA)");
   std::vector<Bucket> out;
-  // One open fused bucket per (dtype, device); it is closed into `out` when full.
+  // One open fused bucket per (dtype, device); it is closed into `out` when full. `closed`
+  // counts each key's closed buckets: the first closes at first_cap_bytes when that is set.
   std::map<std::pair<int, std::string>, Bucket> open;
+  std::map<std::pair<int, std::string>, int> closed;
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(tensors.size()); ++i) {
     const auto& t = tensors[i];
     const auto esz = static_cast<std::int64_t>(c10::elementSize(t.dtype));
-    if (t.numel * esz >= opts.direct_min_bytes) {
+    const auto direct_min = t.device.is_cuda() ? opts.cuda_direct_min_bytes : opts.direct_min_bytes;
+    if (t.numel * esz >= direct_min) {
       out.push_back(Bucket{{i}, {0}, t.dtype, t.device, t.numel, true});
       continue;
     }
@@ -26,9 +35,12 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const P
     auto it = open.find(key);
     if (it == open.end()) it = open.emplace(key, Bucket{{}, {}, t.dtype, t.device, 0, false}).first;
     Bucket& b = it->second;
-    if (!b.members.empty() && (b.numel + t.numel) * esz > opts.cap_bytes) {
+    int& done = closed[key];
+    const auto cap = done == 0 && opts.first_cap_bytes > 0 ? opts.first_cap_bytes : opts.cap_bytes;
+    if (!b.members.empty() && (b.numel + t.numel) * esz > cap) {
       out.push_back(std::move(b));
       b = Bucket{{}, {}, t.dtype, t.device, 0, false};
+      ++done;
     }
     b.members.push_back(i);
     b.offsets.push_back(b.numel);

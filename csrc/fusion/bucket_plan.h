@@ -31,13 +31,29 @@ struct Bucket {
   bool direct = false;
 };
 
+// direct_min_bytes / cuda_direct_min_bytes that no tensor reaches: every tensor is fused.
+inline constexpr std::int64_t kNeverDirect = std::int64_t{1} << 62;
+
 struct PlanOptions {
-  std::int64_t cap_bytes = 25 << 20;        // a fused bucket never exceeds this (bytes)
-  std::int64_t direct_min_bytes = 1 << 20;  // tensors at least this large go direct (bytes)
+  std::int64_t cap_bytes = 25 << 20;  // a fused bucket never exceeds this (bytes)
+  // Host tensors at least this large go direct (bytes): reduced in their own storage, one
+  // MPI call each (measured on CPU: no copy beats fewer calls there).
+  std::int64_t direct_min_bytes = 1 << 20;
+  // CUDA tensors at least this large go direct. By default none does: as in DDP every CUDA
+  // gradient is a view of a fused bucket, so a bucket is one pack and one NCCL call (issue
+  // 31: one call per large gradient was one cause of the 2.2-2.8x against DDP). Not yet
+  // measured on a GPU.
+  std::int64_t cuda_direct_min_bytes = kNeverDirect;
+  // The first fused bucket of each dtype and device closes at this many bytes instead of
+  // cap_bytes (DDP makes it 1 MiB, so that the first reduction starts early in backward).
+  // 0: no smaller first bucket.
+  std::int64_t first_cap_bytes = 0;
 };
 
 // Buckets in issue order: a fused bucket is emitted when it closes (the next tensor of its
-// dtype and device would overflow the cap), so earlier-produced gradients go first.
+// dtype and device would overflow the cap: first_cap_bytes for the first bucket of each
+// dtype and device when set, cap_bytes after), so earlier-produced gradients go first.
+// A tensor goes direct at direct_min_bytes on the host, cuda_direct_min_bytes on CUDA.
 std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts);
 
 }  // namespace fluxmpi

@@ -2,6 +2,10 @@
 // (fusion/bucket_plan.h), which tests call without Init.
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "fusion/bucket_plan.h"
 #include "ops/gradient_reducer.h"
 #include "python/bindings.h"
@@ -51,18 +55,27 @@ ReduceOp gradient_op(const std::string& name) {
 void bind_gradients(py::module_& m) {
   const PlanOptions dp;
   py::class_<PlanOptions> plan(m, "PlanOptions", "The bucket planner's limits (bytes)");
-  plan.def(py::init([](std::int64_t cap_bytes, std::int64_t direct_min_bytes) {
+  plan.def(py::init([](std::int64_t cap_bytes, std::int64_t direct_min_bytes,
+                       std::int64_t cuda_direct_min_bytes, std::int64_t first_cap_bytes) {
              PlanOptions o;
              o.cap_bytes = cap_bytes;
              o.direct_min_bytes = direct_min_bytes;
+             o.cuda_direct_min_bytes = cuda_direct_min_bytes;
+             o.first_cap_bytes = first_cap_bytes;
              return o;
            }),
            py::kw_only(), py::arg("cap_bytes") = dp.cap_bytes,
-           py::arg("direct_min_bytes") = dp.direct_min_bytes)
+           py::arg("direct_min_bytes") = dp.direct_min_bytes,
+           py::arg("cuda_direct_min_bytes") = dp.cuda_direct_min_bytes,
+           py::arg("first_cap_bytes") = dp.first_cap_bytes)
       .def_readwrite("cap_bytes", &PlanOptions::cap_bytes, "a fused bucket never exceeds this")
       .def_readwrite("direct_min_bytes", &PlanOptions::direct_min_bytes,
-                     "tensors at least this large are reduced alone, in their own storage");
-  def_fields(plan, {"cap_bytes", "direct_min_bytes"});
+                     "host tensors at least this large are reduced alone, in their own storage")
+      .def_readwrite("cuda_direct_min_bytes", &PlanOptions::cuda_direct_min_bytes,
+                     "the same for CUDA tensors (default: none; every one is fused, as in DDP)")
+      .def_readwrite("first_cap_bytes", &PlanOptions::first_cap_bytes,
+                     "the first bucket of each dtype and device closes here (0: at cap_bytes)");
+  def_fields(plan, {"cap_bytes", "direct_min_bytes", "cuda_direct_min_bytes", "first_cap_bytes"});
 
   const ReducerOptions dr;
   py::class_<ReducerOptions> reducer(m, "ReducerOptions", "How a GradientReducer reduces");
@@ -96,15 +109,25 @@ void bind_gradients(py::module_& m) {
 
   m.def(
       "plan_buckets",
-      [](const std::vector<at::Tensor>& tensors, const PlanOptions& options) {
+      [](const std::vector<at::Tensor>& tensors, const PlanOptions& options,
+         const std::optional<std::vector<std::string>>& devices) {
+        TORCH_CHECK_VALUE(!devices || devices->size() == tensors.size(),
+                          "plan_buckets: ", tensors.size(), " tensors but ",
+                          devices ? devices->size() : 0, " devices");
         std::vector<TensorMeta> metas;
         metas.reserve(tensors.size());
-        for (const auto& t : tensors) metas.push_back({t.scalar_type(), t.device(), t.numel()});
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          const auto& t = tensors[i];
+          const c10::Device dev = devices ? c10::Device((*devices)[i]) : t.device();
+          metas.push_back({t.scalar_type(), dev, t.numel()});
+        }
         return buckets_to_python(plan_buckets(metas, options));
       },
-      py::arg("tensors"), py::arg("options"),
+      py::arg("tensors"), py::arg("options"), py::arg("devices") = py::none(),
       "The bucket plan for tensors' dtypes, devices and sizes: a list of dicts (members, "
-      "direct, numel, dtype, device) in issue order. Pure: needs no Init");
+      "direct, numel, dtype, device) in issue order. Pure: needs no Init. `devices` plans "
+      "tensor i as if it lived on devices[i] (\"cuda:0\"), so that the CUDA plan is tested "
+      "without a GPU");
 
   py::class_<GradientReducer, std::shared_ptr<GradientReducer>>(m, "GradientReducer")
       .def(py::init([](std::vector<at::Tensor> params, const ReducerOptions& options) {

@@ -8,6 +8,7 @@
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/fake_streams.h"
 #include "runtime/stall_watch.h"
 #include "runtime/user_call.h"
 #include "runtime/wait_policy.h"
@@ -52,6 +53,11 @@ void bind_runtime(py::module_& m) {
   m.def("nccl_comm_stream", &nccl_comm_stream);
   m.def("set_stage_host", &set_stage_host, py::arg("on"));
   m.def("staged_host_bytes", &staged_host_bytes);
+  m.def("stream_order_probe", &stream_order_probe, py::arg("producer_wait"),
+        py::arg("consumer_wait"), py::arg("timeout_s") = 30.0,
+        py::call_guard<py::gil_scoped_release>(),
+        "runtime/comm_stream_order.h's ordering over a fake asynchronous device: what the consumer "
+        "read (14 when ordered; for tests)");
   m.attr("compiled_torch_version") = TORCH_VERSION;
   m.def(
       "barrier",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import threading
 import warnings
 from collections.abc import Sequence
@@ -15,7 +16,12 @@ from ..data import loader_check as _dataloader_check
 from . import excepthooks as _excepthooks
 from . import stall as _stall
 from .agreement import mark_raised_on_every_rank
-from .gpu_choice import choose_gpu
+from .gpu_choice import (
+    choose_gpu,
+    device_before_init,
+    physical_gpu_id,
+    sharing_by_identity,
+)
 from .groups import on_group
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -86,6 +92,14 @@ def Init(
     warning_s, timeout_s = _stall.settings(stall_warning, timeout)
     with _lock:
         first = not C.initialized()
+        early = None
+        if first:
+            # The launcher's local rank picks the GPU before MPI_Init, so that a CUDA-aware
+            # MPI starts on it; MPI's node-local rank confirms the choice below.
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            early = device_before_init(os.environ, count, gpu_devices)
+            if early is not None:
+                torch.cuda.set_device(early)
         C.init(_comm_handle(comm))
         if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
             C.set_stall_settings(warning_s, timeout_s)
@@ -99,10 +113,10 @@ def Init(
             _stall.start_stack_thread()
             _excepthooks.install()
             _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
         if choice.device is not None:
-            torch.cuda.set_device(choice.device)
+            if choice.device != early:
+                torch.cuda.set_device(choice.device)
             device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
@@ -113,6 +127,8 @@ def Init(
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
         # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
         # over MPI always.
+        if C.size() > 1:
+            choice = _shared_by_identity(choice)
         over_mpi, why = _cuda_route(choice)
         C.set_cuda_over_mpi(over_mpi)
         C.set_cuda_refusal(why)
@@ -127,6 +143,23 @@ def Init(
             )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
+
+
+def _shared_by_identity(choice):
+    """``choice`` with the ranks that share a GPU found by the GPU's physical identity,
+    gathered from every rank (collective: every rank calls it, with or without a GPU). Where
+    torch cannot say a GPU's identity, its host and logical index stand for it (the old rule,
+    which may see sharing where CUDA_VISIBLE_DEVICES differs per rank, never miss it)."""
+    host = socket.gethostname()
+    ident = ""
+    if choice.device is not None:
+        try:
+            ident = physical_gpu_id(torch.cuda.get_device_properties(choice.device), host)
+        except (RuntimeError, AssertionError, AttributeError):
+            ident = f"{host}/cuda:{choice.device}"
+    mine = "\t".join((host, str(C.node_rank()), ident)).encode()
+    gathered = [tuple(b.decode().split("\t")) for b in C.allgather_object_bytes(mine, "")]
+    return sharing_by_identity(choice, [(h, int(r), i) for h, r, i in gathered], C.rank())
 
 
 def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:

@@ -64,9 +64,12 @@ class ReductionPlan:
         cap_bytes: int,
         direct_min_bytes: int,
         compression: str = "",
+        cuda_direct_min_bytes: int = 1 << 62,
+        first_cap_bytes: int = 0,
     ):
         self._what = what
         self._options = (cap_bytes, direct_min_bytes, op, compression)
+        self._cuda_options = (cuda_direct_min_bytes, first_cap_bytes)
         self.replan(named)
 
     def replan(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -76,7 +79,7 @@ class ReductionPlan:
         flags = list(map(_requires_grad, params))
         h = check_same_parameters(names, params, self._what)
         cap, direct, op, comp = self._options
-        self._hash = hash64("\n".join(map(str, (h, op, comp, cap, direct))))
+        self._hash = hash64("\n".join(map(str, (h, op, comp, cap, direct, *self._cuda_options))))
         before = set(map(id, getattr(self, "order", ())))
         # Backward produces gradients roughly in reverse registration order: plan buckets so.
         self.order = [p for p, f in zip(params, flags) if f][::-1]
@@ -107,8 +110,14 @@ class ReductionPlan:
 
     def _reducer_options(self, plan_hash: int):
         cap, direct, op, comp = self._options
+        cuda_direct, first_cap = self._cuda_options
         return C.ReducerOptions(
-            plan=C.PlanOptions(cap_bytes=cap, direct_min_bytes=direct),
+            plan=C.PlanOptions(
+                cap_bytes=cap,
+                direct_min_bytes=direct,
+                cuda_direct_min_bytes=cuda_direct,
+                first_cap_bytes=first_cap,
+            ),
             op=op,
             compression=comp or None,
             plan_hash=plan_hash,

@@ -44,7 +44,10 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
     copy and no second buffer ("average" divides inside the reduction). Smaller gradients live
     as views of their bucket's persistent flat buffer (like DDP's gradient_as_bucket_view), so
     one call reduces many of them; a fresh one is copied in once. ``direct_min_bytes=None`` puts
-    every gradient in flat buffers.
+    every gradient in flat buffers. On CUDA every gradient is in a flat buffer, as in DDP (one
+    pack and one NCCL call per bucket); ``cuda_direct_min_bytes`` sends CUDA gradients of at
+    least that many bytes direct instead. ``first_bucket_cap_mb`` makes the first bucket of
+    each dtype and device smaller (DDP's is 1 MiB), so that its reduction starts early.
 
     ``op="average"`` (default) averages like DDP and Horovod; ``op="sum"`` is FluxMPI's
     semantics (then scale the loss by ``1 / total_workers()`` yourself). ``compression`` is
@@ -94,6 +97,8 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         compression: str | None = None,
         backward_passes_per_step: int = 1,
         direct_min_bytes: int | None = DEFAULT_DIRECT_MIN_BYTES,
+        cuda_direct_min_bytes: int | None = None,
+        first_bucket_cap_mb: float | None = None,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         module: torch.nn.Module | None = None,
         buffers: str | None = "average",
@@ -158,6 +163,10 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
                 cap_bytes=self._cap_bytes,
                 direct_min_bytes=self._direct_min_bytes,
                 compression=self._compression,
+                cuda_direct_min_bytes=(
+                    _NEVER if cuda_direct_min_bytes is None else int(cuda_direct_min_bytes)
+                ),
+                first_cap_bytes=int((first_bucket_cap_mb or 0) * _MiB),
             )
             self._num_groups = len(self.param_groups)
             self._hook(self._plan.order)

@@ -1,0 +1,53 @@
+// How a collective on a communication stream of its own is ordered against the streams that
+// produce and consume its data, written once over a Device so that the same code runs on CUDA
+// (csrc/cuda/nccl_backend_cuda.cpp) and on a fake asynchronous device in the CPU tests
+// (runtime/fake_streams.h), where a missing wait reads wrong values.
+//
+// A Device provides
+//   Stream                               copyable, comparable with ==
+//   Event  record(const Stream& s)       completes once s has run all it has queued so far
+//   void   wait(const Stream& s, const Event& e)
+//                                        s runs nothing queued after this before e completes
+// Neither blocks the host. The order, as torch's ProcessGroupNCCL keeps it:
+//   1. enter:   the communication stream waits for an event of the producer's stream (the
+//               stream current when the data became ready), so the collective never reads
+//               before the producer's write;
+//   2. the collective is queued on the communication stream;
+//   3. leave:   its completion is an event recorded on the communication stream after it;
+//      consume: a consumer stream waits for that event (on the device, not the host) before it
+//               reads the result.
+#pragma once
+
+#include <utility>
+
+namespace fluxmpi {
+
+template <class Device>
+void enter_stream(Device& dev, const typename Device::Stream& producer,
+                  const typename Device::Stream& comm) {
+  if (producer == comm) return;  // one stream orders itself
+  dev.wait(comm, dev.record(producer));
+}
+
+template <class Device>
+typename Device::Event leave_stream(Device& dev, const typename Device::Stream& comm) {
+  return dev.record(comm);
+}
+
+template <class Device>
+void consume_after(Device& dev, const typename Device::Stream& consumer,
+                   const typename Device::Event& done) {
+  dev.wait(consumer, done);
+}
+
+// 1 to 3 around `issue(comm)`, which queues the collective on `comm`; returns the completion
+// event for consume_after.
+template <class Device, class Issue>
+typename Device::Event run_ordered(Device& dev, const typename Device::Stream& producer,
+                                   const typename Device::Stream& comm, Issue&& issue) {
+  enter_stream(dev, producer, comm);
+  std::forward<Issue>(issue)(comm);
+  return leave_stream(dev, comm);
+}
+
+}  // namespace fluxmpi

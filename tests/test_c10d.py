@@ -72,6 +72,12 @@ def test_master_addr_left_in_the_environment_under_mpiexec_still_takes_mpi_ranks
         assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
 
 
+def test_the_fluxmpi_scheme_needs_no_init_first():
+    _, out = run_mpi("c10d_launch_worker.py", 2, "scheme", timeout=120)
+    for r in range(2):
+        assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
+
+
 def test_torchrun_gets_an_error_naming_mpiexec():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):

@@ -38,9 +38,12 @@ def world():
 
 
 def setup():
-    """The default group on fluxmpi, made once (rank and size from MPI, no MASTER_ADDR)."""
+    """The default group on fluxmpi, made once through torch's env:// rendezvous, whose
+    variables fm.Init() (run_cases calls it) set from MPI."""
     if not dist.is_initialized():
-        assert "MASTER_ADDR" not in os.environ
+        env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+        assert env == {"RANK": str(fm.local_rank()), "WORLD_SIZE": str(fm.total_workers())}, env
+        assert os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"), os.environ
         dist.init_process_group("fluxmpi")
 
 

@@ -44,12 +44,11 @@ from ._data_args import (
     _mode,
     _world,
 )
-from ._dataloader_check import FullDatasetWarning
 from ._loader import C
 from ._shared_view import SharedInts
 from .groups import on_group
 
-__all__ = ["DistributedDataContainer", "FullDatasetWarning"]
+__all__ = ["DistributedDataContainer"]
 
 
 class DistributedDataContainer(torch.utils.data.Dataset):

@@ -22,10 +22,16 @@ from ._data_args import (
     _mode,
     _world,
 )
-from ._dataloader_check import container_in, double_sharding_message
+from ._dataloader_check import (
+    FullDatasetWarning,
+    check_dataloader,
+    container_in,
+    double_sharding_message,
+)
 from ._loader import C
 
-__all__ = ["DistributedSampler"]
+# the DataLoader checks (_dataloader_check.py) are public from here, beside the sampler
+__all__ = ["DistributedSampler", "FullDatasetWarning", "check_dataloader"]
 
 
 class DistributedSampler(torch.utils.data.Sampler):

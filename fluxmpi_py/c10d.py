@@ -78,8 +78,8 @@ def _create_backend(opts, backend_options=None):
     it on the group's members only, with ``global_ranks_in_group`` in the group's rank order
     (empty for the default group); a sub-group's communicator is made by those members alone,
     so that no rank outside the group is waited for."""
-    _init(opts.timeout)
     default = not opts.global_ranks_in_group  # empty for the default group only
+    _init(opts.timeout if default else None)  # a sub-group's timeout is not the job's
     if default and opts.group_size != C.size():
         # the default group, of a size MPI does not have: launched by torchrun or with
         # RANK/WORLD_SIZE set, not by mpiexec

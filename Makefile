@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMP_NUM_THREADS := 1
 MPIEXEC := mpiexec --oversubscribe
 
-.PHONY: all test lint format demo build deps mpi bench clean cuda-check docs
+.PHONY: all test lint format demo build deps mpi bench clean cuda-check docs test-torch2
 
 all: test
 
@@ -111,6 +111,12 @@ format: $(VENV)/.deps
 cuda-check: mpi
 	FLUXMPI_CUDA_VENV=$(CURDIR)/build/cuda-venv FLUXMPI_CUDA_WORKDIR=$(CURDIR)/build/cuda-check \
 	  scripts/check_cuda_build.sh
+
+# The c10d, collective, optimizer and data tests against a second torch release (2.14.1, on local
+# disk here), in a venv and a copy of the tree of their own (build/torch2-*): the pinned torch
+# is not the only one the package is shown to work with. Not in CI (a second full build).
+test-torch2: mpi
+	scripts/check_torch2.sh
 
 demo: build
 	timeout 600 $(MPIEXEC) -n $(NP) $(PY) examples/digits_cnn.py

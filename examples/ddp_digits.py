@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""A PyTorch DDP training script, moved to fluxmpi_py by changing one string.
+"""A PyTorch DDP training script, moved to fluxmpi_py by changing one line.
 
 Everything below is plain torch.distributed: init_process_group, a DistributedSampler,
-DistributedDataParallel and all_reduce for the metrics. With backend "fluxmpi" it runs under
-mpiexec (rank and size from MPI, no MASTER_ADDR). It trains a small MLP on scikit-learn's
-digits (nothing is downloaded), prints the held-out accuracy on rank 0, and exits with status 1
-if it is below --min-accuracy or if the ranks' weights differ.
+DistributedDataParallel and all_reduce for the metrics. With backend "fluxmpi" and the
+"fluxmpi://" rendezvous it runs under mpiexec (rank and size from MPI, no MASTER_ADDR). It
+trains a small MLP on scikit-learn's digits (nothing is downloaded), prints the held-out
+accuracy on rank 0, and exits with status 1 if it is below --min-accuracy or if the ranks'
+weights differ.
 
     mpiexec -n 2 python examples/ddp_digits.py
 """
@@ -22,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import fluxmpi_py  # noqa: F401  (registers the "fluxmpi" backend)
+import fluxmpi_py  # noqa: F401  (registers the "fluxmpi" backend and fluxmpi://)
 
 
 def parse_args(argv=None):
@@ -44,7 +45,7 @@ def mean_over_ranks(value: float) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist.init_process_group("fluxmpi")  # was: dist.init_process_group("gloo")
+    dist.init_process_group("fluxmpi", init_method="fluxmpi://")  # was: ("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(rank)  # different starting weights: DDP broadcasts rank 0's

@@ -14,7 +14,6 @@ ranks and rank 0 prints it.
 import argparse
 import math
 import sys
-import warnings
 
 
 def parse_args(argv=None):
@@ -51,11 +50,8 @@ def main(argv=None):
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own data
     x = torch.rand(n_local, n_features, generator=g) + 1.0  # features in [1, 2]
     y = (x**3).sum(1, keepdim=True) + torch.sin(2 * math.pi * torch.rand(n_local, 1, generator=g))
-    with warnings.catch_warnings():  # the data is this rank's own: a full DataLoader is meant
-        warnings.simplefilter("ignore", fm.FullDatasetWarning)
-        loader = DataLoader(
-            TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, generator=g
-        )
+    # the data is this rank's own: a DataLoader over all of it is meant
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, generator=g)
 
     torch.manual_seed(args.seed + rank)
     model = fm.synchronize_(nn.Sequential(nn.Linear(n_features, 100), nn.ReLU(), nn.Linear(100, 1)))

@@ -24,7 +24,7 @@ del _os
 
 __version__ = "0.1.0"
 
-
+# --- re-exports (scripts/gen_reexports.py) ---
 from .collectives import (
     OPS,
     Iallgather,
@@ -61,8 +61,9 @@ from .data import (
     DistributedDataContainer,
     DistributedSampler,
     FullDatasetWarning,
+    check_dataloader,
 )
-from .integrations import c10d as _c10d  # noqa: F401  (registers the c10d backend "fluxmpi")
+from .integrations import c10d as _c10d  # noqa: F401  (registers "fluxmpi")
 from .runtime import (
     RANK_FORMAT,
     Group,
@@ -156,6 +157,7 @@ __all__ = [
     "Join",
     "synchronize_",
     "DistributedDataContainer",
-    "FullDatasetWarning",
     "DistributedSampler",
+    "FullDatasetWarning",
+    "check_dataloader",
 ]

@@ -40,7 +40,10 @@ TAIL = 3000  # characters of output shown when no case explains a failure
 
 
 def mpi_env(extra=None):
-    env = dict(os.environ)
+    # torch's rendezvous variables, which fm.Init() in this process may have set, are the
+    # launch's own business: a test that wants them passes them in `extra`
+    drop = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FLUXMPI_TORCH_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",

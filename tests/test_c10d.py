@@ -72,6 +72,22 @@ def test_master_addr_left_in_the_environment_under_mpiexec_still_takes_mpi_ranks
         assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
 
 
+def test_values_inherited_from_a_process_that_ran_init_are_replaced():
+    # a script that ran fm.Init() and then starts mpiexec passes its own values on; the
+    # marker says they were ours, not a launcher's, so each rank sets its own
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+           "FLUXMPI_TORCH_ENV": "0,1,127.0.0.1,1"}  # fmt: skip
+    _, out = run_mpi("c10d_launch_worker.py", 2, env=env, timeout=120)
+    for r in range(2):
+        assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
+
+
+def test_the_fluxmpi_scheme_needs_no_init_first():
+    _, out = run_mpi("c10d_launch_worker.py", 2, "scheme", timeout=120)
+    for r in range(2):
+        assert f"rank {r} of 2: all_reduce [3.0, 3.0]" in out, out[-3000:]
+
+
 def test_torchrun_gets_an_error_naming_mpiexec():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):

@@ -136,3 +136,23 @@ def test_package_checker_fails_on_a_module_outside_the_layers(tmp_path):
     (package / "helpers.py").write_text("from ._core import C\n")
     rc, out = check_package(str(package))
     assert rc == 1 and "helpers.py: outside every layer" in out, out
+
+
+def test_the_face_exports_every_public_module_name():
+    # fm.X for every name a public module lists in __all__, the same object, and nothing else
+    # (scripts/gen_reexports.py writes the re-export blocks).
+    import importlib
+
+    import fluxmpi_py as fm
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gen_reexports import LAYOUT
+
+    expected = {}
+    for pkg, mods in LAYOUT.items():
+        for m in mods:
+            mod = importlib.import_module(f"fluxmpi_py.{pkg}.{m}")
+            for name in mod.__all__:
+                expected[name] = getattr(mod, name)
+    assert sorted(fm.__all__) == sorted(expected), set(fm.__all__) ^ set(expected)
+    assert [n for n, obj in expected.items() if getattr(fm, n) is not obj] == []

@@ -1,6 +1,7 @@
 """Collectives on tensors and objects: in-place reductions and broadcasts, the row collectives
 (gather, scatter, allgather, reduce_scatter, alltoall) and their differentiable forms."""
 
+# --- re-exports (scripts/gen_reexports.py) ---
 from .differentiable import (
     allreduce,
     broadcast,

@@ -1,15 +1,18 @@
 """Data sharding: DistributedDataContainer and DistributedSampler."""
 
+# --- re-exports (scripts/gen_reexports.py) ---
 from .container import (
     DistributedDataContainer,
-    FullDatasetWarning,
 )
 from .sampler import (
     DistributedSampler,
+    FullDatasetWarning,
+    check_dataloader,
 )
 
 __all__ = [
     "DistributedDataContainer",
-    "FullDatasetWarning",
     "DistributedSampler",
+    "FullDatasetWarning",
+    "check_dataloader",
 ]

@@ -47,9 +47,8 @@ from ._args import (
     _mode,
     _world,
 )
-from .loader_check import FullDatasetWarning
 
-__all__ = ["DistributedDataContainer", "FullDatasetWarning"]
+__all__ = ["DistributedDataContainer"]
 
 
 class DistributedDataContainer(torch.utils.data.Dataset):

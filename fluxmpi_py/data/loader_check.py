@@ -1,23 +1,20 @@
-"""Checks at the DataLoader boundary, for a world of more than one rank.
+"""Checks of a DataLoader, for a world of more than one rank: ``check_dataloader(loader)``.
 
 * A distributed sampler (ours, torch's, or any sampler with ``num_replicas``) over a
   DistributedDataContainer shards the data twice: each rank sees about 1/p**2 of it. The
-  DataLoader refuses it with a TypeError.
+  check raises TypeError.
 * A DataLoader that walks a whole map-style dataset in the default way (torch's
   SequentialSampler or RandomSampler, or a distributed sampler with ``num_replicas=1``)
-  gives every rank every sample. The DataLoader warns with FullDatasetWarning, once, at
-  construction.
+  gives every rank every sample. The check warns with FullDatasetWarning.
 
-``install()`` wraps ``torch.utils.data.DataLoader.__init__`` once, in place (Init calls it when
-the world has more than one rank): the class itself is unchanged, so subclasses, pickling and
-``inspect.signature`` behave as before. The wrapper runs the original ``__init__`` first, then
-inspects what the loader will actually use (``dataset``, ``sampler``, ``batch_sampler``), so
-every way of passing them is covered; the check costs a few attribute reads per DataLoader.
+Our own objects check where they are built: ``DistributedSampler`` over a container raises the
+same TypeError. A DataLoader built from torch's parts alone never reaches our code, and
+fluxmpi_py does not patch torch's classes (a patch breaks on the next torch release), so for
+those the check runs where the user calls ``check_dataloader``.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
@@ -25,15 +22,16 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from .._core import C
+from .container import DistributedDataContainer
 
-__all__ = ["FullDatasetWarning"]
+__all__ = ["FullDatasetWarning", "check_dataloader"]
 
 _DEPTH = 8  # wrappers followed through .dataset / .sampler (Subset, BatchSampler, ...)
 
 
 class FullDatasetWarning(UserWarning):
-    """A DataLoader gives every rank the whole dataset (no DistributedDataContainer, no
-    distributed sampler), so each rank trains on all samples.
+    """``check_dataloader`` found a DataLoader that gives every rank the whole dataset (no
+    DistributedDataContainer, no distributed sampler), so each rank trains on all samples.
 
     Deliberate when every rank should see all of it, as when each rank evaluates the full
     validation set, or when the dataset is already this rank's part. Silence it there:
@@ -42,7 +40,7 @@ class FullDatasetWarning(UserWarning):
     >>> val_set = torch.arange(10.0)
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore", fm.FullDatasetWarning)
-    ...     val_loader = torch.utils.data.DataLoader(val_set, batch_size=5)
+    ...     fm.check_dataloader(torch.utils.data.DataLoader(val_set, batch_size=5))
     >>> issubclass(fm.FullDatasetWarning, UserWarning)
     True
     """
@@ -50,8 +48,6 @@ class FullDatasetWarning(UserWarning):
 
 def container_in(dataset: Any):
     """The DistributedDataContainer that ``dataset`` is or wraps (via ``.dataset``), or None."""
-    from .container import DistributedDataContainer
-
     for _ in range(_DEPTH):
         if isinstance(dataset, DistributedDataContainer):
             return dataset
@@ -73,7 +69,7 @@ def _index_samplers(loader: DataLoader):
     """The samplers that pick the loader's indices, outermost first (a batch sampler, then the
     sampler it wraps, ...). The loader's ``sampler`` is a placeholder when a batch_sampler is
     given, so it is only looked at without one."""
-    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    sampler: Any = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     for _ in range(_DEPTH):
         if sampler is None:
             return
@@ -92,9 +88,17 @@ def double_sharding_message(owner: str, container: Any, sampler_name: str, repli
     )
 
 
-def check(loader: DataLoader, stacklevel: int = 2) -> None:
-    """Raise on double sharding, warn on a full dataset; for a world of more than one rank.
-    ``stacklevel`` is warnings.warn's, counted from here: 2 names the caller's line."""
+def check_dataloader(loader: DataLoader) -> None:
+    """Raise TypeError if ``loader`` shards a DistributedDataContainer a second time (a
+    distributed sampler over it), warn FullDatasetWarning if it gives every rank the whole of
+    a map-style dataset; nothing on one rank, before ``Init``, or for an IterableDataset.
+    Local: no communication.
+
+    >>> import torch, fluxmpi_py as fm
+    >>> fm.Init()
+    >>> shard = fm.DistributedDataContainer(torch.arange(10.0))
+    >>> fm.check_dataloader(torch.utils.data.DataLoader(shard, batch_size=5))  # sharded once
+    """
     if not C.initialized() or C.size() == 1:
         return
     dataset = loader.dataset
@@ -102,16 +106,14 @@ def check(loader: DataLoader, stacklevel: int = 2) -> None:
         return  # it shards itself, or not; nothing here can tell
     samplers = list(_index_samplers(loader))
     distributed = next((s for s in samplers if replicas_of(s) is not None), None)
+    replicas = replicas_of(distributed) if distributed is not None else None
     container = container_in(dataset)
     if container is not None:
-        if distributed is not None and replicas_of(distributed) > 1 and container.world_size > 1:
+        if replicas is not None and replicas > 1 and container.world_size > 1:
             kind = type(distributed)
             raise TypeError(
                 double_sharding_message(
-                    "DataLoader",
-                    container,
-                    f"{kind.__module__}.{kind.__qualname__}",
-                    replicas_of(distributed),
+                    "DataLoader", container, f"{kind.__module__}.{kind.__qualname__}", replicas
                 )
             )
         return
@@ -122,7 +124,7 @@ def check(loader: DataLoader, stacklevel: int = 2) -> None:
         walks_all = bool(samplers) and isinstance(samplers[-1], (SequentialSampler, RandomSampler))
     if walks_all:
         warnings.warn(
-            _full_dataset_message(dataset, samplers[-1]), FullDatasetWarning, stacklevel=stacklevel
+            _full_dataset_message(dataset, samplers[-1]), FullDatasetWarning, stacklevel=2
         )
 
 
@@ -140,18 +142,3 @@ def _full_dataset_message(dataset: Any, sampler: Any) -> str:
         f"see all of it (e.g. evaluation), silence this with "
         f"warnings.filterwarnings('ignore', category=fluxmpi_py.FullDatasetWarning)."
     )
-
-
-def install() -> None:
-    """Wrap DataLoader.__init__ with ``check`` (once per process; idempotent)."""
-    original = DataLoader.__init__
-    if getattr(original, "_fluxmpi_checked", False):
-        return
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        check(self, stacklevel=3)  # the warning points at the line that built the DataLoader
-
-    __init__._fluxmpi_checked = True
-    DataLoader.__init__ = __init__

@@ -23,9 +23,15 @@ from ._args import (
     _mode,
     _world,
 )
-from .loader_check import container_in, double_sharding_message
+from .loader_check import (
+    FullDatasetWarning,
+    check_dataloader,
+    container_in,
+    double_sharding_message,
+)
 
-__all__ = ["DistributedSampler"]
+# the DataLoader checks (_dataloader_check.py) are public from here, beside the sampler
+__all__ = ["DistributedSampler", "FullDatasetWarning", "check_dataloader"]
 
 
 class DistributedSampler(torch.utils.data.Sampler):

@@ -1,5 +1,6 @@
 """The runtime: Init and the world, groups, printing, preferences, stall settings, launch and logs."""
 
+# --- re-exports (scripts/gen_reexports.py) ---
 from .groups import (
     Group,
     new_group,

@@ -10,9 +10,9 @@ import warnings
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
 from .._core import C
-from ..data import loader_check as _dataloader_check
 from . import excepthooks as _excepthooks
 from . import stall as _stall
 from .agreement import mark_raised_on_every_rank
@@ -75,8 +75,12 @@ def Init(
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
     Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.
-    ``comm`` takes an mpi4py communicator to run on a subset of ranks. When CUDA is available
-    each rank takes GPU ``gpu_devices[node_local_rank()]``, or ``node_local_rank() % count``.
+    ``comm`` takes an mpi4py communicator to run on a subset of ranks. Launched by mpiexec
+    (or by nothing) without ``RANK`` in the environment, it sets ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` from MPI (rank 0's address and a free port), so that
+    torch's ``env://`` rendezvous, ``init_process_group("fluxmpi")``, needs nothing else.
+    When CUDA is available each rank takes GPU ``gpu_devices[node_local_rank()]``, or
+    ``node_local_rank() % count``.
     A collective that has waited ``stall_warning`` seconds (default 60, or
     ``FLUXMPI_STALL_WARNING``) prints a report naming the ranks that have not entered it and
     what they are doing; after ``timeout`` seconds (default 1800, or ``FLUXMPI_TIMEOUT``) the
@@ -112,7 +116,7 @@ def Init(
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()
-            _dataloader_check.install()  # refuse double sharding, warn on a full dataset per rank
+        _set_rendezvous_env()
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
         if choice.device is not None:
             if choice.device != early:
@@ -160,6 +164,81 @@ def _shared_by_identity(choice):
     mine = "\t".join((host, str(C.node_rank()), ident)).encode()
     gathered = [tuple(b.decode().split("\t")) for b in C.allgather_object_bytes(mine, "")]
     return sharing_by_identity(choice, [(h, int(r), i) for h, r, i in gathered], C.rank())
+
+
+def _launched_by_mpi() -> bool:
+    """Whether an MPI launcher (Open MPI's mpiexec, MPICH's or Slurm's PMI) started this
+    process, from the environment it sets."""
+    return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+_ADDRESS_BYTES = 256  # rank 0's host name travels as this many int64s (one byte each)
+
+
+def _rank0_host() -> str:
+    """Where the other ranks reach rank 0: 127.0.0.1 when every rank shares its node."""
+    return "127.0.0.1" if C.node_size() == C.size() else socket.gethostname()
+
+
+def _from_rank0(host: str, port: int) -> tuple[str, int]:
+    """Rank 0's (host, port) on every rank; the others' arguments are ignored. Collective (one
+    small allreduce on the world)."""
+    name = host.encode()[:_ADDRESS_BYTES] if C.rank() == 0 else b""
+    packed = torch.zeros(1 + _ADDRESS_BYTES, dtype=torch.int64)
+    packed[0] = port if C.rank() == 0 else 0
+    packed[1 : 1 + len(name)] = torch.tensor(list(name), dtype=torch.int64)
+    C.allreduce_(packed, "max")  # the other ranks add zeros
+    return bytes(int(b) for b in packed[1:] if b != 0).decode(), int(packed[0])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+_TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Names the values Init set: a process that inherits them (started by one that ran Init) sets
+# its own instead of taking them for a launcher's.
+_OURS = "FLUXMPI_TORCH_ENV"
+
+
+def _torch_env() -> str:
+    return ",".join(os.environ.get(k, "") for k in _TORCH_VARS)
+
+
+def _set_rendezvous_env() -> None:
+    """Let torch's env:// rendezvous run on MPI's ranks: set RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT where no launcher of torch's (torchrun sets RANK) has. Under mpiexec a
+    MASTER_ADDR or MASTER_PORT left in the environment without RANK (a cluster's job script) is
+    replaced; without an MPI launcher (a world of one) a MASTER_ADDR that is set is kept, with
+    the rest. Collective: every rank takes part, whatever its environment."""
+    host, port = _from_rank0(_rank0_host(), _free_port() if C.rank() == 0 else 0)
+    inherited = os.environ.get(_OURS) == _torch_env()
+    launcher = "RANK" in os.environ or (not _launched_by_mpi() and "MASTER_ADDR" in os.environ)
+    if launcher and not inherited:
+        return
+    os.environ.update(
+        RANK=str(C.rank()), WORLD_SIZE=str(C.size()), MASTER_ADDR=host, MASTER_PORT=str(port)
+    )
+    os.environ[_OURS] = _torch_env()
+
+
+def rendezvous_store(timeout=None) -> dist.Store:
+    """A store for torch.distributed's bookkeeping (and for gloo groups beside ours), made on
+    every rank together: rank 0 serves a TCPStore on a free port and tells the others where.
+    ``timeout``: a timedelta, or None for torch's default."""
+    Init()
+    size = C.size()
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    store, host, port = None, _rank0_host(), 0
+    if C.rank() == 0:  # port 0: the system picks a free one, taken at once
+        store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, **kwargs)
+        port = store.port
+    host, port = _from_rank0(host, port)
+    if store is None:
+        store = dist.TCPStore(host, port, size, is_master=False, **kwargs)
+    return store
 
 
 def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:

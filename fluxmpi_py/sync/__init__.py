@@ -1,5 +1,6 @@
 """synchronize_: one rank's models, optimizers and objects to every rank."""
 
+# --- re-exports (scripts/gen_reexports.py) ---
 from .synchronize import (
     synchronize_,
 )

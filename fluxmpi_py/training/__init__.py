@@ -1,6 +1,7 @@
 """The training step: DistributedOptimizer, gradient reduction, join, buffers, consistency checks,
 SyncBatchNorm and checkpoints."""
 
+# --- re-exports (scripts/gen_reexports.py) ---
 from .buffers import (
     synchronize_buffers_,
 )

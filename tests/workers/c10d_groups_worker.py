@@ -152,10 +152,12 @@ def case_hsdp_on_a_2d_mesh_equals_single_process():
 
 def case_mixed_device_string_sends_cpu_tensors_to_fluxmpi():
     """init_process_group("cpu:fluxmpi,cuda:gloo"): CPU collectives run on fluxmpi (its
-    agreement check answers a mismatch), a subset group too. Restores the plain default."""
+    agreement check answers a mismatch), a subset group too. Restores the plain default.
+    Both inits after the first take the fluxmpi:// rendezvous, a fresh store each: env://
+    would bind MASTER_PORT again while the groups of earlier cases keep its store alive."""
     setup()
     dist.destroy_process_group()
-    dist.init_process_group("cpu:fluxmpi,cuda:gloo")
+    dist.init_process_group("cpu:fluxmpi,cuda:gloo", init_method="fluxmpi://")
     try:
         pg = dist.group.WORLD
         assert pg._get_backend(torch.device("cpu")).name() == "fluxmpi"
@@ -176,7 +178,7 @@ def case_mixed_device_string_sends_cpu_tensors_to_fluxmpi():
             check_equal(t, torch.full((1,), float(len(members))), "all_reduce on a subgroup")
     finally:
         dist.destroy_process_group()
-        setup()
+        dist.init_process_group("fluxmpi", init_method="fluxmpi://")
 
 
 if __name__ == "__main__":

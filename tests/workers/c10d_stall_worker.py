@@ -11,9 +11,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import fluxmpi_py  # noqa: F401  (registers the backend)
+import fluxmpi_py  # noqa: F401  (registers the backend and the fluxmpi:// rendezvous)
 
-dist.init_process_group("fluxmpi", timeout=timedelta(seconds=4))
+# no Init first: the fluxmpi:// rendezvous starts fluxmpi_py, with this timeout as the job's
+dist.init_process_group("fluxmpi", init_method="fluxmpi://", timeout=timedelta(seconds=4))
 if dist.get_rank() == 1:
     time.sleep(60)
 t = torch.ones(3)

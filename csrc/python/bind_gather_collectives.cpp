@@ -213,7 +213,7 @@ void bind_gather_collectives(py::module_& m) {
       },
       py::arg("tensors"), py::arg("root_rank"), py::arg("call"), py::arg("async_op"),
       py::arg("local_error") = "");
-  // The blocking single-tensor forms with equal splits (fluxmpi_py/gather_collectives.py
+  // The blocking single-tensor forms with equal splits (fluxmpi_py/collectives/rows.py
   // takes them when no group, autograd or async is involved).
   m.def(
       "allgather_tensor",

@@ -1,4 +1,5 @@
-// Python face of synchronize_'s compiled half (fluxmpi_py/sync.py does the object traversal):
+// Python face of synchronize_'s compiled half (fluxmpi_py/sync/synchronize.py does the object
+// traversal):
 //   sync_fast_path       ops/sync_fast_path.h: one agreement; the tensors move when it allows
 //   broadcast_bytes      ops/bytes_broadcast.h: the root's bytes (a pickled skeleton, ...)
 //   coalesced_broadcast  ops/coalesced_broadcast.h: agree, then the tensors

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _dataloader_check, _excepthooks, _stall
+from . import _dataloader_check, _excepthooks, _launcher_link, _stall
 from ._agreement import mark_raised_on_every_rank
 from ._gpu_choice import choose_gpu
 from ._loader import C
@@ -89,6 +89,8 @@ def Init(
         if not first:
             return
         atexit.register(_at_exit)
+        # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit)
+        _launcher_link.connect(C.rank(), C.size())
         # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
         # memory instead of handing device pointers to a CUDA-aware MPI.
         C.set_cuda_mpi_allowed(cudampi_enabled())

@@ -18,7 +18,7 @@ import warnings
 ADDRESS_ENV = "FLUXMPI_RUN_ADDRESS"
 CONNECT_TIMEOUT_S = 5.0
 
-_connection: socket.socket | None = None
+_connection: int | None = None  # the connection's file descriptor
 
 
 def hello(rank: int, size: int) -> bytes:
@@ -65,5 +65,6 @@ def connect(rank: int, size: int) -> None:
             stacklevel=3,
         )
         return
-    # Held open, unread, until the process ends: its end is the message.
-    _connection = conn
+    # Held open, unread, until the process ends: its end is the message. The bare descriptor,
+    # so that no garbage collection at interpreter exit closes it before the process is gone.
+    _connection = conn.detach()

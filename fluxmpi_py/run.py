@@ -92,6 +92,7 @@ def parse_args(argv: list[str]) -> RunOptions:
 @dataclass
 class _Rank:
     rank: int = -1
+    size: int = 0
     host: str = "?"
     pid: int = 0
     buffer: bytes = b""
@@ -211,14 +212,19 @@ def run_job(opts: RunOptions) -> int:
                     if sep and r.rank < 0:
                         try:
                             me = json.loads(line)
-                            r.rank, r.host, r.pid = int(me["rank"]), str(me["host"]), int(me["pid"])
+                            r.rank, r.size = int(me["rank"]), int(me["size"])
+                            r.host, r.pid = str(me["host"]), int(me["pid"])
                         except (ValueError, KeyError, TypeError):
                             pass
                     continue
                 r.ended = not r.lost
                 sel.unregister(key.fileobj)
                 key.fileobj.close()
-            if ranks and all(r.ended or r.lost for r in ranks):
+            # Judged once every rank of the world has connected (a rank that dies before it
+            # connects ends the job the ordinary way): all of them exited or lost.
+            size = max((r.size for r in ranks), default=0)
+            known = sum(r.rank >= 0 for r in ranks)
+            if size and known >= size and all(r.ended or r.lost for r in ranks):
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
                     print(_verdict(ranks, opts.grace_s), file=sys.stderr, flush=True)

@@ -258,8 +258,10 @@ class VirtualCluster:
         )
 
     def cut(self, host):
-        """Cut `host`'s link mid-run: its eth0 goes down, and no packet crosses either way."""
-        self._in(self.namespaces[host], "ip", "link", "set", "eth0", "down")
+        """Cut `host` off mid-run, as a failed switch port would: its link leaves the bridge, so
+        packets either way vanish while both ends stay up (no error reaches either side; taking
+        eth0 down instead fails the host's sends at once, and its ranks abort by themselves)."""
+        self._in(self.head, "ip", "link", "set", f"p-{host}", "nomaster")
 
     def pids(self, host, contains=""):
         """The processes running on `host` whose command line contains `contains`."""

@@ -131,9 +131,7 @@ def test_lost_host_ends_every_rank_and_the_launch():
             return "".join(line for _, line in lines)
 
         try:
-            started = _wait_for(
-                lambda: text().count(" training") == HOSTS * PER_HOST, START_LIMIT
-            )
+            started = _wait_for(lambda: text().count(" training") == HOSTS * PER_HOST, START_LIMIT)
             assert started, f"the job did not start training within {START_LIMIT}s:\n{text()}"
             time.sleep(1.0)
             lost = f"node{HOSTS - 1}"

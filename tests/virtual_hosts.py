@@ -244,12 +244,11 @@ class VirtualCluster:
             cmd += ["--mca", k, str(v)]
         return cmd + list(argv)
 
-    def mpiexec(self, argv, ranks_per_host, timeout, env=None, mca=()):
-        """Run `argv` under mpiexec across the hosts; return (exit code, output, timed out).
-        A job still running after `timeout` seconds is killed on every host."""
-        cmd = self.mpiexec_command(argv, ranks_per_host, mca)
+    def start_on_head(self, cmd, env=None):
+        """Start `cmd` (a list) in the head namespace, under the hostname `head`, in a session
+        of its own; its output (stdout and stderr together) is the Popen's stdout, as text."""
         inner = f"hostname head && exec {shlex.join(cmd)}"
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             ["ip", "netns", "exec", self.head, "unshare", "--uts", "--", "sh", "-c", inner],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -257,6 +256,30 @@ class VirtualCluster:
             env=env,
             start_new_session=True,
         )
+
+    def cut(self, host):
+        """Cut `host` off mid-run, as a failed switch port would: its link leaves the bridge, so
+        packets either way vanish while both ends stay up (no error reaches either side; taking
+        eth0 down instead fails the host's sends at once, and its ranks abort by themselves)."""
+        self._in(self.head, "ip", "link", "set", f"p-{host}", "nomaster")
+
+    def pids(self, host, contains=""):
+        """The processes running on `host` whose command line contains `contains`."""
+        found = []
+        for pid in _sh(["ip", "netns", "pids", self.namespaces[host]], check=False).stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # it ended meanwhile
+            if contains in cmdline:
+                found.append(int(pid))
+        return found
+
+    def mpiexec(self, argv, ranks_per_host, timeout, env=None, mca=()):
+        """Run `argv` under mpiexec across the hosts; return (exit code, output, timed out).
+        A job still running after `timeout` seconds is killed on every host."""
+        proc = self.start_on_head(self.mpiexec_command(argv, ranks_per_host, mca), env)
         try:
             out, _ = proc.communicate(timeout=timeout)
             return proc.returncode, out, False

@@ -22,6 +22,15 @@ namespace fluxmpi {
 namespace {
 
 constexpr int kExitTag = 7001;
+constexpr double kAbortGrace_s = 5.0;  // abort_job ends this rank itself after this long
+
+void write_all(const std::string& text) {
+  for (std::size_t done = 0; done < text.size();) {
+    ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+}
 
 Environment g_env;
 bool g_initialized = false;
@@ -182,6 +191,22 @@ void watchdog_loop() {
   }
 }
 
+// Every rank's host name, for stall reports about ranks that cannot answer (a lost host).
+void share_host_names() {
+  std::vector<char> names(static_cast<std::size_t>(g_env.size) * MPI_MAX_PROCESSOR_NAME, '\0');
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(mine, &len);
+  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, g_env.control);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < g_env.size; ++r) {
+    const char* name = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+  }
+  set_rank_hosts(std::move(hosts));
+}
+
 void start_watchdog() {
   g_exit_count.assign(g_env.size, {});
   g_groups.assign(1, CallGroup{});
@@ -336,6 +361,7 @@ void init(std::intptr_t comm_handle) {
   MPI_Comm_rank(node, &g_env.node_rank);
   MPI_Comm_size(node, &g_env.node_size);
   MPI_Comm_free(&node);
+  share_host_names();
   g_initialized = true;
   start_watchdog();
 }
@@ -363,16 +389,25 @@ void add_shutdown_hook(std::function<void()> hook) { shutdown_hooks().push_back(
 void abort_job(const std::string& why, int code) {
   if (!why.empty()) {
     // One write, with the prefix Python's error output uses too (fluxmpi_py/_excepthooks.py).
-    std::string line = "[rank " + std::to_string(g_env.rank) + " / " + std::to_string(g_env.size) +
-                       "] " + why + "\n";
-    for (std::size_t done = 0; done < line.size();) {
-      ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
-      if (n <= 0) break;
-      done += static_cast<std::size_t>(n);
-    }
+    write_all("[rank " + std::to_string(g_env.rank) + " / " + std::to_string(g_env.size) + "] " +
+              why + "\n");
   }
-  MPI_Abort(g_env.comm != MPI_COMM_NULL ? g_env.comm : MPI_COMM_WORLD, code);
-  std::_Exit(code);
+  // MPI_Abort needs the launcher to reach every host's daemon; where a host or its link is
+  // lost it can hang for minutes ("abort is already in progress"). This rank ends itself after
+  // a grace either way, so that no rank outlives the job's end on either side of a cut.
+  const int status = code != 0 ? code : 1;
+  std::thread([status] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGrace_s));
+    const std::string line = "[rank " + std::to_string(g_env.rank) + " / " +
+                             std::to_string(g_env.size) + "] fluxmpi_py: MPI_Abort has not " +
+                             "ended this process within " + std::to_string(int(kAbortGrace_s)) +
+                             " s (a host or link of the job may be lost): exiting with status " +
+                             std::to_string(status) + "\n";
+    write_all(line);
+    std::_Exit(status);
+  }).detach();
+  MPI_Abort(g_env.comm != MPI_COMM_NULL ? g_env.comm : MPI_COMM_WORLD, status);
+  std::_Exit(status);
 }
 
 bool meet_before_abort(double timeout_s) {

@@ -54,6 +54,7 @@ std::int64_t g_tracked_call = -1;                        // the call the reports
 int g_tracked_group = 0;                                 // and its group
 double g_next_report_s = 0;                              // wait at which the next report is due
 std::list<std::pair<std::string, MPI_Request>> g_sends;  // nodes keep buffers in place
+std::vector<std::string> g_rank_hosts;                   // by rank; set at init
 
 std::string fmt_s(double s) {
   char buf[32];
@@ -119,6 +120,35 @@ std::string ranks_text(const std::vector<int>& rs) {
   std::string out = rs.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + std::to_string(rs[i]);
   return out;
+}
+
+// "ranks 2, 3 on node1" or "rank 1 on a, ranks 4, 5 on b": `rs` grouped by host, in order.
+std::string ranks_on_hosts(const std::vector<int>& rs) {
+  if (g_rank_hosts.empty()) return ranks_text(rs);
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  for (int r : rs) {
+    const std::string host =
+        static_cast<std::size_t>(r) < g_rank_hosts.size() ? g_rank_hosts[r] : "?";
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == host; });
+    if (it == by_host.end()) {
+      by_host.emplace_back(host, std::vector<int>{});
+      it = std::prev(by_host.end());
+    }
+    it->second.push_back(r);
+  }
+  std::string out;
+  for (const auto& [host, ranks] : by_host)
+    out += (out.empty() ? "" : ", ") + ranks_text(ranks) + " on " + host;
+  return out;
+}
+
+// True when every rank of `host` is among `rs`: nobody on that host answers.
+bool whole_host(const std::string& host, const std::vector<int>& rs) {
+  for (std::size_t r = 0; r < g_rank_hosts.size(); ++r)
+    if (g_rank_hosts[r] == host && std::find(rs.begin(), rs.end(), static_cast<int>(r)) == rs.end())
+      return false;
+  return true;
 }
 
 std::string indented(const std::string& text, const std::string& pad) {
@@ -194,9 +224,21 @@ std::string build_report(const Round& round, int rank, int size, bool timed_out,
   if (!me.site.empty()) out += ", issued at " + me.site + ",";
   out += " has waited " + fmt_s(me.status.for_s) + " on rank " + std::to_string(rank) + "\n";
   if (!absent.empty()) out += "  not entered it: " + ranks_text(absent) + "\n";
-  if (!silent.empty())
-    out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_text(silent) +
+  if (!silent.empty()) {
+    out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_on_hosts(silent) +
            " (hung outside Python, killed, or its host or network link is down)\n";
+    std::vector<std::string> lost;  // hosts none of whose ranks answers, other than this one's
+    for (int r : silent) {
+      const std::string& h =
+          g_rank_hosts.size() > static_cast<std::size_t>(r) ? g_rank_hosts[r] : "";
+      if (h.empty() || std::find(lost.begin(), lost.end(), h) != lost.end()) continue;
+      if (static_cast<std::size_t>(rank) < g_rank_hosts.size() && h == g_rank_hosts[rank]) continue;
+      if (whole_host(h, silent)) lost.push_back(h);
+    }
+    for (const auto& h : lost)
+      out += "  no rank on host " + h +
+             " answers: the host, or the network link to it, is likely down\n";
+  }
   out += "  waiting in it: " + ranks_text(waiting) + "\n";
   if (!finished.empty()) out += "  done with it: " + ranks_text(finished) + "\n";
   if (absent.empty() && silent.empty())
@@ -277,6 +319,8 @@ void set_stall_settings(double warning_s, double timeout_s) {
   g_warning_s = warning_s;
   g_timeout_s = timeout_s;
 }
+
+void set_rank_hosts(std::vector<std::string> hosts) { g_rank_hosts = std::move(hosts); }
 
 double stall_warning_s() { return g_warning_s.load(); }
 double stall_timeout_s() { return g_timeout_s.load(); }

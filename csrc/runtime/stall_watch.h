@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/call_status.h"
 
@@ -30,6 +31,9 @@ void stop_stack_requests();
 
 // Forget rounds and settings' progress (at init, for a world of `size` ranks).
 void reset_stall_watch(int size);
+
+// Every rank's host name, by rank (gathered at init): reports name the host of silent ranks.
+void set_rank_hosts(std::vector<std::string> hosts);
 
 struct StallAction {
   double next_tick_s = 1.0;  // when the watchdog should call stall_tick again

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from .._core import C
 from . import excepthooks as _excepthooks
+from . import launcher_link as _launcher_link
 from . import stall as _stall
 from .agreement import mark_raised_on_every_rank
 from .gpu_choice import (
@@ -110,6 +111,8 @@ def Init(
         if not first:
             return
         atexit.register(_at_exit)
+        # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit)
+        _launcher_link.connect(C.rank(), C.size())
         # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
         # memory instead of handing device pointers to a CUDA-aware MPI.
         C.set_cuda_mpi_allowed(cudampi_enabled())

@@ -1,0 +1,70 @@
+"""A rank's line to ``python -m fluxmpi_py.run`` (fluxmpi_py/run.py), when that launcher started it.
+
+The launcher listens on a TCP port and hands its address to the ranks in ``FLUXMPI_RUN_ADDRESS``
+(``host:port``). At ``Init`` each rank connects once, says who it is in one line of JSON, and
+keeps the connection open until its process ends. The launcher learns from that connection
+alone what it needs: an end of stream is a rank that exited; a connection that the kernel's
+TCP keepalive declares dead is a rank whose host, or the link to it, is lost. Nothing else
+travels on it, so a rank pays nothing while it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import warnings
+
+ADDRESS_ENV = "FLUXMPI_RUN_ADDRESS"
+CONNECT_TIMEOUT_S = 5.0
+
+_connection: int | None = None  # the connection's file descriptor
+
+
+def hello(rank: int, size: int) -> bytes:
+    """The line a rank sends first: its rank, the world size, its host and its process id.
+
+    >>> json.loads(hello(1, 4))["rank"]
+    1
+    """
+    me = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid()}
+    return (json.dumps(me) + "\n").encode()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` as a (host, port) pair; the host may be a name or an IPv4 address.
+
+    >>> parse_address("head:4711")
+    ('head', 4711)
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{ADDRESS_ENV} must be host:port, got {text!r}")
+    return host, int(port)
+
+
+def connect(rank: int, size: int) -> None:
+    """Connect this rank to the launcher named by ``FLUXMPI_RUN_ADDRESS`` (nothing when it is
+    unset, or after the first call). A launcher that cannot be reached is a warning: the job
+    runs on, and only the launcher's watch over lost hosts is missing.
+
+    >>> connect(0, 1)  # no FLUXMPI_RUN_ADDRESS here: nothing to do
+    """
+    global _connection
+    text = os.environ.get(ADDRESS_ENV)
+    if not text or _connection is not None:
+        return
+    try:
+        host, port = parse_address(text)
+        conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        conn.sendall(hello(rank, size))
+    except (OSError, ValueError) as e:
+        warnings.warn(
+            f"fluxmpi_py: rank {rank} on {socket.gethostname()} cannot reach the launcher at "
+            f"{text} ({ADDRESS_ENV}): {e}; the launcher will not see this rank exit",
+            stacklevel=3,
+        )
+        return
+    # Held open, unread, until the process ends: its end is the message. The bare descriptor,
+    # so that no garbage collection at interpreter exit closes it before the process is gone.
+    _connection = conn.detach()

@@ -69,7 +69,7 @@ $(VENV)/.built: $(VENV)/.installed $(CSRC)
 build: mpi $(VENV)/.built
 
 test: build
-	$(PY) -m pytest -q --durations=15 tests  # the slowest 15 are listed at the end
+	$(PY) -m pytest -q --durations=20 tests  # the slowest 20 are listed at the end
 
 # Every linter runs, even after one fails, so that one call shows all findings.
 lint: $(VENV)/.deps

@@ -15,3 +15,17 @@ def pytest_collection_finish(session):
         for value in getattr(getattr(item, "callspec", None), "params", {}).values()
         if isinstance(value, mpi_util.WorkerCase)
     )
+
+
+# Files that take minutes (a full build of the extension, each in a fresh environment): run
+# first, so that under `pytest -n N --dist loadfile` (make test) the other files fill the
+# remaining workers around them instead of leaving them to run alone at the end.
+SLOW_FIRST = ("test_pip_mpi.py", "test_wheel.py", "test_install.py", "test_multi_host.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order

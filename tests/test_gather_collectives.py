@@ -20,6 +20,8 @@ def test_gather_collectives_under_mpiexec(case):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_docstring_examples_hold_on_more_ranks(np):
-    modules = ["fluxmpi_py.gather_collectives", "fluxmpi_py.object_collectives"]
-    _, out = run_mpi("doctest_worker.py", np, *modules, "fluxmpi_py.differentiable", timeout=180)
+    modules = ["fluxmpi_py.collectives.rows", "fluxmpi_py.collectives.objects"]
+    _, out = run_mpi(
+        "doctest_worker.py", np, *modules, "fluxmpi_py.collectives.differentiable", timeout=180
+    )
     assert f"doctests passed on {np} ranks" in out, out[-4000:]

@@ -149,6 +149,10 @@ def test_buffers_kept_in_sync(case):
 @pytest.mark.parametrize("np", [1, 2])
 def test_docstring_examples_run(np):
     _, out = run_mpi(
-        "doctest_worker.py", np, "fluxmpi_py.optimizer", "fluxmpi_py.buffers", timeout=180
+        "doctest_worker.py",
+        np,
+        "fluxmpi_py.training.optimizer",
+        "fluxmpi_py.training.buffers",
+        timeout=180,
     )
     assert f"doctests passed on {np} ranks" in out, out[-4000:]

@@ -19,5 +19,5 @@ def test_sync_batchnorm_under_mpiexec(case):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_docstring_examples_hold_on_more_ranks(np):
-    _, out = run_mpi("doctest_worker.py", np, "fluxmpi_py.sync_batchnorm", timeout=180)
+    _, out = run_mpi("doctest_worker.py", np, "fluxmpi_py.training.sync_batchnorm", timeout=180)
     assert f"doctests passed on {np} ranks" in out, out[-4000:]

@@ -52,11 +52,18 @@ def make_clone(root, with_core=None):
     open(os.path.join(root, "setup.py"), "w").close()
     pkg = os.path.join(root, "fluxmpi_py")
     os.makedirs(pkg)
-    for f in glob.glob(os.path.join(PACKAGE, "*.py")):
-        shutil.copy(f, pkg)
+    copy_python_tree(pkg)
     if with_core:
         shutil.copy(with_core, os.path.join(pkg, os.path.basename(real_core())))
     return pkg
+
+
+def copy_python_tree(pkg):
+    """The package's Python files, its sub-packages included, and nothing compiled."""
+    for f in glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True):
+        dest = os.path.join(pkg, os.path.relpath(f, PACKAGE))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copy(f, dest)
 
 
 def real_core():
@@ -69,8 +76,8 @@ def real_core():
 def make_installed(site):
     pkg = os.path.join(site, "fluxmpi_py")
     os.makedirs(pkg)
-    for f in glob.glob(os.path.join(PACKAGE, "*.py")) + [real_core()]:
-        shutil.copy(f, pkg)
+    copy_python_tree(pkg)
+    shutil.copy(real_core(), pkg)
     return pkg
 
 

@@ -94,6 +94,8 @@ def case_sparse_allreduce_and_the_rest_of_horovods_names():
     assert out.is_sparse and torch.equal(out.to_dense(), want), out
     avg = hvd.synchronize(hvd.sparse_allreduce_async(t, op=hvd.Average))
     assert torch.allclose(avg.to_dense(), want / n)
+    handle = hvd.sparse_allreduce_async(t, op=hvd.Average, name="s")  # Horovod's: a function
+    assert torch.allclose(handle().to_dense(), want / n)
     raises(TypeError, lambda: hvd.sparse_allreduce_async(torch.ones(2)), "sparse COO")
     assert hvd.is_homogeneous() is True  # every rank on this one host
     raises(NotImplementedError, lambda: hvd.start_timeline("t.json"), "torch.profiler")
@@ -400,6 +402,77 @@ def case_alltoall_and_reducescatter():
     assert a[:, 0].tolist() == [i * total for i in mine] and b.tolist() == [float(n)]
     a, b = hvd.synchronize(hvd.grouped_reducescatter_async([x, x]))
     assert a.tolist() == b.tolist() == hvd.reducescatter(x).tolist()
+
+
+def _trunc_mean(values, n, factor=1.0):
+    """Horovod's integer average: the sum times factor/n in float64, truncated toward 0."""
+    return [int(sum(v) * (factor / n)) for v in zip(*values)]
+
+
+def case_integer_average_and_scaling_truncate_like_horovod():
+    # Rank 0 holds -3, the others 0: the mean -3/n truncates to -1 at 2 ranks (its floor is
+    # -2) and to -1 at 3 ranks (floor -1). Horovod multiplies the sum by 1/n in float64 and
+    # casts back; its suite's join test reads the truncation.
+    n, r = hvd.size(), hvd.rank()
+    mine = [-3, 3, -7, 7] if r == 0 else [0, 0, 0, 0]
+    rows = [[-3, 3, -7, 7]] + [[0, 0, 0, 0]] * (n - 1)
+    for dtype in (torch.int32, torch.int64):
+        t = torch.tensor(mine, dtype=dtype)
+        assert hvd.allreduce(t).tolist() == _trunc_mean(rows, n), (dtype, hvd.allreduce(t))
+        assert hvd.synchronize(hvd.allreduce_async(t)).tolist() == _trunc_mean(rows, n)
+        got = hvd.allreduce(t, postscale_factor=3.0)
+        assert got.tolist() == _trunc_mean(rows, n, 3.0) and got.dtype == dtype
+        got = hvd.grouped_allreduce([t, t.double()])  # mixed dtypes: each as Horovod's
+        assert got[0].tolist() == _trunc_mean(rows, n)
+        assert torch.allclose(got[1], torch.tensor(rows, dtype=torch.float64).sum(0) / n)
+        got = hvd.synchronize(hvd.grouped_allreduce_async_([t.clone()]))
+        assert got[0].tolist() == _trunc_mean(rows, n)
+    # Integer (grouped) reducescatter with float factors: scaled in float64, truncated
+    x = torch.tensor([[7] * 2] * n, dtype=torch.int32) * (r + 1)  # each rank gets one row
+    total = n * (n + 1) // 2
+    got = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5)
+    want = sum(int(7 * (q + 1) * 0.5) for q in range(n))  # each rank's part truncated first
+    assert got.tolist() == [[want] * 2] and got.dtype == torch.int32, got
+    got = hvd.reducescatter(x, op=hvd.Sum, postscale_factor=0.5)
+    assert got.tolist() == [[int(7 * total * 0.5)] * 2], got
+    got = hvd.reducescatter(x, op=hvd.Average)
+    assert got.tolist() == [[int(7 * total * (1.0 / n))] * 2], got
+    a, b = hvd.grouped_reducescatter([x, x.long()], op=hvd.Sum, prescale_factor=0.5,
+                                     postscale_factor=3.0)  # fmt: skip
+    assert a.tolist() == b.tolist() == [[want * 3] * 2], (a, b)
+    h = hvd.grouped_reducescatter_async([x], op=hvd.Sum, postscale_factor=0.5)
+    assert hvd.synchronize(h)[0].tolist() == [[int(7 * total * 0.5)] * 2]
+
+
+class _SgdSeeingSparse(torch.optim.SGD):
+    """SGD that records whether its gradients were sparse at each step."""
+
+    def step(self, closure=None):
+        self.__dict__.setdefault("seen", []).append(
+            all(p.grad.is_sparse for g in self.param_groups for p in g["params"])
+        )
+        return super().step(closure)
+
+
+def case_sparse_gradients_in_distributed_optimizer():
+    # nn.Embedding(sparse=True) under hvd.DistributedOptimizer: the step applies the average
+    # of every rank's gradient, and the wrapped optimizer sees sparse gradients again.
+    n, r = hvd.size(), hvd.rank()
+    for sparse_as_dense in (False, True):
+        emb = torch.nn.Embedding(5, 2, sparse=True)
+        hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+        start = emb.weight.detach().clone()
+        inner = _SgdSeeingSparse(emb.parameters(), lr=1.0)
+        opt = hvd.DistributedOptimizer(inner, sparse_as_dense=sparse_as_dense)
+        emb(torch.tensor([r % 4, 4])).sum().backward()  # rows r % 4 and 4, once each
+        opt.step()
+        want = torch.zeros(5, 2)
+        for q in range(n):
+            want[q % 4] += 1.0 / n
+        want[4] += 1.0
+        assert inner.seen == [True], inner.seen
+        assert torch.allclose(emb.weight.detach(), start - want), (emb.weight, start - want)
+        opt.zero_grad()
 
 
 def case_grouped_allreduce_and_allgather():

@@ -96,6 +96,12 @@ def case_collectives_on_a_set():
     assert hvd.broadcast_object({"r": r}, root_rank=root, process_set=ps) == {"r": root}
     out = hvd.alltoall(torch.full((k, 1), float(r)), process_set=ps)
     assert out[:, 0].tolist() == [float(q) for q in ranks]
+    # alltoall's gradient runs on the set too (the others are in the barrier below)
+    x = torch.full((k * (r + 1), 2), float(r), requires_grad=True)
+    out, got = hvd.alltoall(x, torch.tensor([r + 1] * k, dtype=torch.int32), process_set=ps)
+    assert got.tolist() == [q + 1 for q in ranks]
+    (out * 2).sum().backward()
+    assert x.grad.tolist() == [[2.0, 2.0]] * (k * (r + 1))
     part = hvd.reducescatter(torch.ones(k, 2), op=hvd.Sum, process_set=ps)
     assert part.tolist() == [[float(k)] * 2]
     hvd.barrier(process_set=ps)
@@ -108,9 +114,15 @@ def case_distributed_optimizer_on_a_set():
     r = hvd.rank()
     ps, ranks, member = _edge_set()
     w = torch.nn.Parameter(torch.zeros(2))
-    if not member:
-        raises(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0),
-               process_set=ps), f"rank {r}")  # fmt: skip
+    if not member:  # as Horovod's: the wrapped optimizer alone, no communication
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
+        (w * (r + 1)).sum().backward()
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step()
+        assert w.tolist() == [-(r + 1.0)] * 2 and opt.param_groups[0]["lr"] == 1.0
+        opt.zero_grad()
+        assert w.grad is None and isinstance(opt, torch.optim.Optimizer)
         return
     opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
     (w * (r + 1)).sum().backward()

@@ -62,6 +62,20 @@ def case_joined_rank_shadows_a_differentiable_allreduce():
     assert hvd.join() == n - 1
 
 
+def case_joined_rank_counts_in_an_integer_average_truncated():
+    # Horovod's suite (join_allreduce): the joined rank gives zeros, the average divides by the
+    # world size, and an integer average truncates toward zero (-75 / 2 is -37, not -38).
+    n, r = hvd.size(), hvd.rank()
+    if r == n - 1 and n > 1:
+        assert hvd.join() == n - 2
+        return
+    t = torch.tensor([-75, 75, -1], dtype=torch.int32)
+    out = hvd.synchronize(hvd.allreduce_async(t, name="a"))
+    active = n - 1 if n > 1 else 1
+    assert out.tolist() == [int(v * active * (1.0 / n)) for v in (-75, 75, -1)], out
+    assert hvd.join() == (n - 2 if n > 1 else 0)
+
+
 def case_joined_rank_shadows_a_grouped_allreduce_reduced_in_place():
     # A list of at least RingOptions.list_min_bytes (1 MiB) of float32 is reduced where it
     # lies (shared memory on one host), not packed: the joined rank's zeros must take that

@@ -32,7 +32,7 @@ from . import (
 from ._collectives import *  # noqa: F403
 from ._extras import *  # noqa: F403
 from ._handles import _Handle, _in_set, named
-from ._ops import Adasum, Average, Max, Min, Product, Sum, _op, _root, _scale_
+from ._ops import Adasum, Average, Max, Min, Product, Sum, _integer_average, _op, _root, _scale_
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._topology import *  # noqa: F403
@@ -166,7 +166,8 @@ def allreduce_(
     process_set=None,
 ):
     """Reduce ``tensor`` in place over every rank of ``process_set`` (default: the world;
-    default op: average) and return it. Integer tensors are scaled in float64.
+    default op: average) and return it. Integer tensors are scaled in float64, and their
+    average truncated toward zero, as Horovod's.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allreduce_(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
@@ -174,7 +175,7 @@ def allreduce_(
     """
     call = "hvd.allreduce_()"
     with named(name, process_set, call, hold=False), _in_set(process_set, call):
-        op = _op(average, op)
+        op, postscale_factor = _integer_average(_op(average, op), [tensor], postscale_factor)
         _fm.allreduce_(_scale_(tensor, prescale_factor), op)
         return _scale_(tensor, postscale_factor)
 
@@ -322,7 +323,7 @@ def allreduce_async_(
     """
     call = "hvd.allreduce_async_()"
     with named(name, process_set, call) as key, _in_set(process_set, call):
-        op = _op(average, op)
+        op, postscale_factor = _integer_average(_op(average, op), [tensor], postscale_factor)
         req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
         return _Handle(req, lambda t: _scale_(t, postscale_factor), key)
 

@@ -16,7 +16,7 @@ from ...collectives.inplace import Ibcast
 from ...runtime.groups import on_handle
 from . import _gradients
 from ._handles import _Handle, _in_set, named, synchronize_now
-from ._ops import _op, _root, _scale_
+from ._ops import _integer_average, _op, _root, _scale_
 from ._process_sets import group_of
 
 __all__ = [
@@ -48,16 +48,14 @@ def _reducescatter_op(op) -> str:
 
 def _scale_op(op, prescale_factor, postscale_factor, tensors):
     """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
-    (op, finish) where finish applies the postscale to the result."""
-    op = _reducescatter_op(op)
-    if prescale_factor != 1.0:
-        for t in tensors:
-            t.mul_(prescale_factor)
+    (op, finish) where finish applies the postscale to the result. Call inside the group."""
+    op, postscale_factor = _integer_average(_reducescatter_op(op), tensors, postscale_factor)
+    for t in tensors:
+        _scale_(t, prescale_factor)  # integer tensors in float64, as Horovod
 
     def finish(out):
-        if postscale_factor != 1.0:
-            for t in out if isinstance(out, list) else [out]:
-                t.mul_(postscale_factor)
+        for t in out if isinstance(out, list) else [out]:
+            _scale_(t, postscale_factor)
         return out
 
     return op, finish
@@ -72,7 +70,8 @@ def _horovod_splits(tensor: torch.Tensor) -> list[int]:
 
 
 class _AlltoallWithSplits(torch.autograd.Function):
-    """alltoall that also returns the received row counts; backward: the reverse alltoall."""
+    """alltoall that also returns the received row counts; backward: the reverse alltoall, on
+    the forward's group."""
 
     @staticmethod
     def forward(ctx, x, splits):
@@ -80,18 +79,19 @@ class _AlltoallWithSplits(torch.autograd.Function):
             "alltoall", x, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
         )
         out = p.wait()[0]
-        ctx.received = p.received_splits[0]
+        ctx.received, ctx.group = p.received_splits[0], C.current_group()
         received = torch.tensor(ctx.received, dtype=torch.int32)
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad, _grad_received):
-        p = rows.start(
-            "alltoall", grad, grouped=False, async_op=False,
-            call="hvd.alltoall() backward", splits=ctx.received,
-        )  # fmt: skip
-        return p.wait()[0], None
+        with on_handle(ctx.group):  # the forward's process set, not the backward's caller's
+            p = rows.start(
+                "alltoall", grad.contiguous(), grouped=False, async_op=False,
+                call="hvd.alltoall() backward", splits=ctx.received,
+            )  # fmt: skip
+            return p.wait()[0], None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -281,8 +281,8 @@ def grouped_allreduce_async_(
 
     call = "hvd.grouped_allreduce_async_()"
     with named(name, process_set, call) as key, _in_set(process_set, call):
-        op = _op(average, op)
         tensors = list(tensors)
+        op, postscale_factor = _integer_average(_op(average, op), tensors, postscale_factor)
         if prescale_factor != 1.0:
             tensors = [_scale_(t, prescale_factor) for t in tensors]
         req = _gc.grouped_allreduce_(tensors, op, async_op=True)
@@ -323,8 +323,8 @@ def grouped_allreduce_(
     # tensors that hand-off cost more than the call's checks).
     call = "hvd.grouped_allreduce_()"
     with named(name, process_set, call, hold=False), _in_set(process_set, call):
-        op = _op(average, op)
         tensors = list(tensors)
+        op, postscale_factor = _integer_average(_op(average, op), tensors, postscale_factor)
         if prescale_factor != 1.0:  # a loop of 1000 no-op calls took ~20% of the call
             tensors = [_scale_(t, prescale_factor) for t in tensors]
         out = _gc.grouped_allreduce_(tensors, op)

@@ -10,7 +10,7 @@ import torch
 
 import fluxmpi_py as _fm
 
-from ._handles import _Handle
+from ._handles import _Handle, synchronize_now
 from ._process_sets import group_of
 
 __all__ = [
@@ -21,6 +21,16 @@ __all__ = [
     "HostsUpdatedInterrupt",
     "elastic",
 ]
+
+
+class _SparseHandle(_Handle):
+    """:func:`sparse_allreduce_async`'s handle: ``hvd.synchronize(handle)``, or, as Horovod's
+    (a function), ``handle()``."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        return synchronize_now(self)
 
 
 class _Done:
@@ -42,11 +52,13 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     """Reduce a sparse COO tensor over the ranks: every rank's indices and values are
     gathered (two allgathers, done by the time this returns) and ``hvd.synchronize(handle)``
     gives the sum (``op=hvd.Average``: divided by the number of ranks) as a coalesced sparse
-    tensor of the same size. ``name`` is ignored.
+    tensor of the same size; so does ``handle()``, as Horovod's. ``name`` is ignored.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> t = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
     >>> hvd.synchronize(hvd.sparse_allreduce_async(t, op=hvd.Average)).to_dense().tolist()
+    [1.0, 0.0, 2.0, 0.0]
+    >>> hvd.sparse_allreduce_async(t, op=hvd.Average)().to_dense().tolist()
     [1.0, 0.0, 2.0, 0.0]
     """
     if not (isinstance(tensor, torch.Tensor) and tensor.layout == torch.sparse_coo):
@@ -69,7 +81,7 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     if op == "average":
         values = values / size
     out = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
-    return _Handle(_Done(out))
+    return _SparseHandle(_Done(out))
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -37,6 +37,19 @@ def _scale_(tensor, factor):
     return tensor.copy_(tensor.double().mul_(factor).to(tensor.dtype))
 
 
+def _integer_average(op, tensors, postscale_factor) -> tuple[str, float]:
+    """Horovod's average of integer tensors: the sum times ``postscale_factor / size`` in
+    float64, truncated (toward zero; fluxmpi_py's own integer average is the floor of the
+    mean). Returns (op, postscale factor) to use: unchanged unless ``op`` is Average and some
+    tensor is of an integer dtype (then the sum; floating tensors of a grouped call are scaled
+    by the same factor, as Horovod does). Call inside the call's group."""
+    if op != Average or not any(
+        not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool for t in tensors
+    ):
+        return op, postscale_factor
+    return Sum, postscale_factor / _C.current_group().size
+
+
 def _root(process_set, root_rank, call, tensor=None):
     """(group, the world ``root_rank`` as a rank in the group). A root outside the set raises
     a ValueError-like error on every member together (before any data moves)."""

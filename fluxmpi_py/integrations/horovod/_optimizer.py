@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 
@@ -169,6 +170,35 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
     _unequal_start = "warn"
     _start_remedy = "hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training"
 
+    # Sparse gradients (nn.Embedding(sparse=True)): made dense when backward accumulates them,
+    # reduced in the buckets with the rest, and made sparse again before the wrapped optimizer
+    # steps (SparseAdam takes only sparse ones) or synchronize() returns: Horovod's
+    # sparse_as_dense=True, which gives the same values as its allgather of the entries.
+    def _make_hook(self, index):
+        hook = super()._make_hook(index)
+        sparse = self.__dict__.setdefault("_sparse_params", {})
+
+        def densify_then(param):
+            if param.grad is not None and param.grad.is_sparse:
+                param.grad = param.grad.to_dense()
+                sparse[id(param)] = param
+            hook(param)
+
+        return densify_then
+
+    def _resparsify(self) -> None:
+        for p in self.__dict__.get("_sparse_params", {}).values():
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse()
+
+    def _step_and_sync_buffers(self, closure):
+        self._resparsify()
+        return super()._step_and_sync_buffers(closure)
+
+    def synchronize(self):
+        super().synchronize()
+        self._resparsify()
+
     def step(self, closure=None):
         if self._synchronized and not self._skip_sync:
             warnings.warn(
@@ -178,6 +208,49 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
                 stacklevel=2,
             )
         return super().step(closure)
+
+
+class _OutsideSetOptimizer(torch.optim.Optimizer):
+    """``hvd.DistributedOptimizer(process_set=ps)`` on a rank outside ``ps``: as Horovod's, the
+    wrapped optimizer alone (its groups and state read through), with ``synchronize()`` and
+    ``skip_synchronize()`` doing nothing."""
+
+    optimizer: torch.optim.Optimizer
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        # No Optimizer.__init__: the groups, state and defaults are the wrapped one's.
+        self.optimizer = optimizer
+        self._optimizer_step_pre_hooks: dict = {}
+        self._optimizer_step_post_hooks: dict = {}
+
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.optimizer.defaults)
+
+    def step(self, closure=None):
+        return self.optimizer.step() if closure is None else self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self) -> None:
+        pass
+
+    @contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"hvd.DistributedOptimizer(outside its process set, {self.optimizer!r})"
 
 
 def DistributedOptimizer(
@@ -204,9 +277,12 @@ def DistributedOptimizer(
     where Horovod divides). Each step starts with one tiny allreduce so that ranks that ran
     out of data can ``hvd.join()``. ``compression=hvd.Compression.fp16`` sends the buckets as
     float16. ``named_parameters`` names the parameters in errors; Horovod's checks apply
-    (ValueError for duplicate names or an unnamed parameter). Sparse gradients are not
-    supported (``sparse_as_dense`` is accepted for dense ones). ``process_set=`` averages
-    over that set's ranks only (a member that has called ``hvd.join()`` shadows its steps).
+    (ValueError for duplicate names or an unnamed parameter). Sparse gradients (e.g.
+    ``nn.Embedding(sparse=True)``) are reduced dense and made sparse again before the step,
+    whatever ``sparse_as_dense`` says (Horovod's ``sparse_as_dense=True``; the values are
+    those of its allgather of the entries). ``process_set=`` averages over that set's ranks
+    only (a member that has called ``hvd.join()`` shadows its steps); on a rank outside the
+    set, as in Horovod, the result steps the wrapped optimizer alone (no communication).
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1)
@@ -233,6 +309,8 @@ def DistributedOptimizer(
         )
     _check_groups(groups, num_groups)
     named = _checked_names(optimizer, named_parameters)
+    if group is not None and group.rank is None:
+        return _OutsideSetOptimizer(optimizer)
     opt = _HorovodOptimizer(
         optimizer,
         op=op,

@@ -339,6 +339,13 @@ def case_distributed_optimizer_checks_like_horovod():
     raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum,
            gradient_predivide_factor=2.0), "op != Average")  # fmt: skip
     raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, compression=object()), "fp16")
+    # Horovod's _parameter_names (its suite reads it): the names given, else its default ones
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=named)  # fmt: skip
+    assert {id(p): n for p, n in opt._parameter_names.items()} == {id(p): n for n, p in named}
+    two = torch.optim.SGD([{"params": [named[0][1]]}, {"params": [named[1][1]]}], lr=0.1)
+    names = hvd.DistributedOptimizer(two)._parameter_names
+    assert sorted(names.values()) == ["allreduce.noname.0.0", "allreduce.noname.1.0"], names
 
 
 def case_distributed_optimizer_sum_synchronize_and_skip():

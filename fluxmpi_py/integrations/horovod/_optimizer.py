@@ -167,6 +167,7 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
     RuntimeWarning on every rank, not an error: Horovod runs such a step, and code that
     broadcasts the state right after one (its own suite's) must go on."""
 
+    _parameter_names: dict  # parameter -> name, as Horovod's (set by DistributedOptimizer)
     _unequal_start = "warn"
     _start_remedy = "hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training"
 
@@ -216,6 +217,7 @@ class _OutsideSetOptimizer(torch.optim.Optimizer):
     ``skip_synchronize()`` doing nothing."""
 
     optimizer: torch.optim.Optimizer
+    _parameter_names: dict  # parameter -> name, as Horovod's (set by DistributedOptimizer)
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         # No Optimizer.__init__: the groups, state and defaults are the wrapped one's.
@@ -310,7 +312,9 @@ def DistributedOptimizer(
     _check_groups(groups, num_groups)
     named = _checked_names(optimizer, named_parameters)
     if group is not None and group.rank is None:
-        return _OutsideSetOptimizer(optimizer)
+        outside = _OutsideSetOptimizer(optimizer)
+        outside._parameter_names = _parameter_names(optimizer, named)
+        return outside
     opt = _HorovodOptimizer(
         optimizer,
         op=op,
@@ -319,9 +323,22 @@ def DistributedOptimizer(
         named_parameters=named,
         group=group,
     )
+    opt._parameter_names = _parameter_names(optimizer, named)
     # So that hvd.join() can take part in its steps (on the world, or on the set's group).
     (JOIN if group is None else set_join(group)).register(opt)
     return opt
+
+
+def _parameter_names(optimizer, named) -> dict:
+    """Horovod's ``optimizer._parameter_names`` (parameter -> name), which code written for
+    Horovod reads (its own suite does): the given names, else ``allreduce.noname.{group}.{i}``."""
+    if named is None:
+        named = [
+            (f"allreduce.noname.{i}.{j}", p)
+            for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])
+        ]
+    return {p: n for n, p in sorted(named, key=lambda item: item[0])}
 
 
 def join_state() -> JoinState:

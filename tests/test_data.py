@@ -418,21 +418,13 @@ def test_global_batches_do_not_depend_on_the_world_size():
     n, G, m = 50, 12, 2
     data = list(range(n))
 
-    def steps(world, make):
-        per_step = [[None] * (G // m) for _ in range(n // G)]
-        for r in range(world):
-            got = make(r, world)
-            chunks = [got[i : i + m] for i in range(0, len(got), m)]
-            for j, chunk in enumerate(chunks):
-                step, index = got_meta[r].micro_batch(j)
-                per_step[step][index] = chunk
-        return per_step
-
-    for make in (
-        lambda r, w: fm.DistributedSampler(
+    def sampler(r, w):
+        return fm.DistributedSampler(
             n, num_replicas=w, rank=r, seed=5, global_batch_size=G, micro_batch_size=m
-        ),
-        lambda r, w: fm.DistributedDataContainer(
+        )
+
+    def container(r, w):
+        return fm.DistributedDataContainer(
             data,
             shuffle=True,
             seed=5,
@@ -440,19 +432,21 @@ def test_global_batches_do_not_depend_on_the_world_size():
             world_size=w,
             global_batch_size=G,
             micro_batch_size=m,
-        ),
-    ):
+        )
+
+    for make in (sampler, container):
         results = []
         for world in (1, 2, 3, 6):
-            got_meta = {}
-
-            def listed(r, w):
-                obj = got_meta[r] = make(r, w)
+            per_step = [[None] * (G // m) for _ in range(n // G)]
+            for r in range(world):
+                obj = make(r, world)
                 obj.set_epoch(2)
-                assert len(obj) == (n // G) * G // w
-                return list(obj)
-
-            results.append(steps(world, listed))
+                got = list(obj)
+                assert len(got) == len(obj) == (n // G) * G // world
+                for j in range(len(got) // m):
+                    step, index = obj.micro_batch(j)
+                    per_step[step][index] = got[j * m : (j + 1) * m]
+            results.append(per_step)
         assert all(res == results[0] for res in results)
         flat = [i for step in results[0] for mb in step for i in mb]
         assert len(set(flat)) == len(flat) == (n // G) * G

@@ -26,8 +26,16 @@ def _divisors(n: int) -> list[int]:
 class GlobalBatches:
     """The index math of the global-batch mode for one rank (see the module docstring)."""
 
-    __slots__ = ("n", "global_batch_size", "micro_batch_size", "rank", "world")
-    __slots__ += ("micro_batches", "per_rank", "steps")
+    __slots__ = (
+        "n",
+        "global_batch_size",
+        "micro_batch_size",
+        "rank",
+        "world",
+        "micro_batches",
+        "per_rank",
+        "steps",
+    )
 
     def __init__(
         self,

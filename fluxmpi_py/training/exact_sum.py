@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -212,6 +213,14 @@ class ExactGradientSum:
 _BN = torch.nn.modules.batchnorm._BatchNorm
 
 
+def _stats(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tracking BatchNorm's running_mean, running_var and num_batches_tracked."""
+    return cast(
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        (m.running_mean, m.running_var, m.num_batches_tracked),
+    )
+
+
 class BatchNormFold:
     """BatchNorm running statistics that do not depend on the world size.
 
@@ -274,7 +283,7 @@ class BatchNormFold:
             [
                 torch.stack(self.records[id(m)])
                 if self.records[id(m)]
-                else torch.zeros(0, 2 * m.running_mean.numel(), dtype=torch.float64)
+                else torch.zeros(0, 2 * _stats(m)[0].numel(), dtype=torch.float64)
                 for m in self.mods
             ],
             dim=1,
@@ -283,18 +292,19 @@ class BatchNormFold:
         rows = allgather(local, group=self.group)  # rank order: the global micro-batch order
         at = 0
         for m in self.mods:
-            c = m.running_mean.numel()
+            running_mean, running_var, tracked = _stats(m)
+            c = running_mean.numel()
             mean, var = rows[:, at : at + c], rows[:, at + c : at + 2 * c]
             at += 2 * c
-            r_mean, r_var = m.running_mean.to(torch.float64), m.running_var.to(torch.float64)
-            n0 = int(m.num_batches_tracked)
+            r_mean, r_var = running_mean.to(torch.float64), running_var.to(torch.float64)
+            n0 = int(tracked)
             for i in range(micro_batches):
                 f = m.momentum if m.momentum is not None else 1.0 / (n0 + i + 1)
                 r_mean = (1.0 - f) * r_mean + f * mean[i]
                 r_var = (1.0 - f) * r_var + f * var[i]
-            m.running_mean.copy_(r_mean)
-            m.running_var.copy_(r_var)
-            m.num_batches_tracked.fill_(n0 + micro_batches)
+            running_mean.copy_(r_mean)
+            running_var.copy_(r_var)
+            tracked.fill_(n0 + micro_batches)
 
     def remove(self) -> None:
         for h in self.handles:

@@ -49,7 +49,21 @@ HEADROOM_BITS = 16
 
 class GridOverflowError(ValueError):
     """A gradient outgrew the fixed-point grid of ``DistributedOptimizer(deterministic=True)``;
-    raised on every rank at ``step()``. The next step's grid covers it: run the step again."""
+    raised on every rank at ``step()``. The next step's grid covers it: run the step again.
+
+    >>> import torch, fluxmpi_py as fm; fm.Init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                               deterministic=True, check_every=0)
+    >>> (model(torch.ones(1, 2)) * 1e9).sum().backward()  # beyond the first step's 2**16
+    >>> try:
+    ...     opt.step()
+    ... except fm.GridOverflowError as e:
+    ...     print("2**16" in str(e), isinstance(e, ValueError))
+    True True
+    >>> (model(torch.ones(1, 2)) * 1e9).sum().backward()  # the grid now covers it
+    >>> opt.step()
+    """
 
 
 class ExactGradientSum:

@@ -89,6 +89,7 @@ from .sync import (
 )
 from .training import (
     DistributedOptimizer,
+    GridOverflowError,
     Join,
     SyncBatchNorm,
     allreduce_gradients,
@@ -155,6 +156,7 @@ __all__ = [
     "check_consistency",
     "SyncBatchNorm",
     "Join",
+    "GridOverflowError",
     "synchronize_",
     "DistributedDataContainer",
     "DistributedSampler",

@@ -24,6 +24,7 @@ LAYOUT = {
         "consistency",
         "sync_batchnorm",
         "join",
+        "exact_sum",
     ],
     "sync": ["synchronize"],
     "data": ["container", "sampler"],

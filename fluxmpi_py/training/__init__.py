@@ -12,6 +12,9 @@ from .checkpoint import (
 from .consistency import (
     check_consistency,
 )
+from .exact_sum import (
+    GridOverflowError,
+)
 from .gradients import (
     allreduce_gradients,
 )
@@ -34,4 +37,5 @@ __all__ = [
     "check_consistency",
     "SyncBatchNorm",
     "Join",
+    "GridOverflowError",
 ]

@@ -150,7 +150,9 @@ class WorkerCase:
         with this case's own report unless it passed on every rank. Returns the job's output.
         A worker that needs no environment of its own runs in its world size's bundle: one
         launch for all such workers of the session (tests/workers/bundle.py)."""
-        if self.bundle and env is None and self.np in _BUNDLES:
+        if self.bundle and env is not None:
+            pytest.fail(f"{self.script} takes an environment of its own: give it bundle=False")
+        if self.bundle and self.np in _BUNDLES:
             launch = launch_bundle(self.np).view(self.script)
         else:
             launch = launch_worker(

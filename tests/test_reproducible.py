@@ -27,7 +27,7 @@ def out_env(tmp_path_factory):
     return {"REPRO_OUT": str(tmp_path_factory.mktemp("repro"))}
 
 
-@pytest.mark.parametrize("case", worker_params(WORKER, [4], timeout=TIMEOUT))
+@pytest.mark.parametrize("case", worker_params(WORKER, [4], timeout=TIMEOUT, bundle=False))
 def test_repro_multirank(case, out_env):
     case.check_passed(env=out_env)
 
@@ -45,9 +45,8 @@ def test_world_of_one_matches_four_ranks(out_env):
     import repro_worker
 
     # the launch (shared with test_repro_multirank's items) writes the 4 ranks' results
-    WorkerCase(WORKER, 4, "case_deterministic_is_the_same_at_any_world_size", TIMEOUT).check_passed(
-        env=out_env
-    )
+    case = WorkerCase(WORKER, 4, "case_deterministic_is_the_same_at_any_world_size", TIMEOUT, False)
+    case.check_passed(env=out_env)
     out = out_env["REPRO_OUT"]
     with open(os.path.join(out, "digests-np4.json")) as f:
         digests = json.load(f)

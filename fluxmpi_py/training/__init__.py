@@ -2,30 +2,30 @@
 SyncBatchNorm and checkpoints."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
-from .buffers import (
-    synchronize_buffers_,
-)
-from .checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-)
-from .consistency import (
-    check_consistency,
-)
-from .exact_sum import (
-    GridOverflowError,
+from .optimizer import (
+    DistributedOptimizer,
 )
 from .gradients import (
     allreduce_gradients,
 )
-from .join import (
-    Join,
+from .buffers import (
+    synchronize_buffers_,
 )
-from .optimizer import (
-    DistributedOptimizer,
+from .checkpoint import (
+    save_checkpoint,
+    load_checkpoint,
+)
+from .consistency import (
+    check_consistency,
 )
 from .sync_batchnorm import (
     SyncBatchNorm,
+)
+from .join import (
+    Join,
+)
+from .exact_sum import (
+    GridOverflowError,
 )
 
 __all__ = [

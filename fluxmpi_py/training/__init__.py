@@ -9,6 +9,9 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .checkpoint_dir import (
+    latest_checkpoint,
+)
 from .consistency import (
     check_consistency,
 )
@@ -31,6 +34,7 @@ __all__ = [
     "synchronize_buffers_",
     "save_checkpoint",
     "load_checkpoint",
+    "latest_checkpoint",
     "check_consistency",
     "SyncBatchNorm",
     "Join",

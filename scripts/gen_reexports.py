@@ -21,6 +21,7 @@ LAYOUT = {
         "gradients",
         "buffers",
         "checkpoint",
+        "checkpoint_dir",
         "consistency",
         "sync_batchnorm",
         "join",

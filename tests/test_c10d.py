@@ -39,7 +39,9 @@ def test_c10d_bitwise_and_premul_sum(case):
     case.check_passed()
 
 
-@pytest.mark.parametrize("case", worker_params("sum_order_worker.py", [1, 3], timeout=120))
+@pytest.mark.parametrize(
+    "case", worker_params("sum_order_worker.py", [1, 3], timeout=120, bundle=False)
+)
 def test_sum_order_from_the_environment(case):
     case.check_passed()
 

@@ -16,6 +16,8 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("checkpoints"))
 
 
-@pytest.mark.parametrize("case", worker_params("checkpoint_worker.py", [1, 2, 3], timeout=180))
+@pytest.mark.parametrize(
+    "case", worker_params("checkpoint_worker.py", [1, 2, 3], timeout=180, bundle=False)
+)
 def test_checkpoint_round_trip_and_errors(case, ckpt_dir):
     case.check_passed(env={"CKPT_DIR": ckpt_dir})

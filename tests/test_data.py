@@ -21,6 +21,7 @@ from mpi_util import worker_params  # noqa: E402
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
 from fluxmpi_py._util.shared_view import SharedInts  # noqa: E402
+from fluxmpi_py.data._global_batch import GlobalBatches  # noqa: E402
 
 MODES = {"pad": dict(pad=True), "drop_last": dict(drop_last=True), "even": dict(pad=False)}
 SIZES = [
@@ -401,12 +402,71 @@ def test_pickle_keeps_only_plain_state():
     d.set_epoch(7)
     e = pickle.loads(pickle.dumps(d))
     assert [e[i] for i in range(len(e))] == [d[i] for i in range(len(d))]
-    assert all(isinstance(v, (int, bool, str, list, SharedInts)) for v in vars(d).values())
+    # the global-batch mode's math holds ints alone (None without it)
+    plain = (int, bool, str, list, SharedInts, GlobalBatches, type(None))
+    assert all(isinstance(v, plain) for v in vars(d).values())
     s = fm.DistributedSampler(50, num_replicas=3, rank=1)
     it = iter(s)
     next(it), next(it)
     t = pickle.loads(pickle.dumps(s))
     assert t.state_dict() == s.state_dict() and t.state_dict()["position"] == 2
+
+
+def test_global_batches_do_not_depend_on_the_world_size():
+    # Step s's G samples, cut into micro-batches of m, are the same at any world size; rank r
+    # takes micro-batches r*k .. r*k+k-1 of each step, and knows each one's global index.
+    n, G, m = 50, 12, 2
+    data = list(range(n))
+
+    def sampler(r, w):
+        return fm.DistributedSampler(
+            n, num_replicas=w, rank=r, seed=5, global_batch_size=G, micro_batch_size=m
+        )
+
+    def container(r, w):
+        return fm.DistributedDataContainer(
+            data,
+            shuffle=True,
+            seed=5,
+            rank=r,
+            world_size=w,
+            global_batch_size=G,
+            micro_batch_size=m,
+        )
+
+    for make in (sampler, container):
+        results = []
+        for world in (1, 2, 3, 6):
+            per_step = [[None] * (G // m) for _ in range(n // G)]
+            for r in range(world):
+                obj = make(r, world)
+                obj.set_epoch(2)
+                got = list(obj)
+                assert len(got) == len(obj) == (n // G) * G // world
+                for j in range(len(got) // m):
+                    step, index = obj.micro_batch(j)
+                    per_step[step][index] = got[j * m : (j + 1) * m]
+            results.append(per_step)
+        assert all(res == results[0] for res in results)
+        flat = [i for step in results[0] for mb in step for i in mb]
+        assert len(set(flat)) == len(flat) == (n // G) * G
+        assert flat != sorted(flat)  # shuffled
+    for world in (4, 5):
+        with pytest.raises(ValueError, match=f"which {world} ranks cannot share.*work: 1, 2, 3, 6"):
+            fm.DistributedSampler(
+                n, num_replicas=world, rank=0, global_batch_size=G, micro_batch_size=m
+            )
+    with pytest.raises(ValueError, match="multiple of micro_batch_size=5"):
+        fm.DistributedDataContainer(
+            data, rank=0, world_size=1, global_batch_size=G, micro_batch_size=5
+        )
+    with pytest.raises(ValueError, match="together"):
+        fm.DistributedSampler(n, num_replicas=1, rank=0, global_batch_size=G)
+    d = fm.DistributedDataContainer(
+        data, rank=1, world_size=2, global_batch_size=G, micro_batch_size=m
+    )
+    e = pickle.loads(pickle.dumps(d))
+    assert [e[i] for i in range(len(e))] == d.indices().tolist() == list(d)
 
 
 def test_dataloader_with_workers():

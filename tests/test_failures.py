@@ -264,3 +264,108 @@ def test_watchdog_names_the_users_call():
         -3000:
     ]
     assert "[fluxmpi_py rank" not in out, out[-3000:]
+
+
+BUNDLE_TEST = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import pytest
+from mpi_util import worker_params
+
+@pytest.mark.parametrize("case", worker_params({first!r}, [2], timeout={timeout}))
+def test_first(case):
+    case.check_passed()
+
+@pytest.mark.parametrize("case", worker_params("failing_worker.py", [2], timeout={timeout}))
+def test_failing(case):
+    case.check_passed()
+
+@pytest.mark.parametrize("case", worker_params({last!r}, [2], timeout={timeout}))
+def test_last(case):
+    case.check_passed()
+"""
+
+BUNDLE_CONFTEST = """
+import sys
+sys.path.insert(0, {tests!r})
+import mpi_util
+
+def pytest_collection_finish(session):
+    mpi_util.select_cases(
+        v for item in session.items
+        for v in getattr(getattr(item, "callspec", None), "params", {{}}).values()
+        if isinstance(v, mpi_util.WorkerCase)
+    )
+"""
+
+SMALL_WORKER = """
+import os, sys
+sys.path.insert(0, {workers!r})
+from harness import run_cases
+import fluxmpi_py as fm
+
+def case_{name}_sums():
+    assert fm.total_workers() == 2
+
+if __name__ == "__main__":
+    run_cases(globals())
+"""
+
+
+def test_bundled_workers_report_each_case_under_its_own_worker(tmp_path):
+    # Three workers share one 2-rank launch (tests/workers/bundle.py). The first passes; the
+    # second fails on rank 1; the third never runs, and its items say which case ended the job.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    workers = os.path.join(tests, "workers")
+    paths = {}
+    for name in ("first", "last"):
+        paths[name] = str(tmp_path / f"{name}_worker.py")
+        with open(paths[name], "w") as f:
+            f.write(SMALL_WORKER.format(workers=workers, name=name))
+    (tmp_path / "conftest.py").write_text(BUNDLE_CONFTEST.format(tests=tests))
+    (tmp_path / "test_bundle.py").write_text(
+        BUNDLE_TEST.format(tests=tests, timeout=TIMEOUT, first=paths["first"], last=paths["last"])
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            str(tmp_path / "report.xml"),
+            "test_bundle.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=2 * TIMEOUT,
+        env=dict(os.environ, COLUMNS="300"),
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-4000:]
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "report.xml").iter("testcase")}
+
+    def outcome(name):
+        c = cases[name]
+        for kind in ("failure", "skipped", "error"):
+            found = c.find(kind)
+            if found is not None:
+                return kind, (found.get("message") or "") + "\n" + (found.text or "")
+        return "passed", ""
+
+    assert outcome("test_first[np=2-case_first_sums]")[0] == "passed", out[-4000:]
+    kind, text = outcome("test_first[np=2-clean_exit]")
+    assert kind == "skipped" and "failing_worker.py::case_fails_on_rank_1" in text, text
+    kind, text = outcome("test_failing[np=2-case_fails_on_rank_1]")
+    assert kind == "failure" and "case_fails_on_rank_1 failed on rank 1 of 2" in text, text
+    assert outcome("test_failing[np=2-case_passes]")[0] == "passed", out[-4000:]
+    for item in ("test_last[np=2-case_last_sums]", "test_last[np=2-clean_exit]"):
+        kind, text = outcome(item)
+        assert kind == "failure", (item, kind, text)
+        assert "not run: the bundled launch ended in failing_worker.py::case_fails_on_rank_1" in (
+            text
+        ), text

@@ -71,3 +71,127 @@ def test_no_mpiexec_arguments_is_a_usage_error(tmp_path):
     )
     assert proc.returncode != 0
     assert "python -m fluxmpi_py.run" in proc.stderr
+
+
+# --- restarts: a stand-in for mpiexec that logs each attempt's FLUXMPI_RESTART and exits with
+# the status listed for it (the last one repeats): "3,0" fails once, then succeeds. "sigint"
+# interrupts the launcher as Ctrl-C would and waits to be ended; "sigterm" ends itself by it.
+RESTART_MPIEXEC = textwrap.dedent(
+    """\
+    #!{python}
+    import os, signal, sys, time
+    if sys.argv[1:] == ["--version"]:
+        print("a stand-in for mpiexec"); sys.exit(0)
+    statuses, log = sys.argv[1].split(","), sys.argv[2]
+    attempt = int(os.environ["FLUXMPI_RESTART"])
+    with open(log, "a") as f:
+        f.write(f"{{attempt}}\\n")
+    status = statuses[min(attempt, len(statuses) - 1)]
+    if status == "sigint":
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(120)
+    if status == "sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    sys.exit(int(status))
+    """
+)
+
+
+def restart_mpiexec(tmp_path):
+    fake = tmp_path / "mpiexec-restarts"
+    fake.write_text(RESTART_MPIEXEC.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return str(fake)
+
+
+def attempts(tmp_path):
+    return (tmp_path / "attempts").read_text().split()
+
+
+RELAUNCH_1 = (
+    "fluxmpi_py.run: attempt 1 of {n} failed: exit status 3. "
+    "Relaunching now (FLUXMPI_RESTART=1; restart 1 of {k})"
+)
+
+
+@pytest.mark.parametrize(
+    "restarts, statuses, status, attempts_made, messages",
+    [
+        ([], "3,0", 3, ["0"], []),  # the default: no relaunch, no message
+        (["--max-restarts", "0"], "3,0", 3, ["0"], []),
+        (["--max-restarts", "2"], "3,5,0", 0, ["0", "1", "2"], [RELAUNCH_1.format(n=3, k=2)]),
+        (  # the last attempt's status
+            ["--max-restarts", "1"],
+            "3,5,0",
+            5,
+            ["0", "1"],
+            [
+                RELAUNCH_1.format(n=2, k=1),
+                "attempt 2 of 2 failed: exit status 5. No restarts left (--max-restarts 1); "
+                "exiting with status 5",
+            ],
+        ),
+        (["--max-restarts", "4"], "0", 0, ["0"], []),
+        (  # stopped from outside
+            ["--max-restarts", "3"],
+            "sigterm,0",
+            128 + 15,
+            ["0"],
+            ["attempt 1 of 4: mpiexec was ended by SIGTERM; not relaunched"],
+        ),
+    ],
+)
+def test_max_restarts_relaunches_a_failed_job(
+    tmp_path, capsys, restarts, statuses, status, attempts_made, messages
+):
+    from fluxmpi_py import run
+
+    log = str(tmp_path / "attempts")
+    argv = ["--mpiexec", restart_mpiexec(tmp_path), *restarts, statuses, log]
+    assert run.main(argv) == status
+    assert attempts(tmp_path) == attempts_made
+    err = capsys.readouterr().err
+    assert err.count("Relaunching now") == len(attempts_made) - 1, err
+    for message in messages:
+        assert message in err, err
+    if not messages:
+        assert "fluxmpi_py.run" not in err, err
+
+
+def test_ctrl_c_is_not_relaunched(tmp_path):
+    proc, _ = run_launcher(
+        tmp_path, "--mpiexec", restart_mpiexec(tmp_path), "--max-restarts", "3", "sigint",
+        str(tmp_path / "attempts"),
+    )  # fmt: skip
+    assert proc.returncode == 130, proc.stderr
+    assert attempts(tmp_path) == ["0"]
+    assert "interrupted (Ctrl-C or SIGINT); not relaunched" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
+def test_max_restarts_must_be_a_whole_number(value):
+    from fluxmpi_py import run
+
+    with pytest.raises(SystemExit, match=r"--max-restarts must be a whole number >= 0.*got"):
+        run.parse_args(["--max-restarts", value, "-n", "2", "python", "train.py"])
+    with pytest.raises(SystemExit, match="--max-restarts needs a value"):
+        run.parse_args(["--max-restarts"])
+
+
+def test_launcher_options_may_stand_among_mpiexec_options_before_python():
+    from fluxmpi_py import run
+
+    o = run.parse_args(
+        ["-n", "2", "--oversubscribe", "--max-restarts", "2", "python", "t.py", "--grace", "1"]
+    )
+    assert o.max_restarts == 2 and o.grace_s == 5.0  # the program's own --grace stays its own
+    assert o.mpiexec_args == ["-n", "2", "--oversubscribe", "python", "t.py", "--grace", "1"]
+
+
+def test_an_mpiexec_that_cannot_run_is_named_and_not_relaunched(tmp_path):
+    from fluxmpi_py import run
+
+    missing = str(tmp_path / "no-such-mpiexec")
+    with pytest.raises(SystemExit, match="cannot run mpiexec .*no-such-mpiexec"):
+        run.main(["--mpiexec", missing, "--max-restarts", "2", "-n", "1", "true"])

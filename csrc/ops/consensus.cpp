@@ -80,6 +80,13 @@ constexpr std::int64_t kModeRigid = 2;    // fluxmpi_py.Join: rounds only
 
 std::atomic<std::int64_t> g_world_agreements{0};
 
+// FNV-1a of the name, folded into `detail`: equal names give equal lanes on every rank.
+std::uint64_t mix_name(std::int64_t detail, const char* name) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return static_cast<std::uint64_t>(detail) ^ h;
+}
+
 void pack(const Signature& s, std::int64_t* v) {
   v[0] = static_cast<std::int64_t>(s.kind);
   v[1] = s.op;
@@ -318,8 +325,12 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
     }
     return sig.soft_flag == 0;
   }
+  // A checked call name (runtime/user_call.h: a name= or a call site) enters the comparison
+  // through `detail`; where it differs, the report tells the ranks' calls apart by their names.
+  Signature mine = sig;
+  if (user_call_checked()) mine.detail = static_cast<std::int64_t>(mix_name(sig.detail, call));
   std::int64_t v[kLanes];
-  pack(sig, v);
+  pack(mine, v);
   v[kFields] = sig.soft;
   for (int i = 0; i < kChecked; ++i) v[kChecked + i] = -v[i];
   v[kSoftFlag] = sig.soft_flag != 0 ? 1 : 0;
@@ -331,7 +342,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   exchange(v, e);
   if (vetoed != nullptr) *vetoed = v[kVeto] != 0;
   if (needs_report(v)) {
-    report_all(&sig, call, sig.error != ErrorClass::None ? error_text : describe(), e);
+    report_all(&mine, call, sig.error != ErrorClass::None ? error_text : describe(), e);
   }
   if (v[kJoinMode] != 0) {
     if (!joined_take_part(v)) {

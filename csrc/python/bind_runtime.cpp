@@ -30,7 +30,7 @@ void bind_runtime(py::module_& m) {
   m.def("stall_settings", [] { return py::make_tuple(stall_warning_s(), stall_timeout_s()); });
   m.def("wait_stack_request", &wait_stack_request, py::call_guard<py::gil_scoped_release>());
   m.def("post_stack", &post_stack, py::arg("stack"), py::arg("site"));
-  m.def("enter_user_call", &enter_user_call, py::arg("name"));
+  m.def("enter_user_call", &enter_user_call, py::arg("name"), py::arg("checked") = false);
   m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });
   m.def("size", [] { return env().size; });

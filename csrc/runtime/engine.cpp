@@ -138,7 +138,7 @@ void Engine::loop() {
     lk.unlock();
     std::exception_ptr err;
     {
-      UserCall named(item.first->user_call_name());
+      UserCall named(item.first->user_call_name(), item.first->user_call_checked());
       t_work_label = item.first->what().c_str();
       err = run_catching(item.second);
       t_work_label = "";

@@ -28,11 +28,13 @@ class Work {
   // The user call that submitted this work (runtime/user_call.h): the engine thread runs
   // the work under that name, so that its messages name it too.
   const char* user_call_name() const { return call_; }
+  bool user_call_checked() const { return checked_; }
   void finish(std::exception_ptr error);
 
  private:
   std::string what_;
   const char* call_ = user_call();  // made on the submitting thread
+  bool checked_ = fluxmpi::user_call_checked();
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

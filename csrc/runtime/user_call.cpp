@@ -8,12 +8,15 @@ namespace fluxmpi {
 namespace {
 
 thread_local const char* t_user_call = "";
+thread_local bool t_checked = false;
 
 }  // namespace
 
 const char* user_call() { return t_user_call; }
 
 const char* user_call_or(const char* fallback) { return *t_user_call ? t_user_call : fallback; }
+
+bool user_call_checked() { return t_checked; }
 
 const char* intern_call_name(const std::string& name) {
   // Leaked on purpose: engine work and the watchdog may read a name during interpreter exit.
@@ -25,24 +28,30 @@ const char* intern_call_name(const std::string& name) {
   return slot->c_str();
 }
 
-UserCall::UserCall(const char* name) {
+UserCall::UserCall(const char* name, bool checked) {
   if (*t_user_call || name == nullptr || !*name) return;
   t_user_call = name;
+  t_checked = checked;
   set_ = true;
 }
 
 UserCall::~UserCall() {
-  if (set_) t_user_call = "";
+  if (!set_) return;
+  t_user_call = "";
+  t_checked = false;
 }
 
-bool enter_user_call(const std::string& name) {
+bool enter_user_call(const std::string& name, bool checked) {
   if (*t_user_call || name.empty()) return false;
   t_user_call = intern_call_name(name);
+  t_checked = checked;
   return true;
 }
 
 void leave_user_call(bool entered) {
-  if (entered) t_user_call = "";
+  if (!entered) return;
+  t_user_call = "";
+  t_checked = false;
 }
 
 }  // namespace fluxmpi

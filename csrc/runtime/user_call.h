@@ -14,6 +14,11 @@ const char* user_call();
 // The name itself when one is set, else `fallback`.
 const char* user_call_or(const char* fallback);
 
+// Whether agree() checks the running call's name (ops/consensus.h): a call given a `name=`, or
+// any public collective under FLUXMPI_DEBUG=detail, whose name then holds its call site. Ranks
+// in calls of different checked names raise together instead of pairing by position.
+bool user_call_checked();
+
 // The interned copy of `name` (a lookup under a mutex; done once per user call).
 const char* intern_call_name(const std::string& name);
 
@@ -22,7 +27,7 @@ const char* intern_call_name(const std::string& name);
 // `name` must live as long as the process: a string literal or intern_call_name's result.
 class UserCall {
  public:
-  explicit UserCall(const char* name);
+  explicit UserCall(const char* name, bool checked = false);
   ~UserCall();
   UserCall(const UserCall&) = delete;
   UserCall& operator=(const UserCall&) = delete;
@@ -32,7 +37,8 @@ class UserCall {
 };
 
 // For Python's context manager: name the call unless one is named; returns whether it did.
-bool enter_user_call(const std::string& name);
+// `checked`: see user_call_checked().
+bool enter_user_call(const std::string& name, bool checked = false);
 // Undo enter_user_call when it returned true.
 void leave_user_call(bool entered);
 

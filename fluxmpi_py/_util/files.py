@@ -81,6 +81,20 @@ def _temp_name(path: str) -> str:
     return os.path.join(directory, f".{base}.tmp{os.getpid()}.{_HOST}")
 
 
+# Any writer's temporary name: ``.<name>.tmp<pid>`` with ``.<host>`` or without (older ones).
+_TEMPORARY = re.compile(r"\..+\.tmp[0-9]+(?:\.[A-Za-z0-9-]+)?")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether the file name ``name`` is one of :func:`write_atomic`'s temporary names
+    (a write in progress, or one a killed writer left): never a complete file.
+
+    >>> is_temporary(".ckpt.pt.tmp4711.node1"), is_temporary("ckpt.pt")
+    (True, False)
+    """
+    return _TEMPORARY.fullmatch(name) is not None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

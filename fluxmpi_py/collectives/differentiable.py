@@ -192,7 +192,9 @@ class Alltoall(torch.autograd.Function):
 
 
 @group_dispatch("allreduce()")
-def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
+def allreduce(
+    tensor: torch.Tensor, op: str = "sum", *, group=None, name: str | None = None
+) -> torch.Tensor:
     """The reduction of ``tensor`` over all ranks, as a new tensor; differentiable for "sum"
     and "average" (the gradient is the same allreduce of the output's gradient). A collective.
 
@@ -214,7 +216,9 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Ten
 
 
 @group_dispatch("broadcast()")
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor, root_rank: int = 0, *, group=None, name: str | None = None
+) -> torch.Tensor:
     """root_rank's ``tensor`` on every rank, as a new tensor; differentiable (the root's
     gradient is the sum of every rank's output gradient; the others' is zero). A collective.
 

@@ -58,7 +58,9 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
 
 
 @group_dispatch("allreduce_()")
-def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Tensor:
+def allreduce_(
+    tensor: torch.Tensor, op: str = "sum", *, group=None, name: str | None = None
+) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
     ``op`` is one of "sum", "average", "min", "max", "prod", or the bitwise "band", "bor",
@@ -87,7 +89,9 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", *, group=None) -> torch.Te
 
 
 @group_dispatch("bcast_()")
-def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Tensor:
+def bcast_(
+    tensor: torch.Tensor, root_rank: int = 0, *, group=None, name: str | None = None
+) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with root_rank's values, in place; return it.
     A collective: every rank passes a tensor of the same shape and dtype.
 
@@ -106,7 +110,12 @@ def bcast_(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> torch.Ten
 
 @group_dispatch("reduce_()")
 def reduce_(
-    tensor: torch.Tensor, op: str = "sum", root_rank: int = 0, *, group=None
+    tensor: torch.Tensor,
+    op: str = "sum",
+    root_rank: int = 0,
+    *,
+    group=None,
+    name: str | None = None,
 ) -> torch.Tensor:
     """Reduce ``tensor`` onto root_rank, in place there, and return it. Other ranks' tensors
     are left unchanged. A collective; ``op`` as for :func:`allreduce_`.
@@ -155,7 +164,9 @@ class Request:
 
 
 @group_dispatch("Iallreduce()")
-def Iallreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> Request:
+def Iallreduce(
+    tensor: torch.Tensor, op: str = "sum", *, group=None, name: str | None = None
+) -> Request:
     """Start :func:`allreduce_` in the background and return a :class:`Request`. The tensor
     holds the result after ``wait()``; do not read or write it before then.
 
@@ -167,7 +178,9 @@ def Iallreduce(tensor: torch.Tensor, op: str = "sum", *, group=None) -> Request:
 
 
 @group_dispatch("Ibcast()")
-def Ibcast(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> Request:
+def Ibcast(
+    tensor: torch.Tensor, root_rank: int = 0, *, group=None, name: str | None = None
+) -> Request:
     """Start :func:`bcast_` in the background and return a :class:`Request`.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()

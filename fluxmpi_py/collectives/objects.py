@@ -23,7 +23,7 @@ def _pickled(obj) -> tuple[bytes, str]:
 
 
 @group_dispatch("broadcast_object()")
-def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, *, group=None, name: str | None = None) -> Any:
     """root_rank's ``obj`` on every rank (the root gets its own object back; the others an
     unpickled copy). A collective.
 
@@ -40,7 +40,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None) -> Any:
 
 
 @group_dispatch("allgather_object()")
-def allgather_object(obj: Any, *, group=None) -> list:
+def allgather_object(obj: Any, *, group=None, name: str | None = None) -> list:
     """Every rank's ``obj``, in rank order (this rank's own object at its place; the others'
     unpickled copies). A collective.
 

@@ -64,7 +64,7 @@ def _plain(tensor) -> bool:
 
 
 @group_dispatch("allgather()")
-def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
+def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None, name: str | None = None):
     """Every rank's ``tensor`` concatenated along dim 0, in rank order, on every rank.
     Dim 0 may differ by rank (the row counts are exchanged first); dtype and the other dims
     may not. Differentiable: the gradient is a reduce_scatter (sum) of the output's gradient.
@@ -83,7 +83,14 @@ def allgather(tensor: torch.Tensor, *, async_op: bool = False, group=None):
 
 
 @group_dispatch("gather()")
-def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, group=None):
+def gather(
+    tensor: torch.Tensor,
+    root_rank: int = 0,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
+):
     """Every rank's ``tensor`` concatenated along dim 0 on root_rank; ``None`` on the others.
     Dim 0 may differ by rank. Differentiable when ``tensor`` requires grad on every rank (the
     ranks check): the gradient is a scatter of the root's output gradient, and the others get
@@ -104,7 +111,13 @@ def gather(tensor: torch.Tensor, root_rank: int = 0, *, async_op: bool = False, 
 
 @group_dispatch("scatter()")
 def scatter(
-    tensor: torch.Tensor, root_rank: int = 0, splits=None, *, async_op: bool = False, group=None
+    tensor: torch.Tensor,
+    root_rank: int = 0,
+    splits=None,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
 ):
     """Part r (along dim 0, by ``splits``) of root_rank's ``tensor``, on rank r. Every rank
     passes a tensor of the same shape and dtype (``torch.empty`` will do: only the root's
@@ -128,7 +141,13 @@ def scatter(
 
 @group_dispatch("reduce_scatter()")
 def reduce_scatter(
-    tensor: torch.Tensor, op: str = "sum", splits=None, *, async_op: bool = False, group=None
+    tensor: torch.Tensor,
+    op: str = "sum",
+    splits=None,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
 ):
     """Part r (along dim 0, by ``splits``) of the reduction of ``tensor`` over ranks, on rank
     r. Every rank passes the same shape, dtype and splits; ``op`` as for allreduce_.
@@ -154,7 +173,14 @@ def reduce_scatter(
 
 
 @group_dispatch("alltoall()")
-def alltoall(tensor: torch.Tensor, splits=None, *, async_op: bool = False, group=None):
+def alltoall(
+    tensor: torch.Tensor,
+    splits=None,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
+):
     """Part j (along dim 0, by this rank's ``splits``) of ``tensor`` goes to rank j; returns
     the parts this rank received, concatenated in rank order. Splits may differ by rank; dtype
     and the dims after the first may not. Differentiable: the gradient is the reverse alltoall.
@@ -175,7 +201,7 @@ def alltoall(tensor: torch.Tensor, splits=None, *, async_op: bool = False, group
 
 
 @group_dispatch("Iallgather()")
-def Iallgather(tensor: torch.Tensor, *, group=None) -> rows.PendingRequest:
+def Iallgather(tensor: torch.Tensor, *, group=None, name: str | None = None) -> rows.PendingRequest:
     """:func:`allgather` in the background: a Request whose ``wait()`` returns the result.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -186,7 +212,9 @@ def Iallgather(tensor: torch.Tensor, *, group=None) -> rows.PendingRequest:
 
 
 @group_dispatch("Igather()")
-def Igather(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> rows.PendingRequest:
+def Igather(
+    tensor: torch.Tensor, root_rank: int = 0, *, group=None, name: str | None = None
+) -> rows.PendingRequest:
     """:func:`gather` in the background.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -199,7 +227,7 @@ def Igather(tensor: torch.Tensor, root_rank: int = 0, *, group=None) -> rows.Pen
 
 @group_dispatch("Iscatter()")
 def Iscatter(
-    tensor: torch.Tensor, root_rank: int = 0, splits=None, *, group=None
+    tensor: torch.Tensor, root_rank: int = 0, splits=None, *, group=None, name: str | None = None
 ) -> rows.PendingRequest:
     """:func:`scatter` in the background.
 
@@ -212,7 +240,7 @@ def Iscatter(
 
 @group_dispatch("Ireduce_scatter()")
 def Ireduce_scatter(
-    tensor: torch.Tensor, op: str = "sum", splits=None, *, group=None
+    tensor: torch.Tensor, op: str = "sum", splits=None, *, group=None, name: str | None = None
 ) -> rows.PendingRequest:
     """:func:`reduce_scatter` in the background.
 
@@ -224,7 +252,9 @@ def Ireduce_scatter(
 
 
 @group_dispatch("Ialltoall()")
-def Ialltoall(tensor: torch.Tensor, splits=None, *, group=None) -> rows.PendingRequest:
+def Ialltoall(
+    tensor: torch.Tensor, splits=None, *, group=None, name: str | None = None
+) -> rows.PendingRequest:
     """:func:`alltoall` in the background.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -235,7 +265,7 @@ def Ialltoall(tensor: torch.Tensor, splits=None, *, group=None) -> rows.PendingR
 
 
 @group_dispatch("grouped_allgather()")
-def grouped_allgather(tensors, *, async_op: bool = False, group=None):
+def grouped_allgather(tensors, *, async_op: bool = False, group=None, name: str | None = None):
     """:func:`allgather` of each tensor of a list, in one data collective; returns a list.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -250,7 +280,9 @@ def grouped_allgather(tensors, *, async_op: bool = False, group=None):
 
 
 @group_dispatch("grouped_gather()")
-def grouped_gather(tensors, root_rank: int = 0, *, async_op: bool = False, group=None):
+def grouped_gather(
+    tensors, root_rank: int = 0, *, async_op: bool = False, group=None, name: str | None = None
+):
     """:func:`gather` of each tensor of a list, in one data collective; a list on the root,
     ``None`` on the others.
 
@@ -268,7 +300,13 @@ def grouped_gather(tensors, root_rank: int = 0, *, async_op: bool = False, group
 
 @group_dispatch("grouped_scatter()")
 def grouped_scatter(
-    tensors, root_rank: int = 0, splits=None, *, async_op: bool = False, group=None
+    tensors,
+    root_rank: int = 0,
+    splits=None,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
 ):
     """:func:`scatter` of each tensor of a list, in one data collective. ``splits``: one
     entry per tensor (``None`` for equal parts), or ``None``.
@@ -287,7 +325,13 @@ def grouped_scatter(
 
 @group_dispatch("grouped_reduce_scatter()")
 def grouped_reduce_scatter(
-    tensors, op: str = "sum", splits=None, *, async_op: bool = False, group=None
+    tensors,
+    op: str = "sum",
+    splits=None,
+    *,
+    async_op: bool = False,
+    group=None,
+    name: str | None = None,
 ):
     """:func:`reduce_scatter` of each tensor of a list, one data collective per dtype.
 
@@ -304,7 +348,9 @@ def grouped_reduce_scatter(
 
 
 @group_dispatch("grouped_alltoall()")
-def grouped_alltoall(tensors, splits=None, *, async_op: bool = False, group=None):
+def grouped_alltoall(
+    tensors, splits=None, *, async_op: bool = False, group=None, name: str | None = None
+):
     """:func:`alltoall` of each tensor of a list, in one data collective.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -320,7 +366,9 @@ def grouped_alltoall(tensors, splits=None, *, async_op: bool = False, group=None
 
 
 @group_dispatch("grouped_allreduce_()")
-def grouped_allreduce_(tensors, op: str = "sum", *, async_op: bool = False, group=None):
+def grouped_allreduce_(
+    tensors, op: str = "sum", *, async_op: bool = False, group=None, name: str | None = None
+):
     """:func:`allreduce_` of each tensor of a list, in place, packed into one buffer per
     dtype (one allreduce for the lot). Returns the list.
 
@@ -337,7 +385,9 @@ def grouped_allreduce_(tensors, op: str = "sum", *, async_op: bool = False, grou
 
 
 @group_dispatch("grouped_bcast_()")
-def grouped_bcast_(tensors, root_rank: int = 0, *, async_op: bool = False, group=None):
+def grouped_bcast_(
+    tensors, root_rank: int = 0, *, async_op: bool = False, group=None, name: str | None = None
+):
     """:func:`bcast_` of each tensor of a list, in place, in one broadcast. Returns the list.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()

@@ -35,7 +35,7 @@ import torch
 
 from .._core import C
 from .._util.shared_view import SharedInts
-from ..runtime.agreement import user_call
+from ..runtime.agreement import mark_raised_on_every_rank, user_call
 from ..runtime.groups import on_group
 from ._args import (
     _agree_across_ranks,
@@ -47,6 +47,7 @@ from ._args import (
     _mode,
     _world,
 )
+from ._global_batch import GlobalBatchIterator, _global_batches, _int_or
 
 __all__ = ["DistributedDataContainer"]
 
@@ -60,6 +61,12 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     the group's members. See the module docstring for ``shuffle``,
     ``pad`` and ``drop_last``. ``len(container)`` is this rank's sample count; item ``i`` is
     ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
+
+    ``global_batch_size=G, micro_batch_size=m``: the same samples per step at any world size
+    (as :class:`DistributedSampler`'s: step s is positions ``[s*G, (s+1)*G)`` of an order
+    that does not depend on the world size, rank r of W takes its ``G/(m*W)`` contiguous
+    micro-batches; ``pad`` and ``drop_last`` do not apply). Read it with
+    ``DataLoader(container, batch_size=m)``.
 
     ``set_epoch(e)`` picks the epoch's permutation (with ``shuffle=True``). Call it before the
     DataLoader iterator is created. The epoch, seed and resume position live in a few bytes of
@@ -99,6 +106,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         rank: int | None = None,
         world_size: int | None = None,
         group=None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
     ) -> None:
         owner = "DistributedDataContainer"
         if group is not None:
@@ -115,6 +124,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
                     drop_last=drop_last,
                     rank=rank,
                     world_size=world_size,
+                    global_batch_size=global_batch_size,
+                    micro_batch_size=micro_batch_size,
                 )
                 _agree_across_ranks(
                     owner,
@@ -123,6 +134,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
                     seed=_check_seed(seed, owner),
                     shuffle=self._shuffle,
                     mode=("pad", "drop_last", "even").index(self._mode),
+                    global_batch_size=_int_or(global_batch_size),
+                    micro_batch_size=_int_or(micro_batch_size),
                 )
             return
         if not hasattr(type(data), "__getitem__"):
@@ -134,6 +147,9 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         seed = _check_seed(seed, owner)
         self._shuffle = bool(shuffle)
         self._mode = _mode(pad, drop_last)
+        self.batches, error = _global_batches(
+            self._n, global_batch_size, micro_batch_size, self._rank, self._world, owner
+        )
         _agree_across_ranks(
             owner,
             rank is not None or world_size is not None,
@@ -141,8 +157,15 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             seed=seed,
             shuffle=self._shuffle,
             mode=("pad", "drop_last", "even").index(self._mode),
+            global_batch_size=_int_or(global_batch_size),
+            micro_batch_size=_int_or(micro_batch_size),
         )
-        self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
+        if error is not None:  # the same on every rank: they agreed on its inputs
+            raise mark_raised_on_every_rank(error)
+        if self.batches is not None:
+            self._full = self.batches.length
+        else:
+            self._full = C.shard_range(self._n, self._world, self._rank, self._mode)[1]
         # (epoch, seed, start): what set_epoch and load_state_dict change, shared with the copies
         # in DataLoader workers; start is the resume offset into the shard for this epoch.
         self._view = SharedInts((0, seed, 0))
@@ -180,13 +203,22 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         epoch, seed, start = self._view.read()
-        return self.data[C.shard_index(*self._spec(epoch, seed), self._position(i, start))]
+        return self.data[self._index(epoch, seed, self._position(i, start))]
+
+    def _index(self, epoch: int, seed: int, position: int) -> int:
+        """The dataset index at ``position`` of this rank's shard."""
+        if self.batches is not None:
+            return self.batches.indices(self._shuffle, seed, epoch, position, 1)[0]
+        return C.shard_index(*self._spec(epoch, seed), position)
 
     def __getitems__(self, indices: list[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
         epoch, seed, start = self._view.read()
         spec = self._spec(epoch, seed)
-        globals_ = [C.shard_index(*spec, self._position(i, start)) for i in indices]
+        if self.batches is not None:
+            globals_ = [self._index(epoch, seed, self._position(i, start)) for i in indices]
+        else:
+            globals_ = [C.shard_index(*spec, self._position(i, start)) for i in indices]
         getitems = getattr(self.data, "__getitems__", None)
         if getitems is not None:
             return getitems(globals_)
@@ -195,7 +227,12 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     def __iter__(self) -> Iterator:
         self._yielded = 0
         epoch, seed, start = self._view.read()
-        for g in C.shard_iter(*self._spec(epoch, seed), start, self._full):
+        it = (
+            GlobalBatchIterator(self.batches, self._shuffle, seed, epoch, start)
+            if self.batches is not None
+            else C.shard_iter(*self._spec(epoch, seed), start, self._full)
+        )
+        for g in it:
             item = self.data[g]
             self._yielded += 1
             yield item
@@ -208,6 +245,9 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         [0, 1, 2]
         """
         epoch, seed, start = self._view.read()
+        if self.batches is not None:
+            got = self.batches.indices(self._shuffle, seed, epoch, start, self._full - start)
+            return torch.tensor(got, dtype=torch.int64)
         return C.shard_indices(*self._spec(epoch, seed), start, self._full - start)
 
     # --- epochs and resume -----------------------------------------------------------------
@@ -226,6 +266,29 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     @property
     def world_size(self) -> int:
         return self._world
+
+    @property
+    def micro_batches_per_rank(self) -> int:
+        """With ``global_batch_size=``: the micro-batches this rank takes per step (``k``).
+
+        >>> import fluxmpi_py as fm
+        >>> d = fm.DistributedDataContainer(range(64), rank=1, world_size=4,
+        ...                                 global_batch_size=16, micro_batch_size=2)
+        >>> d.micro_batches_per_rank, len(d), d.micro_batch(1)
+        (2, 16, (0, 3))
+        """
+        if self.batches is None:
+            raise ValueError(
+                "DistributedDataContainer: micro_batches_per_rank needs global_batch_size="
+            )
+        return self.batches.per_rank
+
+    def micro_batch(self, j: int) -> tuple[int, int]:
+        """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
+        rank's ``j``-th micro-batch of the epoch."""
+        if self.batches is None:
+            raise ValueError("DistributedDataContainer: micro_batch() needs global_batch_size=")
+        return self.batches.micro_batch(j)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core import C
-from ..runtime.agreement import user_call
+from ..runtime.agreement import mark_raised_on_every_rank, user_call
 from ._args import (
     _agree_across_ranks,
     _check_epoch,
@@ -23,6 +23,7 @@ from ._args import (
     _mode,
     _world,
 )
+from ._global_batch import GlobalBatchIterator, _global_batches, _int_or
 from .loader_check import (
     FullDatasetWarning,
     check_dataloader,
@@ -45,6 +46,15 @@ class DistributedSampler(torch.utils.data.Sampler):
     Unlike torch's sampler (which deals positions round-robin), each rank takes a contiguous
     range of the epoch's order, as DistributedDataContainer does; with ``shuffle=True`` (the
     default) that is equally random.
+
+    ``global_batch_size=G, micro_batch_size=m``: the same samples per step at any world size.
+    Step s takes positions ``[s*G, (s+1)*G)`` of the epoch's order (which then does not
+    depend on ``num_replicas``), cut into ``G/m`` micro-batches; rank r takes the
+    ``k = G/(m*num_replicas)`` contiguous micro-batches ``r*k .. r*k+k-1``. Use it with
+    ``DataLoader(batch_size=m)`` and ``DistributedOptimizer(deterministic=True,
+    backward_passes_per_step=k)`` (:attr:`micro_batches_per_rank`). A ``num_replicas`` that
+    does not divide ``G/m`` raises ValueError (on every rank) naming the sizes that work;
+    the last ``n mod G`` samples of an epoch are left out; ``pad`` and ``drop_last`` do not apply.
 
     A DistributedDataContainer (or a ``Subset`` of one) is already one rank's shard: as
     ``dataset`` it raises TypeError when both shard (its world_size and num_replicas > 1).
@@ -77,6 +87,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         seed: int = 0,
         drop_last: bool = False,
         pad: bool = True,
+        *,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         owner = "DistributedSampler"
@@ -92,6 +105,9 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.pad = bool(pad)
         self.epoch = 0
         self._mode = _mode(pad, drop_last)
+        self.batches, error = _global_batches(
+            self._n, global_batch_size, micro_batch_size, self.rank, self.num_replicas, owner
+        )
         _agree_across_ranks(
             owner,
             rank is not None or num_replicas is not None,
@@ -99,13 +115,23 @@ class DistributedSampler(torch.utils.data.Sampler):
             seed=self.seed,
             shuffle=self.shuffle,
             mode=("pad", "drop_last", "even").index(self._mode),
+            global_batch_size=_int_or(global_batch_size),
+            micro_batch_size=_int_or(micro_batch_size),
         )
-        self.num_samples = C.shard_range(self._n, self.num_replicas, self.rank, self._mode)[1]
-        # torch's attribute: positions dealt out over all ranks this epoch
-        self.total_size = self._n if self._mode == "even" else self.num_samples * self.num_replicas
+        if error is not None:  # the same on every rank: they agreed on its inputs
+            raise mark_raised_on_every_rank(error)
+        if self.batches is not None:
+            self.num_samples = self.batches.length
+            self.total_size = self.batches.steps * self.batches.global_batch_size
+        else:
+            self.num_samples = C.shard_range(self._n, self.num_replicas, self.rank, self._mode)[1]
+            # torch's attribute: positions dealt out over all ranks this epoch
+            self.total_size = (
+                self._n if self._mode == "even" else self.num_samples * self.num_replicas
+            )
         self._resume = 0  # start of the next iterator (load_state_dict), then 0
         self._first = 0  # start of the latest iterator
-        self._last: C.ShardIterator | int | None = (
+        self._last: C.ShardIterator | GlobalBatchIterator | int | None = (
             None  # the latest iterator (read .position), or its position once pickled
         )
 
@@ -127,6 +153,11 @@ class DistributedSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[int]:
         spec = self._spec()
         self._first, self._resume = self._resume, 0
+        if self.batches is not None:
+            n, _, _, _, shuffle, seed, epoch = spec
+            git = GlobalBatchIterator(self.batches, shuffle, seed, epoch, self._first)
+            self._last = git
+            return git
         # A C iterator: indices are computed in chunks of 4 Ki and handed out as ints without
         # a Python frame per index; its .position says exactly how far the consumer got.
         it = C.shard_iter(*spec, self._first, self.num_samples)
@@ -201,6 +232,28 @@ class DistributedSampler(torch.utils.data.Sampler):
         s = _check_state(state, "DistributedSampler", self._n, self.num_replicas, self.num_samples)
         self.epoch, self.seed, self._resume = s["epoch"], s["seed"], s["position"]
         self._first, self._last = 0, None
+
+    @property
+    def micro_batches_per_rank(self) -> int:
+        """With ``global_batch_size=``: the micro-batches this rank takes per step (``k``);
+        pass it as the DistributedOptimizer's ``backward_passes_per_step``.
+
+        >>> import fluxmpi_py as fm
+        >>> s = fm.DistributedSampler(64, num_replicas=2, rank=1, global_batch_size=16,
+        ...                           micro_batch_size=4)
+        >>> s.micro_batches_per_rank, len(s), s.micro_batch(0), s.micro_batch(2)
+        (2, 32, (0, 2), (1, 2))
+        """
+        if self.batches is None:
+            raise ValueError("DistributedSampler: micro_batches_per_rank needs global_batch_size=")
+        return self.batches.per_rank
+
+    def micro_batch(self, j: int) -> tuple[int, int]:
+        """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
+        rank's ``j``-th micro-batch of the epoch (counting from the epoch's start)."""
+        if self.batches is None:
+            raise ValueError("DistributedSampler: micro_batch() needs global_batch_size=")
+        return self.batches.micro_batch(j)
 
     def __repr__(self) -> str:
         return (

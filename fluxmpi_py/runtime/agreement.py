@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import pickle
+import sys
 from collections.abc import Sequence
 from typing import Any, Callable, TypeVar, cast
 
@@ -84,6 +86,58 @@ class user_call:
             return named
 
         return wrap
+
+
+DEBUG_MODES = ("off", "detail")
+_debug = [os.environ.get("FLUXMPI_DEBUG", "off").strip().lower() or "off"]
+
+
+def debug_mode() -> str:
+    """``"detail"`` when every public collective's agreement checks its call site
+    (``Init(debug="detail")`` or ``FLUXMPI_DEBUG=detail``), else ``"off"``.
+
+    >>> debug_mode() in DEBUG_MODES
+    True
+    """
+    return _debug[0] if _debug[0] in DEBUG_MODES else "off"
+
+
+def set_debug_mode(mode: object) -> ValueError | None:
+    """Set the debug mode (Init's ``debug=``; None keeps ``FLUXMPI_DEBUG``'s). Returns the
+    error for a mode that is not one of DEBUG_MODES, which Init raises on every rank.
+
+    >>> str(set_debug_mode("loud"))
+    "Init(debug='loud'): expected 'off' or 'detail'"
+    """
+    if mode is None:
+        if _debug[0] in DEBUG_MODES:
+            return None
+        return ValueError(f"FLUXMPI_DEBUG={_debug[0]!r}: expected 'off' or 'detail'")
+    if isinstance(mode, str) and mode in DEBUG_MODES:
+        _debug[0] = mode
+        return None
+    return ValueError(f"Init(debug={mode!r}): expected 'off' or 'detail'")
+
+
+def checked_call(call: str, name: object) -> str | None:
+    """The name under which a public collective ``call`` ("allreduce_()") enters the ranks'
+    agreement as a checked name (csrc/runtime/user_call.h), or None when it enters unnamed:
+    with ``name=``, ``allreduce_(name='w')``; in the detail mode, with the user's call site,
+    ``allreduce_() at train.py:42``. Ranks in calls of different checked names raise together,
+    naming both, instead of pairing two calls of the same shape by their position.
+
+    >>> checked_call("allreduce_()", "grads")
+    "allreduce_(name='grads')"
+    """
+    detail = debug_mode() == "detail"
+    if name is None and not detail:
+        return None
+    head = call[:-2] if call.endswith("()") else call
+    label = head + ("()" if name is None else f"(name={str(name)!r})")
+    if detail:
+        frame = sys._getframe(2)  # the caller of the public function (runtime.groups' wrapper)
+        label += f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return label
 
 
 def mark_raised_on_every_rank(exc: BaseException) -> BaseException:

@@ -68,3 +68,18 @@ def connect(rank: int, size: int) -> None:
     # Held open, unread, until the process ends: its end is the message. The bare descriptor,
     # so that no garbage collection at interpreter exit closes it before the process is gone.
     _connection = conn.detach()
+
+
+def _forget_in_child() -> None:
+    """In a forked child (a DataLoader worker): close the copy of the connection, which would
+    otherwise keep it open after the rank itself exited, hiding the rank's end."""
+    global _connection
+    if _connection is not None:
+        try:
+            os.close(_connection)
+        except OSError:
+            pass
+        _connection = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -16,7 +16,7 @@ from .._core import C
 from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
 from . import stall as _stall
-from .agreement import mark_raised_on_every_rank
+from .agreement import mark_raised_on_every_rank, raise_together, set_debug_mode
 from .gpu_choice import (
     choose_gpu,
     device_before_init,
@@ -72,6 +72,7 @@ def Init(
     comm=None,
     stall_warning=_stall._UNSET,
     timeout=_stall._UNSET,
+    debug: str | None = None,
 ) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
@@ -88,6 +89,9 @@ def Init(
     job is aborted with that report. ``None`` (or 0) disables either.
     NCCL allows one rank per GPU: where ranks of a node share one, CUDA collectives raise a
     ValueError naming them (host tensors are unaffected).
+    ``debug="detail"`` (or ``FLUXMPI_DEBUG=detail``) adds each public collective's call site
+    to the ranks' agreement, so that calls swapped between ranks raise, naming both sites;
+    ``"off"`` (the default) checks what the calls move, and a ``name=`` where one is given.
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
@@ -95,6 +99,7 @@ def Init(
     (True, True)
     """
     warning_s, timeout_s = _stall.settings(stall_warning, timeout)
+    debug_problem = set_debug_mode(debug)
     with _lock:
         first = not C.initialized()
         early = None
@@ -109,6 +114,8 @@ def Init(
         if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
             C.set_stall_settings(warning_s, timeout_s)
         if not first:
+            if debug_problem is not None:
+                raise debug_problem
             return
         atexit.register(_at_exit)
         # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit)
@@ -119,6 +126,7 @@ def Init(
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()
+        raise_together(debug_problem, "Init()")  # a bad debug= on one rank raises on all
         _set_rendezvous_env()
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
         if choice.device is not None:

@@ -9,8 +9,14 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .checkpoint_dir import (
+    latest_checkpoint,
+)
 from .consistency import (
     check_consistency,
+)
+from .exact_sum import (
+    GridOverflowError,
 )
 from .gradients import (
     allreduce_gradients,
@@ -31,7 +37,9 @@ __all__ = [
     "synchronize_buffers_",
     "save_checkpoint",
     "load_checkpoint",
+    "latest_checkpoint",
     "check_consistency",
     "SyncBatchNorm",
     "Join",
+    "GridOverflowError",
 ]

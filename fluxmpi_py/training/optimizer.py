@@ -18,12 +18,13 @@ import torch
 
 from .._core import C
 from ..collectives.inplace import allreduce_
-from ..runtime.agreement import raise_together, user_call
+from ..runtime.agreement import mark_raised_on_every_rank, raise_together, user_call
 from ..runtime.groups import on_group
 from ._optimizer_args import check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
 from .consistency import _check as _check_consistency
+from .exact_sum import BatchNormFold, ExactGradientSum
 from .join import Joinable, grad_scale, round_
 
 __all__ = ["DistributedOptimizer"]
@@ -76,6 +77,23 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
     parameters alone, so that ranks that never started equal (no :func:`synchronize_`) raise
     instead of training different models; ``check_every=0`` turns every check off.
 
+    ``deterministic=True``: the same bits at any world size. Each backward pass is one
+    micro-batch (its own loss, not divided by the number of passes), and
+    ``backward_passes_per_step=k`` is the number of micro-batches per rank and step (from
+    ``DistributedSampler(global_batch_size=G, micro_batch_size=m)``: ``G/(m*W)``). Every
+    micro-batch's gradient is rounded once onto a fixed-point grid that the ranks agree on
+    and that does not depend on the world size, summed as int64 (exact, so any grouping
+    gives the same integers; buckets start during the last backward pass), and converted
+    back once, the same way on every rank; "average" divides by the ``k*W`` micro-batches.
+    Error per element against the exact mean: at most half the grid's quantum ``q`` plus the
+    final rounding (the bound and the grid: :mod:`fluxmpi_py.training.exact_sum`;
+    ``exact_grid()`` gives ``q`` per parameter). A gradient beyond the grid raises
+    :class:`GridOverflowError` on every rank at ``step()``, naming the parameter; an inf or
+    NaN makes the reduced gradient NaN (GradScaler then skips the step). With ``module=``,
+    BatchNorm statistics are folded in the global micro-batch order at each step (other
+    buffers are taken from rank 0). ``step()`` leaves the gradients None. Not with
+    ``compression``, a ``closure``, ``Join``, or freezing parameters after construction.
+
     ``group=`` (:func:`new_group`) averages over the group's members only: they train like one
     process on their data; ranks outside the group may not construct it.
 
@@ -104,6 +122,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         buffers: str | None = "average",
         check_every: int | None = None,
         group=None,
+        deterministic: bool = False,
     ):
         error = None
         try:
@@ -119,6 +138,15 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
                 buffers,
                 module,
             )
+            if not isinstance(deterministic, bool):
+                raise TypeError(
+                    f"DistributedOptimizer(deterministic=...) takes a bool, got {deterministic!r}"
+                )
+            if deterministic and compression not in (None, "none", ""):
+                raise ValueError(
+                    f"DistributedOptimizer(deterministic=True) sums exactly in int64: "
+                    f"compression={compression!r} is not supported with it"
+                )
         except Exception as e:  # noqa: BLE001 - raised below, on every rank of the group
             error = e
         if not C.initialized():
@@ -169,10 +197,32 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
                 first_cap_bytes=int((first_bucket_cap_mb or 0) * _MiB),
             )
             self._num_groups = len(self.param_groups)
+            self._exact = None  # deterministic=True: the exact int64 sums
+            self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
+            if deterministic:
+                planned = [(n, p) for n, p in self._named() if p.requires_grad][::-1]
+                self._exact = ExactGradientSum(
+                    [p for _, p in planned],
+                    [n for n, _ in planned],
+                    passes_per_step=backward_passes_per_step,
+                    world=C.size() if group is None else group.size,
+                    average=self._op == "average",
+                    cap_bytes=self._cap_bytes,
+                    group=group,
+                )
             self._hook(self._plan.order)
             self._buffer_sync = None  # keeps module's buffers equal across ranks
             self._buffer_watch = None  # warns once when unsynced buffers change
-            if module is not None and buffers is not None:
+            if deterministic and module is not None and buffers is not None:
+                self._bn_fold = BatchNormFold(module, group)
+                folded = {id(b) for m in self._bn_fold.mods for b in m.buffers(recurse=False)}
+                if any(id(b) not in folded for b in module.buffers()):
+                    # other buffers: rank 0's (world-size independent only if forward
+                    # leaves them alone)
+                    self._buffer_sync = BufferSync(
+                        module, "broadcast", "DistributedOptimizer(module=...)"
+                    )
+            elif module is not None and buffers is not None:
                 self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
             elif module is None:
                 self._buffer_watch = watch_unsynced_buffers(self.param_groups)
@@ -185,9 +235,21 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         for h in self._handles:
             h.remove()
         self._reducer = self._plan.reducer
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(order)
-        ]
+        make = self._make_hook if self._exact is None else self._make_exact_hook
+        self._handles = [p.register_post_accumulate_grad_hook(make(i)) for i, p in enumerate(order)]
+
+    def _last_pass(self) -> bool:
+        return self._sync_enabled and self._passes + 1 >= self._passes_per_step
+
+    def _make_exact_hook(self, index: int) -> Callable:
+        def hook(param: torch.Tensor) -> None:
+            if not self._pass_hooked:
+                self._pass_hooked = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            assert self._exact is not None
+            self._exact.add(index, self._last_pass())
+
+        return hook
 
     def _make_hook(self, index: int) -> Callable:
         reducer_ref = self  # the hook must see the reducer of a later plan
@@ -210,6 +272,8 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
 
     def _end_of_backward(self) -> None:
         self._pass_hooked = False
+        if self._exact is not None:
+            self._exact.end_pass(self._last_pass())
         if self._sync_enabled:
             self._passes += 1
 
@@ -224,6 +288,9 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
         changed (requires_grad flipped, or a group was added). Inside a join, the step's
         round goes first, and the average is rescaled when it divides by the active ranks."""
+        if self._exact is not None:
+            self._exact_reduce()
+            return
         if self._join is not None:
             if not self._join_count:
                 self._join_round()
@@ -232,6 +299,35 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._rescale_for_join(count)
             return
         self._finish_reduction()
+
+    def _exact_reduce(self) -> None:
+        """deterministic=True: finish the exact sums, then fold the BatchNorm statistics."""
+        assert self._exact is not None
+        if self._join is not None:
+            raise ValueError("DistributedOptimizer(deterministic=True) cannot run inside a join")
+        fewest, most = self._bn_fold.forwards() if self._bn_fold is not None else (0, 0)
+        changed, most_bn, neg_fewest_bn = self._exact.finish(
+            [float(self._plan.requires_grad_changed()), most, -fewest]
+        )
+        if changed:
+            raise mark_raised_on_every_rank(
+                ValueError(
+                    "DistributedOptimizer(deterministic=True): a parameter's requires_grad "
+                    "changed after construction on some rank; build the optimizer again "
+                    "after freezing or unfreezing parameters"
+                )
+            )
+        if self._bn_fold is not None and self._bn_fold.mods:
+            k = self._exact.k
+            if most_bn != k or -neg_fewest_bn != k:
+                raise mark_raised_on_every_rank(
+                    ValueError(
+                        f"DistributedOptimizer(deterministic=True, module=...): every "
+                        f"BatchNorm must run {k} training forwards (one per micro-batch) "
+                        f"per step on every rank; they ran {-neg_fewest_bn:g} to {most_bn:g}"
+                    )
+                )
+            self._bn_fold.finish(self._exact.micro_batches)
 
     def _rescale_for_join(self, count: int) -> None:
         assert self._join is not None  # called inside a Join only
@@ -303,6 +399,8 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
 
     def _step(self, closure):
         if closure is not None:
+            if self._exact is not None:
+                raise ValueError("DistributedOptimizer(deterministic=True).step() takes no closure")
             if self._join is not None:
                 raise ValueError(
                     "DistributedOptimizer.step(closure) cannot run inside a join: a joined "
@@ -324,7 +422,11 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._reduce()
         self._synchronized = False
         self._passes = 0
-        return self._checked(self._step_and_sync_buffers(None))
+        result = self._checked(self._step_and_sync_buffers(None))
+        if self._exact is not None:  # a stale gradient would join the next step's first pass
+            for p in self._exact.order:
+                p.grad = None
+        return result
 
     def _checked(self, result):
         """After the first step, unless check_every=0: are the parameters equal on every rank?
@@ -445,6 +547,13 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer(op={self._op!r}, buckets={len(self._reducer.plan())}, {self.optimizer!r})"
+
+    def exact_grid(self) -> dict[str, tuple[int, float]]:
+        """deterministic=True: parameter name -> (T, q): the current step's grid keeps
+        ``|g| < 2**T`` in multiples of the quantum ``q``."""
+        if self._exact is None:
+            raise ValueError("exact_grid() needs DistributedOptimizer(deterministic=True)")
+        return self._exact.grid()
 
     @property
     def buckets(self) -> list:

@@ -441,6 +441,62 @@ def case_reserved_keywords_are_checked():
         fm.load_checkpoint(path, weights_only=torch.zeros(1))
 
 
+def case_latest_checkpoint_skips_temporaries_and_damaged_files():
+    import shutil
+    import warnings
+
+    d = os.path.join(os.path.dirname(path_of("x")), "latest")
+    rank, last = fm.local_rank(), fm.total_workers() - 1
+    if rank == 0:
+        os.makedirs(d, exist_ok=True)
+    fm.barrier()
+    assert fm.latest_checkpoint(d) is None
+    assert fm.latest_checkpoint(os.path.join(d, "not-yet")) is None
+    model = torch.nn.Linear(2, 2)
+    for step in (2, 10, 11):
+        fm.save_checkpoint(os.path.join(d, f"ckpt-{step}.pt"), model=model, step=step)
+    assert os.path.basename(fm.latest_checkpoint(d)) == "ckpt-11.pt"
+
+    def at(name):
+        return os.path.join(d, name)
+
+    if rank == 0:
+        # newer than all of them: a complete copy under a temporary name (a save about to be
+        # renamed), ckpt-11 damaged, ckpt-13 without a digest trailer
+        shutil.copy(at("ckpt-11.pt"), at(".ckpt-12.pt.tmp4242.somehost"))
+        with open(at("ckpt-11.pt"), "r+b") as f:
+            f.seek(os.path.getsize(at("ckpt-11.pt")) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        torch.save({"step": 13}, at("ckpt-13.pt"))
+        t = 1_700_000_000 * 10**9
+        # ckpt-2 and ckpt-10 as old as each other: the name decides, numbers as numbers
+        for i, name in enumerate(
+            ["ckpt-2.pt", "ckpt-10.pt", "ckpt-11.pt", "ckpt-13.pt", ".ckpt-12.pt.tmp4242.somehost"]
+        ):
+            os.utime(at(name), ns=(t + max(i, 1), t + max(i, 1)))
+    fm.barrier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = fm.latest_checkpoint(d, "*")
+    assert os.path.basename(got) == "ckpt-10.pt", got
+    if rank == 0:
+        said = " | ".join(str(w.message) for w in caught)
+        assert "ckpt-11.pt' is damaged" in said and "ckpt-13.pt': it has no digest" in said, said
+    # rank 0 looks, the others are told: a rank naming another directory gets rank 0's answer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert fm.latest_checkpoint(d if rank == 0 else at("not-yet"), "ckpt-*.pt") == got
+    with raises(TypeError, "directory must be a str", f"on rank {last}"):
+        fm.latest_checkpoint(5 if rank == last else d)
+    with raises(ValueError, "pattern must be a file-name pattern", "'sub/"):
+        fm.latest_checkpoint(d, "sub/*.pt")
+    with raises(NotADirectoryError, "is not a directory"):
+        fm.latest_checkpoint(at("ckpt-10.pt"))
+    fm.barrier()
+
+
 if __name__ == "__main__":
     from harness import run_cases
 

@@ -42,10 +42,12 @@ def raises(exc_type, fn, *needles):
 
 
 class _Results:
-    """This rank's JSON-lines record of the run; does nothing without HARNESS_RESULTS."""
+    """This rank's JSON-lines record of the run; does nothing without HARNESS_RESULTS. Every
+    record names its worker script (`script`), so that one launch can run several workers."""
 
     def __init__(self, directory):
         self.rank, self.world = fm.local_rank(), fm.total_workers()
+        self.script = None
         self.file = None
         if directory:
             path = os.path.join(directory, f"rank{self.rank}-{os.getpid()}.jsonl")
@@ -59,6 +61,7 @@ class _Results:
             world=self.world,
             pid=os.getpid(),
             time=time.time(),
+            script=self.script,
             status=status,
             case=case,
             **fields,
@@ -89,34 +92,47 @@ def labelled(label):
     return lambda m: f"{label}: {m}"
 
 
+def _cases_of(namespace):
+    return [(k, v) for k, v in namespace.items() if k.startswith("case_") and callable(v)]
+
+
 def run_cases(namespace):
+    """Run a worker's cases (a worker's `if __name__ == "__main__": run_cases(globals())`)."""
+    script = os.path.basename(sys.argv[0])
+    run_scripts([(script, _selected(_cases_of(namespace)))])
+
+
+def run_scripts(scripts):
+    """Run, in order, each (script name, [(case name, function)]) of the list in one job:
+    tests/workers/bundle.py runs several workers this way, paying for one launch."""
     torch.set_num_threads(1)
     fm.Init()
-    cases = _selected(
-        [(k, v) for k, v in namespace.items() if k.startswith("case_") and callable(v)]
-    )
     results = _Results(os.environ.get(RESULTS_ENV))
-    results.write("begin", cases=[k for k, _ in cases])
-    for name, fn in cases:
-        results.write("started", name)
-        t0 = time.perf_counter()
-        try:
-            fn()
-            fm.barrier()  # every rank finished the case
-        except BaseException as e:
-            # The traceback from the case down (this frame left out), then abort as before.
-            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
-            results.write(
-                "failed",
-                name,
-                message=f"{type(e).__name__}: {e}",
-                traceback=tb,
-                seconds=time.perf_counter() - t0,
-            )
-            raise
-        results.write("passed", name, seconds=time.perf_counter() - t0)
-        if fm.local_rank() == 0:
-            print(f"ok {name} ({time.perf_counter() - t0:.2f}s)", flush=True)
-    results.write("end")
+    total = 0
+    for script, cases in scripts:
+        results.script = script
+        results.write("begin", cases=[k for k, _ in cases])
+        for name, fn in cases:
+            results.write("started", name)
+            t0 = time.perf_counter()
+            try:
+                fn()
+                fm.barrier()  # every rank finished the case
+            except BaseException as e:
+                # The traceback from the case down (this frame left out), then abort as before.
+                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+                results.write(
+                    "failed",
+                    name,
+                    message=f"{type(e).__name__}: {e}",
+                    traceback=tb,
+                    seconds=time.perf_counter() - t0,
+                )
+                raise
+            results.write("passed", name, seconds=time.perf_counter() - t0)
+            if fm.local_rank() == 0:
+                print(f"ok {script}::{name} ({time.perf_counter() - t0:.2f}s)", flush=True)
+        results.write("end")
+        total += len(cases)
     if fm.local_rank() == 0:
-        print(f"HARNESS: all {len(cases)} cases passed on {fm.total_workers()} ranks", flush=True)
+        print(f"HARNESS: all {total} cases passed on {fm.total_workers()} ranks", flush=True)

@@ -5,6 +5,9 @@
 MODE: ``full`` trains TOTAL steps, saving a checkpoint (rng=True) after step K; ``killed``
 does the same but SIGKILLs the last rank two steps after the checkpoint; ``resume`` loads the
 checkpoint and trains to TOTAL; ``resume_norng`` does so without restoring the generators.
+``restart`` is run by ``python -m fluxmpi_py.run --max-restarts 1``: it saves a checkpoint
+every EVERY steps into DIR/restart/, starts from ``fm.latest_checkpoint`` of that directory,
+and in its first attempt (FLUXMPI_RESTART=0) SIGKILLs the last rank two steps after step K.
 Every mode but ``killed`` writes each rank's final model, optimizer and generator states to
 DIR/final-MODE-rank<R>.pt. The loop draws from every generator a checkpoint restores: torch
 (dropout, noise), numpy and Python's random; the data come shuffled from a
@@ -24,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import fluxmpi_py as fm  # noqa: E402
 
 TOTAL, K, BATCH, N = 15, 8, 4, 48  # 48 samples on 2 ranks: 6 steps per epoch; K is mid-epoch
+EVERY = 4  # the restart mode's checkpoints: steps 4, 8 (the newest when it is killed), 12
 
 
 def main(mode, directory):
@@ -31,6 +35,10 @@ def main(mode, directory):
     fm.Init()
     rank = fm.local_rank()
     ckpt = os.path.join(directory, "ckpt.pt")
+    attempt = int(os.environ.get("FLUXMPI_RESTART", "0"))
+    restarts_dir = os.path.join(directory, "restart")
+    if mode == "restart" and rank == 0:
+        os.makedirs(restarts_dir, exist_ok=True)  # only rank 0 writes checkpoints
 
     torch.manual_seed(0)  # the same initial model on every rank
     model = torch.nn.Sequential(
@@ -52,6 +60,13 @@ def main(mode, directory):
             ckpt, model=model, optimizer=opt, data=container, rng=mode == "resume"
         )
         step, epoch = loaded["step"], container.epoch
+    if mode == "restart":
+        latest = fm.latest_checkpoint(restarts_dir, "ckpt-*.pt")
+        if latest is not None:
+            loaded = fm.load_checkpoint(latest, model=model, optimizer=opt, data=container)
+            step, epoch = loaded["step"], container.epoch
+        where = "the start" if latest is None else os.path.basename(latest)
+        print(f"rank {rank}: attempt {attempt} starts at step {step} from {where}", flush=True)
 
     while step < TOTAL:
         container.set_epoch(epoch)  # the same epoch keeps a loaded position
@@ -68,7 +83,14 @@ def main(mode, directory):
                 fm.save_checkpoint(
                     ckpt, rng=True, model=model, optimizer=opt, data=state, step=step
                 )
-            if mode == "killed" and step == K + 2 and rank == fm.total_workers() - 1:
+            if mode == "restart" and step % EVERY == 0:
+                state = container.state_dict(consumed=consumed)
+                name = os.path.join(restarts_dir, f"ckpt-{step:03d}.pt")
+                fm.save_checkpoint(
+                    name, rng=True, model=model, optimizer=opt, data=state, step=step
+                )
+            killing = mode == "killed" or (mode == "restart" and attempt == 0)
+            if killing and step == K + 2 and rank == fm.total_workers() - 1:
                 print(f"rank {rank}: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(60)

@@ -135,9 +135,26 @@ def checked_call(call: str, name: object) -> str | None:
     head = call[:-2] if call.endswith("()") else call
     label = head + ("()" if name is None else f"(name={str(name)!r})")
     if detail:
-        frame = sys._getframe(2)  # the caller of the public function (runtime.groups' wrapper)
-        label += f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = _user_frame()
+        if frame is not None:
+            label += f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
     return label
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PASS_THROUGH = ("contextlib.py", "functools.py")
+
+
+def _user_frame():
+    """The innermost frame outside fluxmpi_py (and contextlib/functools wrappers): the
+    user's call site."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_PACKAGE_DIR) and not path.endswith(_PASS_THROUGH):
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def mark_raised_on_every_rank(exc: BaseException) -> BaseException:

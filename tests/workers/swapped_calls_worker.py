@@ -60,6 +60,36 @@ def case_detail_mode_names_both_call_sites():
     in_step()
 
 
+def case_horovod_names_enter_the_agreement():
+    import fluxmpi_py.horovod as hvd
+
+    hvd.init()
+    a = torch.ones(3)
+    first, second = ("x", "y") if fm.local_rank() == 0 else ("y", "x")
+    msg = raises(Exception, lambda: hvd.allreduce(a, name=first), "ranks are in different calls")
+    assert "name='x'" in msg and "name='y'" in msg, msg
+    raises(Exception, lambda: hvd.allreduce(a, name=second), "ranks are in different calls")
+    h = hvd.allreduce_async(a, name="z", op=hvd.Sum)  # the same name everywhere pairs
+    assert torch.equal(hvd.synchronize(h), torch.full((3,), float(fm.total_workers())))
+    in_step()
+
+
+def case_detail_mode_names_the_users_line_through_horovod():
+    import fluxmpi_py.horovod as hvd
+
+    assert set_debug_mode("detail") is None
+    try:
+        t = torch.ones(2)
+        if fm.local_rank() == 0:
+            msg = raises(Exception, lambda: hvd.allreduce(t), "ranks are in different calls")
+        else:
+            msg = raises(Exception, lambda: hvd.allreduce(t), "ranks are in different calls")
+        assert msg.count("swapped_calls_worker.py:") >= 2, msg
+    finally:
+        set_debug_mode("off")
+    in_step()
+
+
 def case_unknown_debug_mode_is_named():
     err = set_debug_mode("loud")
     assert isinstance(err, ValueError) and "Init(debug='loud')" in str(err), err

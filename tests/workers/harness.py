@@ -131,7 +131,7 @@ def run_scripts(scripts):
                 raise
             results.write("passed", name, seconds=time.perf_counter() - t0)
             if fm.local_rank() == 0:
-                print(f"ok {script}::{name} ({time.perf_counter() - t0:.2f}s)", flush=True)
+                print(f"ok {name} ({time.perf_counter() - t0:.2f}s)", flush=True)
         results.write("end")
         total += len(cases)
     if fm.local_rank() == 0:

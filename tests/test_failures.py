@@ -70,6 +70,17 @@ def test_failing_assertion_on_one_rank_fails_the_launch():
     ), msg[-3000:]
 
 
+def pytest_session(tmp_path, test_file):
+    """A pytest session of its own over `test_file` in `tmp_path`, with a JUnit report there
+    (report.xml) and the summary lines in full."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+         "--junitxml", str(tmp_path / "report.xml"), test_file],
+        cwd=tmp_path, capture_output=True, text=True, timeout=2 * TIMEOUT,
+        env=dict(os.environ, COLUMNS="300"),
+    )  # fmt: skip
+
+
 FAILING_WORKER_TEST = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -89,25 +100,7 @@ def test_failing_case_is_reported_under_its_own_name(tmp_path):
         FAILING_WORKER_TEST.format(tests=os.path.dirname(__file__), timeout=TIMEOUT)
     )
     t0 = time.monotonic()
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rA",
-            "-p",
-            "no:cacheprovider",
-            "--junitxml",
-            str(tmp_path / "report.xml"),
-            "test_failing.py",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=2 * TIMEOUT,
-        env=dict(os.environ, COLUMNS="300"),
-    )  # summary lines in full
+    p = pytest_session(tmp_path, "test_failing.py")
     print(
         f"pytest over failing_worker.py: exit code {p.returncode} after "
         f"{time.monotonic() - t0:.1f}s"
@@ -326,25 +319,7 @@ def test_bundled_workers_report_each_case_under_its_own_worker(tmp_path):
     (tmp_path / "test_bundle.py").write_text(
         BUNDLE_TEST.format(tests=tests, timeout=TIMEOUT, first=paths["first"], last=paths["last"])
     )
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rA",
-            "-p",
-            "no:cacheprovider",
-            "--junitxml",
-            str(tmp_path / "report.xml"),
-            "test_bundle.py",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=2 * TIMEOUT,
-        env=dict(os.environ, COLUMNS="300"),
-    )
+    p = pytest_session(tmp_path, "test_bundle.py")
     out = p.stdout + p.stderr
     assert p.returncode == 1, out[-4000:]
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "report.xml").iter("testcase")}

@@ -7,6 +7,7 @@ every rank returns or raises together.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -52,13 +53,14 @@ class user_call:
     ...     pass
     """
 
-    __slots__ = ("_name", "_entered")
+    __slots__ = ("_name", "_checked", "_entered")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, checked: bool = False):
         self._name = name
+        self._checked = checked  # the ranks' agreement compares the name (checked_call)
 
     def __enter__(self) -> user_call:
-        self._entered = C.enter_user_call(self._name)
+        self._entered = C.enter_user_call(self._name, checked=self._checked)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -139,6 +141,13 @@ def checked_call(call: str, name: object) -> str | None:
         if frame is not None:
             label += f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
     return label
+
+
+def named_call(call: str, name: object) -> contextlib.AbstractContextManager:
+    """The context a public collective ``call`` runs in: a checked user call when it has a
+    ``name=`` or the detail mode is on (checked_call), else nothing."""
+    label = checked_call(call, name)
+    return contextlib.nullcontext() if label is None else user_call(label, checked=True)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Callable, TypeVar
 
 from .._core import C
-from .agreement import checked_call
+from .agreement import named_call
 
 _F = TypeVar("_F", bound=Callable)
 
@@ -112,23 +112,18 @@ def group_dispatch(call: str) -> Callable[[_F], _F]:
     """The one ``group=`` rule of the public collectives, as a decorator: called with a group,
     the function runs inside ``on_group(group, call)`` (so a non-member raises, naming
     ``call``, before any communication); without one, on the world. A ``name=``, and the call
-    site in the detail debug mode, enter the ranks' agreement (agreement.checked_call). The
+    site in the detail debug mode, enter the ranks' agreement (agreement.named_call). The
     function keeps ``group=None, name=None`` in its signature for its readers; it always sees
     None there."""
 
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def dispatch(*args, group=None, name=None, **kwargs):
-            label = checked_call(call, name)
-            entered = label is not None and C.enter_user_call(label, checked=True)
-            try:
+            with named_call(call, name):
                 if group is None:
                     return fn(*args, **kwargs)
                 with on_group(group, call):
                     return fn(*args, **kwargs)
-            finally:
-                if entered:
-                    C.leave_user_call(entered)
 
         return dispatch  # type: ignore[return-value]
 

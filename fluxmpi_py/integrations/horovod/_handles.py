@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from ..._core import C
-from ...runtime.agreement import checked_call, user_call
+from ...runtime.agreement import named_call, user_call
 from ...runtime.groups import on_group
 from ._process_sets import group_of
 
@@ -91,17 +91,13 @@ def named(name, process_set, call: str, *, hold: bool = True):
         _NAMES_IN_FLIGHT[key] = None  # taken; the handle made inside fills it in
     # The name (and the call site, under FLUXMPI_DEBUG=detail) enters the ranks' agreement:
     # named calls made in another order on another rank raise, naming both, never pair.
-    label = checked_call(call, name)
-    entered = label is not None and C.enter_user_call(label, checked=True)
     try:
-        yield key if hold else None
+        with named_call(call, name):
+            yield key if hold else None
     except BaseException:
         if hold:
             _NAMES_IN_FLIGHT.pop(key, None)
         raise
-    finally:
-        if entered:
-            C.leave_user_call(entered)
     if not hold:
         settled()
 

@@ -4,6 +4,8 @@ a launch runs only those (e.g. under `pytest -k case_x`)."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 import mpi_util  # noqa: E402
 
@@ -29,3 +31,14 @@ def pytest_collection_modifyitems(session, config, items):
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order
+
+
+@pytest.fixture(scope="session")
+def zygote():
+    """A fork server for world-of-one subprocesses (tests/zygote.py): torch and fluxmpi_py
+    imported once for the session instead of once per process."""
+    import zygote as zygote_module
+
+    server = zygote_module.Zygote()
+    yield server
+    server.close()

@@ -1,4 +1,5 @@
-"""The docstring examples of every fluxmpi_py module, each module in a fresh process, a world of
+"""The docstring examples of every fluxmpi_py module, each module in a process of its own (forked
+from the session's zygote, tests/zygote.py, which has imported torch and fluxmpi_py), a world of
 one (no mpiexec); and every public callable has one. Modules are found on disk, so a new one is
 covered by itself (a module with neither examples nor __all__ has nothing to run). Examples that
 need several ranks are marked ``# doctest: +SKIP`` and run for real elsewhere (e.g.
@@ -7,13 +8,12 @@ fluxmpi_py.runtime.launch's, by tests/test_launch.py)."""
 import glob
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import ROOT, singleton_env  # noqa: E402
+from mpi_util import ROOT  # noqa: E402
 
 
 def has_something_to_check(path):
@@ -51,17 +51,9 @@ print("DOCTEST " + json.dumps(dict(attempted=res.attempted, failed=res.failed,
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_docstring_examples(module, tmp_path):
+def test_docstring_examples(module, tmp_path, zygote):
     # Preferences written by an example go to a directory of this test's own.
-    env = singleton_env({"FLUXMPI_PY_CONFIG_DIR": str(tmp_path)})
-    p = subprocess.run(
-        [sys.executable, "-c", RUN_EXAMPLES, module],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = zygote.run(RUN_EXAMPLES, [module], env_extra={"FLUXMPI_PY_CONFIG_DIR": str(tmp_path)})
     out = p.stdout + p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("DOCTEST ")]
     assert p.returncode == 0 and lines, out[-4000:]

@@ -42,3 +42,42 @@ def zygote():
     server = zygote_module.Zygote()
     yield server
     server.close()
+
+
+# CPU seconds per test (this process and its finished children: the ranks under mpiexec, the
+# zygote's children are not counted until it exits), printed with FLUXMPI_TEST_CPU=N as the N
+# costliest: wall time on a loaded machine says little, CPU time says what a test costs.
+_CPU = {}
+
+
+def _cpu_now():
+    import resource
+
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    t0 = _cpu_now()
+    yield
+    _CPU[item.nodeid] = _cpu_now() - t0
+
+
+def pytest_terminal_summary(terminalreporter):
+    n = int(os.environ.get("FLUXMPI_TEST_CPU", "0") or 0)
+    if not n or not _CPU:
+        return
+    by_file = {}
+    for nodeid, s in _CPU.items():
+        f = nodeid.split("::")[0]
+        by_file[f] = by_file.get(f, 0.0) + s
+    terminalreporter.write_sep("=", f"CPU seconds: {sum(_CPU.values()):.0f} in all")
+    for f, s in sorted(by_file.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{s:8.1f}  {f}")
+    terminalreporter.write_sep("-", f"the {n} costliest tests")
+    for nodeid, s in sorted(_CPU.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{s:8.1f}  {nodeid}")

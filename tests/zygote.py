@@ -127,8 +127,12 @@ class Zygote:
             raise RuntimeError(f"the zygote died (exit code {self._proc.poll()})")
         res = json.loads(line)
         if res["rc"] == "timeout":
-            raise subprocess.TimeoutExpired(["-c", *job["args"]], timeout, res["stdout"], res["stderr"])
-        return subprocess.CompletedProcess(["-c", *job["args"]], res["rc"], res["stdout"], res["stderr"])
+            raise subprocess.TimeoutExpired(
+                ["-c", *job["args"]], timeout, res["stdout"], res["stderr"]
+            )
+        return subprocess.CompletedProcess(
+            ["-c", *job["args"]], res["rc"], res["stdout"], res["stderr"]
+        )
 
     def close(self):
         self._proc.stdin.close()

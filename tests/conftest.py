@@ -39,9 +39,7 @@ def zygote():
     imported once for the session instead of once per process."""
     import zygote as zygote_module
 
-    server = zygote_module.Zygote()
-    yield server
-    server.close()
+    return zygote_module.shared()
 
 
 # CPU seconds per test (this process and its finished children: the ranks under mpiexec, the

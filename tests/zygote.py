@@ -16,14 +16,16 @@ there, so they are refused: such a job needs a real process (``subprocess.run``)
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import ROOT, singleton_env  # noqa: E402
 
-READ_AT_IMPORT = ("FLUXMPI_DEBUG", "OMPI_", "PMIX_", "OMP_NUM_THREADS", "PYTHON")
+READ_AT_IMPORT = ("FLUXMPI_DEBUG", "OMPI_", "PMIX_", "OMP_", "PYTHON", "TORCH", "CUDA", "LD_")
 
 # The server: imports, then one JSON request per line on stdin, one JSON reply per line on
 # its own channel (fd 3 at start, kept apart from anything the imports may print).
@@ -97,10 +99,11 @@ class Zygote:
 
     def __init__(self, preload=()):
         read_fd, write_fd = os.pipe()
+        self._config = tempfile.mkdtemp(prefix="zygote-config-")  # no preferences, kept empty
         self._proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(write_fd), *preload],
             stdin=subprocess.PIPE,
-            env=singleton_env(),
+            env=singleton_env({"FLUXMPI_PY_CONFIG_DIR": self._config}),
             cwd=ROOT,
             pass_fds=(write_fd,),
             text=True,
@@ -114,7 +117,7 @@ class Zygote:
 
     def run(self, code, args=(), env_extra=None, cwd=ROOT, timeout=180):
         env_extra = dict(env_extra or {})
-        late = [k for k in env_extra if k.startswith(READ_AT_IMPORT)]
+        late = read_at_import(env_extra)
         if late:
             raise ValueError(f"zygote.run: {late} are read at import; run this job with subprocess")
         job = dict(code=code, args=[str(a) for a in args], env=env_extra, cwd=str(cwd))
@@ -138,3 +141,28 @@ class Zygote:
         self._proc.stdin.close()
         self._proc.wait(timeout=30)
         self._replies.close()
+        shutil.rmtree(self._config, ignore_errors=True)
+
+
+def read_at_import(env_extra):
+    """The variables of `env_extra` that a forked child would see too late. The preferences
+    are read at import from FLUXMPI_PY_CONFIG_DIR; the zygote imported with an empty one, so
+    another empty one is the same to a child."""
+    late = [k for k in env_extra or {} if k.startswith(READ_AT_IMPORT)]
+    config = (env_extra or {}).get("FLUXMPI_PY_CONFIG_DIR")
+    if config and os.path.isdir(config) and os.listdir(config):
+        late.append("FLUXMPI_PY_CONFIG_DIR (not empty)")
+    return late
+
+
+_SHARED = []
+
+
+def shared():
+    """The session's zygote, started at the first use and ended when the session exits."""
+    if not _SHARED:
+        import atexit
+
+        _SHARED.append(Zygote())
+        atexit.register(_SHARED[0].close)
+    return _SHARED[0]

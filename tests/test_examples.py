@@ -34,14 +34,8 @@ def example(name):
         "benchmarks/plot_scaling.py",
     ],
 )
-def test_help(script):
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=mpi_env(),
-    )
+def test_help(script, zygote):
+    out = zygote.run_file(os.path.join(ROOT, script), ["--help"], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:") and "--" in out.stdout
 

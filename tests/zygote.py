@@ -137,6 +137,18 @@ class Zygote:
             ["-c", *job["args"]], res["rc"], res["stdout"], res["stderr"]
         )
 
+    def run_file(self, path, args=(), **kw):
+        """``python PATH ARGS`` in a forked child: argv[0], __file__ and sys.path[0] as Python
+        sets them for a script."""
+        code = (
+            "import os, runpy, sys\n"
+            f"path = {os.path.abspath(path)!r}\n"
+            "sys.argv[0] = path\n"
+            "sys.path.insert(0, os.path.dirname(path))\n"
+            "runpy.run_path(path, run_name='__main__')\n"
+        )
+        return self.run(code, args, **kw)
+
     def close(self):
         self._proc.stdin.close()
         self._proc.wait(timeout=30)

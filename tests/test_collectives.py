@@ -3,13 +3,12 @@ one started without mpiexec). The cases live in tests/workers/collectives_worker
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_util import ROOT, mpi_env, worker_params  # noqa: E402
+from mpi_util import worker_params  # noqa: E402
 
 WORKER = "collectives_worker.py"
 
@@ -67,15 +66,12 @@ def test_ring_options_round_trip_and_checks():
         ),
     ],
 )
-def test_ring_min_bytes_environment_variable(value, expect):
+def test_ring_min_bytes_environment_variable(value, expect, zygote):
     # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
     code = (
         "from fluxmpi_py._core import C\n"
         "try:\n    print(repr(C.ring_options()))\n"
         "except ValueError as e:\n    print('ValueError:', e)\n"
     )
-    env = dict(mpi_env(), FLUXMPI_RING_MIN_BYTES=value)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    proc = zygote.run(code, env_extra={"FLUXMPI_RING_MIN_BYTES": value}, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith(expect), proc.stdout + proc.stderr

@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 import pytest
@@ -118,7 +117,7 @@ def test_wrapper_follows_the_wrapped_optimizers_groups_after_a_load():
     assert len(opt.state) == 2
 
 
-def test_planners_need_no_init():
+def test_planners_need_no_init(zygote):
     # A fresh interpreter that never calls Init reaches both pure planners.
     code = (
         "import torch\n"
@@ -129,10 +128,7 @@ def test_planners_need_no_init():
         "assert not C.initialized()\n"
         "print(len(b), len(s))\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
-    )
+    out = zygote.run(code, timeout=120)  # a process of its own, forked before any Init
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
 
 

@@ -66,7 +66,9 @@ def case_local_group_is_made_by_its_members_alone():
         g = dist.new_group(ranks, use_local_synchronization=True)
         check_group(g, ranks, f"the local group {ranks}")
     else:  # never calls with it: a world collective waits for the members' return
-        assert dist.new_group(ranks, use_local_synchronization=True) is None  # torch's answer
+        # torch's answer to a non-member: None up to 2.13, its NON_GROUP_MEMBER from 2.14
+        g = dist.new_group(ranks, use_local_synchronization=True)
+        assert g is None or g == dist.GroupMember.NON_GROUP_MEMBER, g
     world_sum_is_intact("a local group")
     # each rank a group of its own, nothing asked of the others; then a group every rank makes
     mine = dist.new_group([rank()], use_local_synchronization=True)

@@ -121,6 +121,28 @@ def train_steps(make_model, x, y, comm, size, gloo):
 
     variants["ours"] = ours
 
+    # ours with deterministic=True (exact int64 sums, the same bits at any world size), and
+    # both with two backward passes (micro-batches) per step
+    for label, det, k in (
+        ("ours_deterministic", True, 1),
+        ("ours_k2", False, 2),
+        ("ours_deterministic_k2", True, 2),
+    ):
+        md = make_model()
+        od = fm.DistributedOptimizer(
+            torch.optim.SGD(md.parameters(), lr=1e-3, momentum=0.9),
+            deterministic=det,
+            backward_passes_per_step=k,
+        )
+
+        def step(md=md, od=od, k=k):
+            od.zero_grad()
+            for _ in range(k):
+                loss_of(md, x, y).backward()
+            od.step()
+
+        variants[label] = step
+
     # raw MPI in-place allreduce on pre-made 25 MiB buckets (no copies, no averaging): the limit
     m2 = make_model()
     o2 = torch.optim.SGD(m2.parameters(), lr=1e-3, momentum=0.9)
@@ -239,6 +261,7 @@ def main():
     ap.add_argument("--port", type=int, default=29517)
     ap.add_argument("--mpi4py-first", action="store_true", help="start MPI before fluxmpi_py")
     ap.add_argument("--workloads", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
     ap.add_argument("--import-orders", action="store_true", help="both orders, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="--import-orders: launches per order")
     args = ap.parse_args()
@@ -273,6 +296,8 @@ def main():
         torch.manual_seed(0)
         x, y = make_x(), (make_y() if make_y else None)
         variants, m1, o1 = train_steps(make_model, x, y, comm, size, gloo)
+        if args.variants:
+            variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
 
         times = {k: [] for k in variants}
         order = list(variants)
@@ -284,32 +309,8 @@ def main():
                 t = median_time(variants[k], reps, warmup=2, sync=comm.Barrier)
                 times[k].append(comm.allreduce(t, op=MPI.MAX))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 2) for k, v in times.items()}
-        rec = {
-            "step_ms": ms,
-            "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
-            "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
-            "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
-            "ddp_gloo_over_ddp_fluxmpi": round(ms["ddp_gloo"] / ms["ddp_fluxmpi"], 3),
-            "ddp_gloo_over_ddp_fluxmpi_1mb": round(ms["ddp_gloo"] / ms["ddp_fluxmpi_1mb"], 3),
-            "ddp_fluxmpi_1mb_over_ours": round(ms["ddp_fluxmpi_1mb"] / ms["ours"], 3),
-            "ddp_fluxmpi_over_ours": round(ms["ddp_fluxmpi"] / ms["ours"], 3),
-            "ddp_fluxmpi_bucket_view_over_ours": round(
-                ms["ddp_fluxmpi_bucket_view"] / ms["ours"], 3
-            ),
-            "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
-            # what communication adds to a DDP step, over DDP with a hook that moves nothing
-            "ddp_comm_ms": {
-                "gloo": round(ms["ddp_gloo"] - ms["ddp_no_comm"], 2),
-                "fluxmpi": round(ms["ddp_fluxmpi"] - ms["ddp_no_comm"], 2),
-                "gloo_bucket_view": round(
-                    ms["ddp_gloo_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
-                ),
-                "fluxmpi_bucket_view": round(
-                    ms["ddp_fluxmpi_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
-                ),
-                "ours": round(ms["ours"] - ms["local"], 2),
-            },
-            "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
+        rec = ratios(ms) if args.variants else full_record(ms)
+        rec |= {
             "buckets": len(o1.buckets),
             "launched_during_backward": o1._reducer.launched_early,
             "params": sum(p.numel() for p in m1.parameters()),
@@ -318,7 +319,45 @@ def main():
         del variants
     dist.destroy_process_group()
     # a selection (the import-order driver's launches) leaves the full results file alone
-    emit("bench_train_step" + ("_selected" if wanted else ""), result, rank)
+    selected = wanted or args.variants
+    emit("bench_train_step" + ("_selected" if selected else ""), result, rank)
+
+
+def ratios(ms):
+    """The step times, and deterministic=True over the default at k = 1 and k = 2 passes."""
+    rec = {"step_ms": ms}
+    for det, base in (("ours_deterministic", "ours"), ("ours_deterministic_k2", "ours_k2")):
+        if det in ms and base in ms:
+            rec[f"{det}_over_{base}"] = round(ms[det] / ms[base], 3)
+    return rec
+
+
+def full_record(ms):
+    """Every ratio of the full run (all variants)."""
+    return ratios(ms) | {
+        "ours_over_raw_mpi": round(ms["ours"] / ms["raw_mpi"], 3),
+        "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
+        "ddp_gloo_bucket_view_over_ours": round(ms["ddp_gloo_bucket_view"] / ms["ours"], 3),
+        "ddp_gloo_over_ddp_fluxmpi": round(ms["ddp_gloo"] / ms["ddp_fluxmpi"], 3),
+        "ddp_gloo_over_ddp_fluxmpi_1mb": round(ms["ddp_gloo"] / ms["ddp_fluxmpi_1mb"], 3),
+        "ddp_fluxmpi_1mb_over_ours": round(ms["ddp_fluxmpi_1mb"] / ms["ours"], 3),
+        "ddp_fluxmpi_over_ours": round(ms["ddp_fluxmpi"] / ms["ours"], 3),
+        "ddp_fluxmpi_bucket_view_over_ours": round(ms["ddp_fluxmpi_bucket_view"] / ms["ours"], 3),
+        "per_tensor_over_ours": round(ms["per_tensor_mpi"] / ms["ours"], 3),
+        # what communication adds to a DDP step, over DDP with a hook that moves nothing
+        "ddp_comm_ms": {
+            "gloo": round(ms["ddp_gloo"] - ms["ddp_no_comm"], 2),
+            "fluxmpi": round(ms["ddp_fluxmpi"] - ms["ddp_no_comm"], 2),
+            "gloo_bucket_view": round(
+                ms["ddp_gloo_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
+            ),
+            "fluxmpi_bucket_view": round(
+                ms["ddp_fluxmpi_bucket_view"] - ms["ddp_no_comm_bucket_view"], 2
+            ),
+            "ours": round(ms["ours"] - ms["local"], 2),
+        },
+        "scaling_efficiency": round(ms["local"] / ms["ours"], 3),
+    }
 
 
 if __name__ == "__main__":

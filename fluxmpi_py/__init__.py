@@ -96,6 +96,7 @@ from .training import (
     check_consistency,
     latest_checkpoint,
     load_checkpoint,
+    record_step,
     save_checkpoint,
     synchronize_buffers_,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "SyncBatchNorm",
     "Join",
     "GridOverflowError",
+    "record_step",
     "synchronize_",
     "DistributedDataContainer",
     "DistributedSampler",

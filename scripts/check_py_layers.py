@@ -38,6 +38,7 @@ LAYERS = {
     "__init__.py": ("face", 7),
     "horovod.py": ("face", 7),
     "run.py": ("face", 7),  # python -m fluxmpi_py.run
+    "reproduce.py": ("face", 7),  # python -m fluxmpi_py.reproduce
     "integrations": ("integrations", 6),
     "training": ("training", 5),
     "sync": ("sync", 4),

@@ -26,6 +26,7 @@ LAYOUT = {
         "sync_batchnorm",
         "join",
         "exact_sum",
+        "record",
     ],
     "sync": ["synchronize"],
     "data": ["container", "sampler"],

@@ -27,6 +27,9 @@ from .join import (
 from .optimizer import (
     DistributedOptimizer,
 )
+from .record import (
+    record_step,
+)
 from .sync_batchnorm import (
     SyncBatchNorm,
 )
@@ -42,4 +45,5 @@ __all__ = [
     "SyncBatchNorm",
     "Join",
     "GridOverflowError",
+    "record_step",
 ]

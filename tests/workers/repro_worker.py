@@ -1,57 +1,23 @@
-"""The same bits at any world size (issue 34), in one launch of 4 ranks: a small CNN and an
-MLP, both with BatchNorm, trained with AdamW and gradient accumulation for 30 steps over the
-world (4 ranks), then concurrently over the groups [0, 1, 2] and [3] (3 and 1), then over
-[0, 1] and [2, 3] (2, twice). deterministic=True: every run has equal per-step digests and
-torch.equal parameters, buffers and optimizer state; deterministic=False: they differ.
-
-With REPRO_OUT set, rank 0 writes the world's results there (digests.json, final.pt), which
-tests/test_reproducible.py compares with a world of one trained in the pytest process.
+"""The same bits at any world size (issue 34), over sub-groups of one launch of 4 ranks: the
+CNN and the MLP of tests/workers/reproduce_script.py (BatchNorm, AdamW, gradient accumulation)
+trained with deterministic=True at once over the groups [0, 1, 2] and [3] (3 and 1 ranks):
+equal per-step digests and torch.equal parameters, buffers and optimizer state. Overflow and
+a wrong pass count raise on every rank. Separate launches at 1, 2, 3, 4 ranks, and the
+default's differences, are tests/test_reproducible.py's, through python -m fluxmpi_py.reproduce.
 """
 
 import hashlib
-import json
 import os
 import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import raises, run_cases  # noqa: E402
+from reproduce_script import STEPS, trainer  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
-
-STEPS = 30
-MICRO = 2  # samples per micro-batch
-GLOBAL = 24  # samples per step: 12 micro-batches, for 1, 2, 3, 4 (and 6, 12) ranks
-N = STEPS * GLOBAL
-
-
-def dataset():
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(N, 1, 6, 6, generator=g)
-    y = (x.mean((1, 2, 3)) > 0).long() + (x[:, 0, 0, 0] > 0.5).long()
-    return torch.utils.data.TensorDataset(x, y)
-
-
-def make_model(kind):
-    torch.manual_seed(3)
-    if kind == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(1, 4, 3),
-            nn.BatchNorm2d(4),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(4 * 4 * 4, 3),
-        )
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(36, 16),
-        nn.BatchNorm1d(16, momentum=None),  # the cumulative average, too
-        nn.ReLU(),
-        nn.Linear(16, 3),
-    )
 
 
 def digest(model, opt):
@@ -68,94 +34,32 @@ def state_tensors(opt):
     return out
 
 
-def train(kind, deterministic, group=None, rank=None, world=None):
-    """30 steps; returns (per-step digests, final tensors)."""
-    if rank is None:
-        rank = fm.local_rank() if group is None else group.rank
-        world = fm.total_workers() if group is None else group.size
-    model = make_model(kind)
-    sampler = fm.DistributedSampler(
-        N, num_replicas=world, rank=rank, seed=5, global_batch_size=GLOBAL, micro_batch_size=MICRO
-    )
-    k = sampler.micro_batches_per_rank
-    opt = fm.DistributedOptimizer(
-        torch.optim.AdamW(model.parameters(), lr=0.02),
-        named_parameters=model.named_parameters(),
-        module=model,
-        backward_passes_per_step=k,
-        deterministic=deterministic,
-        group=group,
-    )
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=MICRO, sampler=sampler)
+def train(kind, group, steps):
+    """deterministic=True; returns (per-step digests, final tensors)."""
     digests = []
-    for i, (x, y) in enumerate(loader):
-        loss = F.cross_entropy(model(x), y)
-        # the default's accumulation: the mean over the rank's micro-batches, then averaged
-        (loss if deterministic else loss / k).backward()
-        if (i + 1) % k == 0:
-            opt.step()
-            opt.zero_grad()
-            digests.append(digest(model, opt))
-    assert len(digests) == STEPS
-    final = list(model.state_dict().values()) + state_tensors(opt)
-    return digests, final
-
-
-def _runs(deterministic):
-    """Every run of the three phases: [(label, digests, final)] from each group's rank 0,
-    gathered on every rank."""
-    world = fm.total_workers()
-    mine = []
-    for kind in ("cnn", "mlp"):
-        mine.append((f"{kind} world of {world}", *train(kind, deterministic)))
-    if world == 4:
-        for split in ([[0, 1, 2], [3]], [[0, 1], [2, 3]]):
-            groups = [fm.new_group(ranks) for ranks in split]
-            g = next(g for g in groups if fm.local_rank() in g)
-            for kind in ("cnn", "mlp"):
-                digests, final = train(kind, deterministic, group=g)
-                if g.rank == 0:
-                    mine.append((f"{kind} group {list(g.ranks)}", digests, final))
-    gathered = fm.allgather_object(mine)
-    return [run for runs in gathered for run in runs]
+    for model, opt in trainer(kind, True, group, steps):
+        digests.append(digest(model, opt))
+    assert len(digests) == steps
+    return digests, list(model.state_dict().values()) + state_tensors(opt)
 
 
 def _same(a, b):
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def case_deterministic_is_the_same_at_any_world_size():
-    runs = _runs(True)
+def case_sub_groups_train_as_one_process():
+    # groups of 3 and 1 ranks, training at once inside one world: the same bits (the
+    # separate launches at 1, 2, 3, 4 ranks run the full 30 steps)
+    groups = [fm.new_group([0, 1, 2]), fm.new_group([3])]
+    g = next(g for g in groups if fm.local_rank() in g)
+    mine = {kind: train(kind, g, STEPS // 3) for kind in ("cnn", "mlp")}
+    runs = fm.allgather_object(mine if g.rank == 0 else None)
     for kind in ("cnn", "mlp"):
-        mine = [r for r in runs if r[0].startswith(kind)]
-        ref_label, ref_digests, ref_final = mine[0]
-        for label, digests, final in mine[1:]:
-            if digests != ref_digests:
-                step = next(i for i, (a, b) in enumerate(zip(digests, ref_digests)) if a != b)
-                raise AssertionError(f"{label} differs from {ref_label} from step {step + 1}")
-            assert _same(final, ref_final), f"{label}: final state differs from {ref_label}"
-    out = os.environ.get("REPRO_OUT")
-    if out and fm.local_rank() == 0:
-        world = [r for r in runs if "world" in r[0]]
-        with open(os.path.join(out, f"digests-np{fm.total_workers()}.json"), "w") as f:
-            json.dump({label: d for label, d, _ in world}, f)
-        torch.save(
-            {label: fin for label, _, fin in world},
-            os.path.join(out, f"final-np{fm.total_workers()}.pt"),
-        )
-
-
-def case_default_differs_across_world_sizes():
-    if fm.total_workers() < 4:  # one world size alone: nothing to compare
-        return
-    runs = _runs(False)
-    for kind in ("cnn", "mlp"):
-        finals = [(label, final) for label, _, final in runs if label.startswith(kind)]
-        # the default is not reproducible across world sizes: 4 ranks vs 3 vs 1 vs 2
-        distinct = {
-            hashlib.sha256(b"".join(t.numpy().tobytes() for t in f)).hexdigest() for _, f in finals
-        }
-        assert len(distinct) > 1, f"{kind}: the default gave the same bits at every world size"
+        (three_digests, three), (one_digests, one) = runs[0][kind], runs[3][kind]
+        if three_digests != one_digests:
+            step = next(i for i, (a, b) in enumerate(zip(three_digests, one_digests)) if a != b)
+            raise AssertionError(f"{kind}: a group of 3 and one of 1 differ from step {step + 1}")
+        assert _same(three, one), f"{kind}: the final state differs"
 
 
 def case_overflow_raises_on_every_rank():

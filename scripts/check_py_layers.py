@@ -9,7 +9,8 @@ inside a function, and only ``_core`` imports the compiled ``_C``.
 The layers, top to bottom (docs/DEVELOPING.md):
 
     fluxmpi_py/__init__.py, horovod.py,   the public face (fm.X, fluxmpi_py.horovod) and the
-    run.py                                launcher (python -m fluxmpi_py.run)
+    run.py, flight.py                     launcher (python -m fluxmpi_py.run), the flight
+                                          recorder's reader (python -m fluxmpi_py.flight)
     integrations/                         the c10d backend and the Horovod face
     training/                             optimizer, gradients, join, buffers, checkpoints, ...
     sync/  data/                          synchronize_ | DistributedDataContainer, sampler
@@ -39,6 +40,7 @@ LAYERS = {
     "horovod.py": ("face", 7),
     "run.py": ("face", 7),  # python -m fluxmpi_py.run
     "reproduce.py": ("face", 7),  # python -m fluxmpi_py.reproduce
+    "flight.py": ("face", 7),  # python -m fluxmpi_py.flight
     "integrations": ("integrations", 6),
     "training": ("training", 5),
     "sync": ("sync", 4),

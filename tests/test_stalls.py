@@ -3,6 +3,7 @@ that report; a rank killed by a signal, an interrupted mpiexec and a DataLoader 
 raises end the job promptly. Worker: tests/workers/stall_worker.py. Each launch runs under a
 hard timeout (mpi_util); what is asserted is the outcome and the message."""
 
+import json
 import os
 import re
 import signal
@@ -15,6 +16,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import _command, mpi_env, run_mpi, worker_path  # noqa: E402
 
+from fluxmpi_py import flight  # noqa: E402
+
 END_WITHIN = 60  # seconds: a job with a dead or stalled rank must be over by then
 
 
@@ -26,9 +29,11 @@ def launch(mode, np=2, env=None, expect_ok=False):
     return rc, out
 
 
-def test_stall_report_names_the_sleeping_rank_and_its_stack():
+def test_stall_report_names_the_sleeping_rank_and_its_stack(tmp_path):
     # The staller sleeps 7 s with stall_warning=2: the report must come while it sleeps.
-    rc, out = launch("sleep", np=3, expect_ok=True)
+    # Each rank writes its timeline at exit too, its last 16 calls.
+    env = {"FLUXMPI_TIMELINE": str(tmp_path / "trace.json"), "FLUXMPI_FLIGHT_SIZE": "16"}
+    rc, out = launch("sleep", np=3, env=env, expect_ok=True)
     assert rc == 0, out[-3000:]
     reports = re.findall(r"\[rank (\d) / 3\] fluxmpi_py: stall: ", out)
     # printed by the lowest waiting rank only, again at a doubled wait (2 s, 4 s)
@@ -40,10 +45,32 @@ def test_stall_report_names_the_sleeping_rank_and_its_stack():
     assert re.search(r"rank 2: in user code for \d+\.\d s, since it completed collective", out)
     assert "in backward\n" in out and "in stalled_in_user_code" in out, out[-4000:]
     assert "time.sleep(seconds)" in out and "rank 2 done" in out, out[-4000:]
+    check_timelines(tmp_path, 3, slots=16)
 
 
-def test_timeout_ends_the_job_with_the_report_on_every_rank():
-    env = {"FLUXMPI_STALL_WARNING": "2", "FLUXMPI_TIMEOUT": "5"}
+def check_timelines(directory, np, slots):
+    """Each rank's Chrome trace: its last `slots` collectives, numbered in a row, each a
+    complete event on the rank's process; at most a few hundred bytes per call."""
+    for rank in range(np):
+        path = directory / f"trace.{rank}.json"
+        assert path.exists(), sorted(os.listdir(directory))
+        assert path.stat().st_size < slots * 400, path.stat().st_size
+        events = json.loads(path.read_text())["traceEvents"]
+        calls = [e for e in events if e["ph"] == "X"]
+        assert len(calls) == slots, events  # the job made more calls than it keeps
+        assert all(e["pid"] == rank and e["dur"] >= 0 for e in calls), calls
+        world = [e["args"]["number"] for e in calls if e["tid"] == 0]
+        assert world == list(range(world[0], world[0] + len(world))), world
+        assert "allreduce" in {e["name"] for e in calls}, calls
+        assert any("DistributedOptimizer" in e["args"]["call"] for e in calls), calls
+
+
+def test_timeout_ends_the_job_with_the_report_on_every_rank(tmp_path, capsys):
+    env = {
+        "FLUXMPI_STALL_WARNING": "2",
+        "FLUXMPI_TIMEOUT": "5",
+        "FLUXMPI_FLIGHT_DIR": str(tmp_path / "flight"),
+    }
     rc, out = launch("timeout", env=env)
     assert rc != 0, out[-3000:]
     assert "[rank 0 / 2] fluxmpi_py: timeout: collective call #" in out, out[-4000:]
@@ -52,6 +79,23 @@ def test_timeout_ends_the_job_with_the_report_on_every_rank():
     assert "not entered it: rank 1" in out and "in stalled_in_user_code" in out, out[-4000:]
     assert "the timeout is 5.0 s" in out and "aborting the job" in out, out[-4000:]
     assert "rank 1 done" not in out
+    # Each rank wrote its flight recorder before the job ended: rank 0 inside the call that
+    # rank 1 never entered, and the reader names that call and rank 1.
+    dumps = [
+        json.loads((tmp_path / "flight" / f"fluxmpi_flight.{r}.json").read_text()) for r in (0, 1)
+    ]
+    assert [d["reason"] for d in dumps] == ["timeout", "timeout"], dumps
+    waiting, last_of_1 = dumps[0]["records"][-1], dumps[1]["records"][-1]
+    assert waiting["end_us"] is None and waiting["kind"] == "allreduce", waiting
+    assert last_of_1["end_us"] is not None and last_of_1["number"] == waiting["number"] - 1
+    capsys.readouterr()
+    assert flight.main([str(tmp_path / "flight")]) == 0
+    text = capsys.readouterr().out
+    print(text)
+    n = waiting["number"]
+    assert f"world: the ranks parted at call #{n}:" in text, text
+    assert f"rank 0: inside #{n} allreduce" in text, text
+    assert f"rank 1: never entered #{n}; its last call on the group: #{n - 1} " in text, text
 
 
 def test_report_counts_calls_on_the_stalled_calls_group():
@@ -89,12 +133,17 @@ def test_report_on_a_group_call_names_its_members_only():
 
 
 @pytest.mark.parametrize("mode,signame", [("sigkill", "Killed"), ("sigterm", "Terminated")])
-def test_rank_killed_by_a_signal_ends_the_job(mode, signame):
-    rc, out = launch(mode)
+def test_rank_killed_by_a_signal_ends_the_job(mode, signame, tmp_path):
+    rc, out = launch(mode, env={"FLUXMPI_FLIGHT_DIR": str(tmp_path)})
     assert rc != 0, out[-3000:]
     assert re.search(
         rf"process rank 1 with PID \d+ on node \S+ exited on signal \d+ \({signame}\)", out
     ), out[-3000:]
+    # SIGTERM, not SIGKILL, leaves the rank a moment to write its flight recorder
+    dump = tmp_path / "fluxmpi_flight.1.json"
+    assert dump.exists() == (mode == "sigterm"), os.listdir(tmp_path)
+    if mode == "sigterm":
+        assert json.loads(dump.read_text())["reason"] == "SIGTERM"
 
 
 def test_sigint_to_mpiexec_ends_the_job():

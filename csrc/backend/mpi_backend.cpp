@@ -169,7 +169,7 @@ class MpiBackend final : public Backend {
     const RingOptions opts = ring_options();
     if (!ring_applies(opts, count, dt, divisor, e.size)) return false;
     if (!ring_allowed(hierarchical_options(), layout())) return false;
-    BlockingCall guard("allreduce", e.group);
+    BlockingCall guard("allreduce", e.group, count * c10::elementSize(dt));
     ring_allreduce(buf, count, dt, divisor, opts, e.comm, e.rank, e.size);
     return true;
   }
@@ -185,7 +185,7 @@ class MpiBackend final : public Backend {
       return false;
     }
     if (!hierarchical_applies(opts, bytes, layout())) return false;
-    BlockingCall guard("allreduce", e.group);
+    BlockingCall guard("allreduce", e.group, bytes);
     hierarchical_allreduce(buf, count, mpi_type(dt), c10::elementSize(dt), mpi_op(op, dt),
                            layout());
     return true;
@@ -231,7 +231,7 @@ class MpiBackend final : public Backend {
     if (hierarchical(buf, count, dt, op)) return;
     if (op == ReduceOp::Sum && ring(buf, count, dt, 1)) return;
     const CommView v = c();
-    BlockingCall guard("allreduce", v.group);
+    BlockingCall guard("allreduce", v.group, count * c10::elementSize(dt));
     auto type = mpi_type(dt);
     auto mop = mpi_op(op, dt);
     auto* p = static_cast<char*>(buf);
@@ -244,7 +244,7 @@ class MpiBackend final : public Backend {
 
   bool allreduce_in_gloo_order(void* buf, std::int64_t count, c10::ScalarType dt) override {
     const CommView v = c();
-    BlockingCall guard("allreduce", v.group);
+    BlockingCall guard("allreduce", v.group, count * c10::elementSize(dt));
     gloo_order_allreduce(buf, count, dt, v.comm, v.rank, v.size);
     return true;
   }
@@ -257,19 +257,19 @@ class MpiBackend final : public Backend {
     if (!ring_list_applies(opts, bytes, dt, op, e.size)) return false;
     const NodeLayout& hosts = layout();
     if (hosts.nodes == 1 && opts.list_shared_memory) {  // one host: one copy each way
-      BlockingCall guard("allreduce", e.group);
+      BlockingCall guard("allreduce", e.group, bytes);
       shared_allreduce_pieces(pieces, count, dt, op, e.comm, e.rank, e.size);
       return true;
     }
     if (!ring_allowed(hierarchical_options(), hosts)) return false;
-    BlockingCall guard("allreduce", e.group);
+    BlockingCall guard("allreduce", e.group, bytes);
     ring_allreduce_pieces(pieces, count, dt, op, opts, e.comm, e.rank, e.size);
     return true;
   }
 
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dt, int root) override {
     const CommView v = c();
-    BlockingCall guard("broadcast", v.group);
+    BlockingCall guard("broadcast", v.group, count * c10::elementSize(dt));
     auto* p = static_cast<char*>(buf);
     std::size_t esz = c10::elementSize(dt);
     // bytes travel as bytes: no datatype conversion, any dtype
@@ -283,7 +283,7 @@ class MpiBackend final : public Backend {
   void reduce(const void* send, void* recv, std::int64_t count, c10::ScalarType dt, ReduceOp op,
               int root) override {
     const CommView v = c();
-    BlockingCall guard("reduce", v.group);
+    BlockingCall guard("reduce", v.group, count * c10::elementSize(dt));
     auto type = mpi_type(dt);
     auto mop = mpi_op(op, dt);
     std::size_t esz = c10::elementSize(dt);
@@ -299,8 +299,8 @@ class MpiBackend final : public Backend {
 
   void allgather(const void* send, void* recv, std::int64_t count, c10::ScalarType dt) override {
     const CommView v = c();
-    BlockingCall guard("allgather", v.group);
     std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
+    BlockingCall guard("allgather", v.group, bytes);
     TORCH_CHECK(bytes * v.size < std::numeric_limits<int>::max(), "fluxmpi_py: allgather of ",
                 bytes, " bytes per rank is too large");
     mpi_check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
@@ -311,7 +311,7 @@ class MpiBackend final : public Backend {
   void allgatherv(const void* send, std::int64_t send_bytes, void* recv,
                   const std::vector<std::int64_t>& recv_bytes) override {
     const CommView v = c();
-    BlockingCall guard("allgather", v.group);
+    BlockingCall guard("allgather", v.group, send_bytes);
     IntCounts r(recv_bytes);
     mpi_check(MPI_Allgatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
                              r.displs.data(), MPI_BYTE, v.comm),
@@ -321,7 +321,7 @@ class MpiBackend final : public Backend {
   void gatherv(const void* send, std::int64_t send_bytes, void* recv,
                const std::vector<std::int64_t>& recv_bytes, int root) override {
     const CommView v = c();
-    BlockingCall guard("gather", v.group);
+    BlockingCall guard("gather", v.group, send_bytes);
     IntCounts r(recv_bytes);
     mpi_check(MPI_Gatherv(send, int_bytes(send_bytes), MPI_BYTE, recv, r.counts.data(),
                           r.displs.data(), MPI_BYTE, root, v.comm),
@@ -331,7 +331,7 @@ class MpiBackend final : public Backend {
   void scatterv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
                 std::int64_t recv_bytes, int root) override {
     const CommView v = c();
-    BlockingCall guard("scatter", v.group);
+    BlockingCall guard("scatter", v.group, recv_bytes);
     IntCounts s(send_bytes);
     mpi_check(MPI_Scatterv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv,
                            int_bytes(recv_bytes), MPI_BYTE, root, v.comm),
@@ -341,7 +341,9 @@ class MpiBackend final : public Backend {
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_bytes, void* recv,
                  const std::vector<std::int64_t>& recv_bytes) override {
     const CommView v = c();
-    BlockingCall guard("alltoall", v.group);
+    std::int64_t sent = 0;
+    for (std::int64_t n : send_bytes) sent += n;
+    BlockingCall guard("alltoall", v.group, sent);
     IntCounts s(send_bytes), r(recv_bytes);
     mpi_check(MPI_Alltoallv(send, s.counts.data(), s.displs.data(), MPI_BYTE, recv, r.counts.data(),
                             r.displs.data(), MPI_BYTE, v.comm),
@@ -353,7 +355,7 @@ class MpiBackend final : public Backend {
   void alltoall_equal(const void* send, void* recv, std::int64_t part_bytes, int size) override {
     const CommView v = c();
     TORCH_INTERNAL_ASSERT(size == v.size, "alltoall_equal on a communicator of another size");
-    BlockingCall guard("alltoall", v.group);
+    BlockingCall guard("alltoall", v.group, part_bytes * size);
     const int n = int_bytes(part_bytes);
     int_bytes(part_bytes * v.size);  // the ops layer checked the 2 GiB limit
     mpi_check(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, v.comm), "MPI_Alltoall");
@@ -368,7 +370,8 @@ class MpiBackend final : public Backend {
         total * static_cast<std::int64_t>(c10::elementSize(dt)) >= kSharedReduceScatterMinBytes;
     const bool shared = large && v.size > 1 && shared_reduce_scatter_takes(dt, op) &&
                         ring_options().list_shared_memory && layout().nodes == 1;
-    BlockingCall guard("reduce_scatter", v.group);
+    BlockingCall guard("reduce_scatter", v.group,
+                       total * static_cast<std::int64_t>(c10::elementSize(dt)));
     if (shared) return shared_reduce_scatter(send, recv, counts, dt, op, v.comm, v.rank, v.size);
     if (!large &&
         std::all_of(counts.begin(), counts.end(), [&](std::int64_t n) { return n == counts[0]; })) {
@@ -387,7 +390,7 @@ class MpiBackend final : public Backend {
 
   void barrier() override {
     const CommView v = c();
-    BlockingCall guard("barrier", v.group);
+    BlockingCall guard("barrier", v.group, 0);
     mpi_check(MPI_Barrier(v.comm), "MPI_Barrier");
   }
 };

@@ -9,6 +9,7 @@
 #include "runtime/engine.h"
 #include "runtime/environment.h"
 #include "runtime/fake_streams.h"
+#include "runtime/flight.h"
 #include "runtime/stall_watch.h"
 #include "runtime/user_call.h"
 #include "runtime/wait_policy.h"
@@ -30,6 +31,22 @@ void bind_runtime(py::module_& m) {
   m.def("stall_settings", [] { return py::make_tuple(stall_warning_s(), stall_timeout_s()); });
   m.def("wait_stack_request", &wait_stack_request, py::call_guard<py::gil_scoped_release>());
   m.def("post_stack", &post_stack, py::arg("stack"), py::arg("site"));
+  m.def("set_flight_capacity", &set_flight_capacity, py::arg("slots"));
+  m.def("flight_capacity", &flight_capacity);
+  m.def(
+      "set_flight_dir", [](const std::string& dir) { set_flight_dir(dir, env().rank, env().size); },
+      py::arg("dir"));
+  m.def("flight_dir", &flight_dir);
+  m.def("flight_dump", &flight_dump, py::arg("reason"), py::arg("why") = "");
+  m.def("flight_records", [] {
+    py::list out;
+    for (const FlightRecord& r : flight_records()) {
+      py::object end = r.end_us != 0 ? py::object(py::int_(r.end_us)) : py::object(py::none());
+      out.append(py::make_tuple(r.seq, r.group, r.number, r.kind, r.call, r.bytes, r.enter_us,
+                                r.start_us, end));
+    }
+    return out;
+  });
   m.def("enter_user_call", &enter_user_call, py::arg("name"), py::arg("checked") = false);
   m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });

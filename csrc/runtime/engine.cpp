@@ -138,7 +138,8 @@ void Engine::loop() {
     lk.unlock();
     std::exception_ptr err;
     {
-      UserCall named(item.first->user_call_name(), item.first->user_call_checked());
+      UserCall named(item.first->user_call_name(), item.first->user_call_checked(),
+                     item.first->user_call_since_us());
       t_work_label = item.first->what().c_str();
       err = run_catching(item.second);
       t_work_label = "";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -29,12 +30,14 @@ class Work {
   // the work under that name, so that its messages name it too.
   const char* user_call_name() const { return call_; }
   bool user_call_checked() const { return checked_; }
+  std::int64_t user_call_since_us() const { return since_us_; }
   void finish(std::exception_ptr error);
 
  private:
   std::string what_;
   const char* call_ = user_call();  // made on the submitting thread
   bool checked_ = fluxmpi::user_call_checked();
+  std::int64_t since_us_ = fluxmpi::user_call_since_us();
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/engine.h"
+#include "runtime/flight.h"
 #include "runtime/stall_watch.h"
 #include "runtime/user_call.h"
 #include "runtime/wait_policy.h"
@@ -268,14 +269,14 @@ void exchange_exit_notices() {
 
 }  // namespace
 
-BlockingCall::BlockingCall(const char* what, int group) {
-  if (g_env.size <= 1) return;
-  std::lock_guard<std::mutex> lk(g_wd_mu);
-  if (group == 0) {
-    ++g_calls_started;
-  } else {
-    ++g_groups[group].started;
+BlockingCall::BlockingCall(const char* what, int group, std::int64_t bytes) {
+  if (g_env.size <= 1) {
+    flight_ = flight_begin(what, group, 0, bytes, user_call(), user_call_since_us());
+    return;
   }
+  std::lock_guard<std::mutex> lk(g_wd_mu);
+  const std::int64_t number = group == 0 ? ++g_calls_started : ++g_groups[group].started;
+  flight_ = flight_begin(what, group, number, bytes, user_call(), user_call_since_us());
   g_wd_group = group;
   g_wd_what = what;
   g_wd_call = user_call();
@@ -293,6 +294,7 @@ BlockingCall::BlockingCall(const char* what, int group) {
 }
 
 BlockingCall::~BlockingCall() {
+  flight_end(flight_);
   if (g_env.size <= 1) return;
   std::lock_guard<std::mutex> lk(g_wd_mu);
   --g_calls_active;
@@ -387,6 +389,7 @@ void shutdown() {
 void add_shutdown_hook(std::function<void()> hook) { shutdown_hooks().push_back(std::move(hook)); }
 
 void abort_job(const std::string& why, int code) {
+  flight_dump("abort", why.c_str());
   if (!why.empty()) {
     // One write, with the prefix Python's error output uses too (fluxmpi_py/_excepthooks.py).
     write_all("[rank " + std::to_string(g_env.rank) + " / " + std::to_string(g_env.size) + "] " +

@@ -45,8 +45,9 @@ void shutdown();
 // calls up into a backend.
 void add_shutdown_hook(std::function<void()> hook);
 
-// Print `why` prefixed with the rank to stderr (nothing when it is empty) and abort every
-// rank of the job.
+// Print `why` prefixed with the rank to stderr (nothing when it is empty), write the flight
+// recorder's dump where a directory is named (runtime/flight.h), and abort every rank of the
+// job.
 [[noreturn]] void abort_job(const std::string& why, int code = 1);
 
 // A meeting point for ranks that report one error together: returns true once every rank has
@@ -77,12 +78,18 @@ std::string mpi_standard_version();
 // Several threads may be inside calls at once, on different groups (hvd.join() waits on the
 // world and on each of its process sets, a thread each): the watchdog checks every one, and
 // the stall report names the oldest and lists the others.
+//
+// Each call is also a record of the flight recorder (runtime/flight.h), with `bytes`, what
+// this rank moves (-1 when not known), in any world size.
 class BlockingCall {
  public:
-  explicit BlockingCall(const char* what, int group = 0);
+  explicit BlockingCall(const char* what, int group = 0, std::int64_t bytes = -1);
   ~BlockingCall();
   BlockingCall(const BlockingCall&) = delete;
   BlockingCall& operator=(const BlockingCall&) = delete;
+
+ private:
+  std::int64_t flight_ = 0;  // its record's handle
 };
 
 // Tell the watchdog about a new group with its world ranks and its label for messages

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "runtime/flight.h"
 #include "runtime/stall_answer.h"
 
 namespace fluxmpi {
@@ -375,6 +376,7 @@ StallAction stall_tick(const CallStatus& me, MPI_Comm control, int rank, int siz
     const std::string head = "fluxmpi_py: timeout";
     if (act.abort_why.compare(0, head.size(), head) == 0)
       act.abort_why.insert(head.size(), " (reported by rank " + std::to_string(msg->first) + ")");
+    flight_dump("timeout", act.abort_why.c_str());
     return act;
   }
   answer_requests(me, control);
@@ -404,6 +406,7 @@ StallAction stall_tick(const CallStatus& me, MPI_Comm control, int rank, int siz
         // This rank's error first (the first abort ends every rank), then every rank that can
         // still read its messages prints the report as its error.
         write_stderr(prefix + report + "\n");
+        flight_dump("timeout", report.c_str());
         for (int r = 0; r < size; ++r)
           if (r != rank) isend(control, r, kAbortTag, report);
         auto until = Clock::now() + std::chrono::seconds(2);

@@ -4,6 +4,7 @@
 // submitted it (Engine::submit). Names are interned: the pointers stay valid for the process.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fluxmpi {
@@ -19,6 +20,10 @@ const char* user_call_or(const char* fallback);
 // in calls of different checked names raise together instead of pairing by position.
 bool user_call_checked();
 
+// When this thread's user call began (wall clock, microseconds: runtime/flight.h), 0 when none
+// is named: the flight recorder's "enter" time.
+std::int64_t user_call_since_us();
+
 // The interned copy of `name` (a lookup under a mutex; done once per user call).
 const char* intern_call_name(const std::string& name);
 
@@ -27,7 +32,8 @@ const char* intern_call_name(const std::string& name);
 // `name` must live as long as the process: a string literal or intern_call_name's result.
 class UserCall {
  public:
-  explicit UserCall(const char* name, bool checked = false);
+  // `since_us`: when the call began, if on another thread (engine work); 0 for now.
+  explicit UserCall(const char* name, bool checked = false, std::int64_t since_us = 0);
   ~UserCall();
   UserCall(const UserCall&) = delete;
   UserCall& operator=(const UserCall&) = delete;

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from .._core import C
 from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
+from . import recorder as _recorder
 from . import stall as _stall
 from .agreement import mark_raised_on_every_rank, raise_together, set_debug_mode
 from .gpu_choice import (
@@ -73,6 +74,7 @@ def Init(
     stall_warning=_stall._UNSET,
     timeout=_stall._UNSET,
     debug: str | None = None,
+    flight_dir=_recorder._UNSET,
 ) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
@@ -92,6 +94,10 @@ def Init(
     ``debug="detail"`` (or ``FLUXMPI_DEBUG=detail``) adds each public collective's call site
     to the ranks' agreement, so that calls swapped between ranks raise, naming both sites;
     ``"off"`` (the default) checks what the calls move, and a ``name=`` where one is given.
+    ``flight_dir`` (or ``FLUXMPI_FLIGHT_DIR``) names where each rank writes its flight
+    recorder (its last 256 collectives, ``FLUXMPI_FLIGHT_SIZE``) on the stall timeout, an abort
+    or SIGTERM/SIGINT, for ``python -m fluxmpi_py.flight DIR``; ``FLUXMPI_TIMELINE=path``
+    writes the same records as a Chrome trace at exit.
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
@@ -99,7 +105,12 @@ def Init(
     (True, True)
     """
     warning_s, timeout_s = _stall.settings(stall_warning, timeout)
-    debug_problem = set_debug_mode(debug)
+    problem: Exception | None = set_debug_mode(debug)
+    flight = None
+    try:
+        flight = _recorder.settings(flight_dir)
+    except (TypeError, ValueError) as e:
+        problem = problem or e
     with _lock:
         first = not C.initialized()
         early = None
@@ -113,11 +124,18 @@ def Init(
         C.init(_comm_handle(comm))
         if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
             C.set_stall_settings(warning_s, timeout_s)
+        if flight is not None and (first or flight_dir is not _recorder._UNSET):
+            try:
+                _recorder.apply(flight[0], flight[1])
+            except OSError as e:
+                problem = problem or OSError(f"Init(flight_dir=...): {e}")
         if not first:
-            if debug_problem is not None:
-                raise debug_problem
+            if problem is not None:
+                raise problem
             return
         atexit.register(_at_exit)
+        if flight is not None and flight[2]:
+            atexit.register(_recorder.write_timeline, flight[2])
         # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit)
         _launcher_link.connect(C.rank(), C.size())
         # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
@@ -126,7 +144,7 @@ def Init(
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()
-        raise_together(debug_problem, "Init()")  # a bad debug= on one rank raises on all
+        raise_together(problem, "Init()")  # a bad debug= on one rank raises on all
         _set_rendezvous_env()
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
         if choice.device is not None:

@@ -4,14 +4,16 @@ cost: "ddp_comm_ms" is what communication adds above it), one MPI call per tenso
 communication, all measured in the same launch, interleaved.
 
     mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first]
-    python benchmarks/bench_train_step.py --import-orders [--quick]   # no mpiexec: a driver
+    python benchmarks/bench_train_step.py --import-orders [--quick] [--backoff-off]   # a driver
 
 Prints one JSON line (rank 0): per workload, each variant's median step time in ms (the slowest
 rank's median, the median over rounds that run the variants in a shuffled order) and the
 ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours, plus how MPI waits
 (build_info()["mpi_wait"]). ``--mpi4py-first`` imports mpi4py, which starts MPI, before
 fluxmpi_py (the order ``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2
-ranks, alternating, on ResNet-50 shapes, and prints them side by side in one JSON line.
+ranks, alternating, on ResNet-50 shapes, and prints them side by side in one JSON line;
+with ``--backoff-off`` each order runs also with FLUXMPI_WAIT_BACKOFF=off (the backoff to
+sleeping in long waits off) instead of the polling launches.
 """
 
 import argparse
@@ -227,13 +229,17 @@ def train_steps(make_model, x, y, comm, size, gloo):
 def import_orders(args):
     """Launch both import orders on 2 ranks, alternating `--pairs` times; emit them side by
     side (per order: the median over launches of each variant's step ms). A third order,
-    mpi4py first with OMPI_MCA_mpi_yield_when_idle=0, shows what busy-polling costs."""
-    orders = {"fluxmpi_py_first": [], "mpi4py_first": [], "mpi4py_first_polling": []}
+    mpi4py first with OMPI_MCA_mpi_yield_when_idle=0, shows what busy-polling costs; with
+    --backoff-off, each order with FLUXMPI_WAIT_BACKOFF=off instead shows what the backoff costs."""
+    settings = {"fluxmpi_py_first": {}, "mpi4py_first": {}}
+    if args.backoff_off:  # each order also with the backoff to sleeping off: what it costs
+        settings.update({o + "_backoff_off": {"FLUXMPI_WAIT_BACKOFF": "off"} for o in settings})
+    else:
+        settings["mpi4py_first_polling"] = {"OMPI_MCA_mpi_yield_when_idle": "0"}
+    orders = {order: [] for order in settings}
     for _ in range(args.pairs):
         for order, runs in orders.items():
-            env = dict(USER_ENV)
-            if order.endswith("polling"):
-                env["OMPI_MCA_mpi_yield_when_idle"] = "0"
+            env = dict(USER_ENV, **settings[order])
             cmd = ["mpiexec", "-n", "2", "--oversubscribe", sys.executable, __file__]
             cmd += ["--workloads", "resnet50_shapes", "--port", str(args.port)]
             cmd += ["--quick"] if args.quick else []
@@ -251,7 +257,8 @@ def import_orders(args):
             "ddp_gloo_over_ours": round(ms["ddp_gloo"] / ms["ours"], 3),
             "ours_over_raw_mpi_per_launch": [r["ours_over_raw_mpi"] for r in recs],
         }
-    emit("bench_train_step_import_order", result, 0)
+    name = "bench_train_step_backoff" if args.backoff_off else "bench_train_step_import_order"
+    emit(name, result, 0)
 
 
 def main():
@@ -264,6 +271,11 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
     ap.add_argument("--import-orders", action="store_true", help="both orders, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="--import-orders: launches per order")
+    ap.add_argument(
+        "--backoff-off",
+        action="store_true",
+        help="--import-orders: each order with FLUXMPI_WAIT_BACKOFF=off beside it (no polling)",
+    )
     args = ap.parse_args()
     if args.import_orders:
         return import_orders(args)

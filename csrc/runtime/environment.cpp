@@ -284,6 +284,7 @@ BlockingCall::BlockingCall(const char* what, int group, std::int64_t bytes) {
   g_wd_since = std::chrono::steady_clock::now();
   ++g_calls_active;
   if (t_active_depth++ > 0) return;
+  long_wait_enter();
   t_active.group = group;
   t_active.number = (group == 0 ? g_calls_started : g_groups[group].started) - 1;
   t_active.what = what;
@@ -299,7 +300,9 @@ BlockingCall::~BlockingCall() {
   std::lock_guard<std::mutex> lk(g_wd_mu);
   --g_calls_active;
   g_wd_since = std::chrono::steady_clock::now();
-  if (--t_active_depth == 0) g_active.erase(std::find(g_active.begin(), g_active.end(), &t_active));
+  if (--t_active_depth > 0) return;
+  g_active.erase(std::find(g_active.begin(), g_active.end(), &t_active));
+  long_wait_leave();
 }
 
 int register_call_group(std::vector<int> world_ranks, std::string label, int index) {

@@ -5,6 +5,16 @@
 // variable is read-only afterwards. So Init also switches it on at run time, through Open
 // MPI's own exported setter, for the cases where MPI started before fluxmpi_py was imported
 // (mpi4py imported first, Init(comm=...)).
+//
+// A yielding rank still shows a full core while it waits (sched_yield returns at once when
+// nothing else wants the core), for as long as a late rank keeps it waiting: up to the job
+// timeout. So a wait that lasts backs off to sleeping: once a thread has been inside one
+// blocking collective (a BlockingCall, runtime/environment.h) for FLUXMPI_WAIT_BACKOFF's
+// threshold (100 ms), each pass of Open MPI's progress loop on that thread naps, from 50 us
+// doubling up to the cap (1 ms), through a progress callback registered with Open MPI. Short
+// waits, and every other thread, keep yielding. Once the late rank arrives, the call finishes
+// with naps between its progress passes: about 1 ms more on a small allreduce, nothing
+// measurable on 16 MiB (benchmarks/bench_long_wait.py).
 #pragma once
 
 #include <string>
@@ -12,12 +22,20 @@
 namespace fluxmpi {
 
 // After MPI is initialized: make Open MPI yield when idle unless the user turned it off
-// (OMPI_MCA_mpi_yield_when_idle=0). Returns what applies: "yield (set when MPI started)",
-// "yield (set by fluxmpi_py.Init)", "poll (OMPI_MCA_mpi_yield_when_idle=0)", or
-// "the MPI library's own (not Open MPI)".
+// (OMPI_MCA_mpi_yield_when_idle=0), and set up the backoff for long waits unless
+// FLUXMPI_WAIT_BACKOFF turns it off (ValueError on a malformed value). Returns what applies:
+// "yield (set when MPI started)", "yield (set by fluxmpi_py.Init)",
+// "poll (OMPI_MCA_mpi_yield_when_idle=0)", or "the MPI library's own (not Open MPI)",
+// followed by "; past 100 ms, sleep (naps up to 1 ms)" or "; no sleep (FLUXMPI_WAIT_BACKOFF=off)"
+// under Open MPI.
 std::string apply_wait_policy();
 
 // The last result of apply_wait_policy(), "" before it ran.
 const std::string& wait_policy();
+
+// The calling thread enters / leaves the outermost blocking collective: the backoff counts
+// from here. Only thread-local stores; BlockingCall calls them.
+void long_wait_enter();
+void long_wait_leave();
 
 }  // namespace fluxmpi

@@ -3,14 +3,23 @@
     fluxmpi_py_first   import fluxmpi_py, then start MPI in Init
     mpi4py_first       from mpi4py import MPI (starts MPI) before importing fluxmpi_py
 Prints, per rank, Open MPI's own yield flag before and after Init and build_info's mpi_wait.
+Then each rank in turn waits about a second for the other, which sleeps before joining (rank 0
+in an allreduce, rank 1 in a DistributedOptimizer step), and prints the CPU time its process
+used meanwhile, and the time its threads were running or ready to run (Linux's schedstat:
+on a busy machine a yielding wait gets less CPU, but it stays ready to run all along).
 """
 
 import ctypes
 import os
 import sys
+import time
 
 if sys.argv[1] == "mpi4py_first":
     from mpi4py import MPI  # noqa: F401
+
+import torch  # noqa: E402
+
+LATE_S = 1.0  # how long the late rank sleeps before it joins
 
 
 def yields():
@@ -27,3 +36,49 @@ fm.barrier()
 print(
     f"rank {fm.local_rank()}: before={before} after={yields()} wait={fm.build_info()['mpi_wait']}"
 )
+
+
+def runnable_s():
+    """Seconds this process's threads have been running or waiting for a core to run on."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu_ns, run_delay_ns = f.read().split()[:2]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        total += int(on_cpu_ns) + int(run_delay_ns)
+    return total / 1e9
+
+
+def waited(what, waiter, join):
+    """Rank `waiter` runs join() at once, the other after LATE_S; the waiter prints the wall,
+    CPU and runnable seconds (all its threads) that join() took."""
+    fm.barrier()
+    if fm.local_rank() != waiter:
+        time.sleep(LATE_S)
+        join()
+        return
+    wall, cpu, ready = time.monotonic(), time.process_time(), runnable_s()
+    join()
+    wall, cpu, ready = time.monotonic() - wall, time.process_time() - cpu, runnable_s() - ready
+    print(
+        f"rank {waiter}: waited {wall:.2f} s in {what}, cpu {cpu:.2f} s ({cpu / wall:.0%}), "
+        f"runnable {ready:.2f} s ({ready / wall:.0%})"
+    )
+
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
+
+
+def step():
+    opt.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    opt.step()
+
+
+step()  # the plan is made; the step below waits in its reduction only
+waited("an allreduce", 0, lambda: fm.allreduce_(torch.ones(4)))
+waited("a DistributedOptimizer step", 1, step)

@@ -92,6 +92,8 @@ class user_call:
 
 DEBUG_MODES = ("off", "detail")
 _debug = [os.environ.get("FLUXMPI_DEBUG", "off").strip().lower() or "off"]
+# The same box, read without a call on the collectives' fast path (groups.group_dispatch).
+debug_box = _debug
 
 
 def debug_mode() -> str:

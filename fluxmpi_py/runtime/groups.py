@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Callable, TypeVar
 
 from .._core import C
-from .agreement import named_call
+from .agreement import debug_box, named_call
 
 _F = TypeVar("_F", bound=Callable)
 
@@ -119,6 +119,8 @@ def group_dispatch(call: str) -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def dispatch(*args, group=None, name=None, **kwargs):
+            if group is None and name is None and debug_box[0] != "detail":
+                return fn(*args, **kwargs)  # the common call: nothing to set up (no context)
             with named_call(call, name):
                 if group is None:
                     return fn(*args, **kwargs)

@@ -91,9 +91,9 @@ class user_call:
 
 
 DEBUG_MODES = ("off", "detail")
-_debug = [os.environ.get("FLUXMPI_DEBUG", "off").strip().lower() or "off"]
-# The same box, read without a call on the collectives' fast path (groups.group_dispatch).
-debug_box = _debug
+# [mode]: a box, so that the collectives' fast path (groups.group_dispatch) reads it without
+# a call.
+debug_box = [os.environ.get("FLUXMPI_DEBUG", "off").strip().lower() or "off"]
 
 
 def debug_mode() -> str:
@@ -103,7 +103,7 @@ def debug_mode() -> str:
     >>> debug_mode() in DEBUG_MODES
     True
     """
-    return _debug[0] if _debug[0] in DEBUG_MODES else "off"
+    return debug_box[0] if debug_box[0] in DEBUG_MODES else "off"
 
 
 def set_debug_mode(mode: object) -> ValueError | None:
@@ -114,11 +114,11 @@ def set_debug_mode(mode: object) -> ValueError | None:
     "Init(debug='loud'): expected 'off' or 'detail'"
     """
     if mode is None:
-        if _debug[0] in DEBUG_MODES:
+        if debug_box[0] in DEBUG_MODES:
             return None
-        return ValueError(f"FLUXMPI_DEBUG={_debug[0]!r}: expected 'off' or 'detail'")
+        return ValueError(f"FLUXMPI_DEBUG={debug_box[0]!r}: expected 'off' or 'detail'")
     if isinstance(mode, str) and mode in DEBUG_MODES:
-        _debug[0] = mode
+        debug_box[0] = mode
         return None
     return ValueError(f"Init(debug={mode!r}): expected 'off' or 'detail'")
 

@@ -31,6 +31,21 @@ def pytest_collection_modifyitems(session, config, items):
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+def xdist_group(item):
+    """Which tests must share a pytest-xdist worker (make test runs `-n 2 --dist loadgroup`):
+    the cases of one world size's bundle (one mpiexec launch for the workers of many files,
+    made by the first of them to run), and otherwise a file's tests together, since a file's
+    launches, module fixtures, fixed ports (test_c10d's torchrun) and network namespaces
+    (test_multi_host) are made once and shared by its tests."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for value in params.values():
+        if isinstance(value, mpi_util.WorkerCase) and value.bundle:
+            return f"bundle-np{value.np}"
+    return os.path.basename(str(item.fspath))
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +57,12 @@ def zygote():
     return zygote_module.shared()
 
 
-# CPU seconds per test (this process and its finished children: the ranks under mpiexec, the
-# zygote's children are not counted until it exits), printed with FLUXMPI_TEST_CPU=N as the N
-# costliest: wall time on a loaded machine says little, CPU time says what a test costs.
+# CPU seconds per test (the test's process and its finished children: the ranks under mpiexec;
+# the zygote's children are not counted until it exits), printed with FLUXMPI_TEST_CPU=N as the N
+# costliest: wall time on a loaded machine says little, CPU time says what a test costs. Each
+# test's figure rides on its teardown report, so that it reaches the controller under xdist.
 _CPU = {}
+_CPU_START = pytest.StashKey[float]()
 
 
 def _cpu_now():
@@ -58,11 +75,22 @@ def _cpu_now():
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_START] = _cpu_now()
+
+
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    t0 = _cpu_now()
-    yield
-    _CPU[item.nodeid] = _cpu_now() - t0
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", _cpu_now() - item.stash[_CPU_START]))
+
+
+def pytest_runtest_logreport(report):
+    for key, value in report.user_properties:
+        if key == "cpu_s":
+            _CPU[report.nodeid] = value
 
 
 def pytest_terminal_summary(terminalreporter):

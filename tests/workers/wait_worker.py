@@ -5,8 +5,9 @@
 Prints, per rank, Open MPI's own yield flag before and after Init and build_info's mpi_wait.
 Then each rank in turn waits about a second for the other, which sleeps before joining (rank 0
 in an allreduce, rank 1 in a DistributedOptimizer step), and prints the CPU time its process
-used meanwhile, and the time its threads were running or ready to run (Linux's schedstat:
-on a busy machine a yielding wait gets less CPU, but it stays ready to run all along).
+used meanwhile, the time its threads were running or ready to run (Linux's schedstat: on a
+busy machine a yielding wait gets less CPU, but it stays ready to run all along), and the
+naps: the most voluntary context switches of one thread over the wait.
 """
 
 import ctypes
@@ -51,6 +52,21 @@ def runnable_s():
     return total / 1e9
 
 
+def voluntary_switches():
+    """Per thread of this process, how often it gave up its core to wait (Linux counts a sleep
+    or a blocking call; a yield or a preemption is involuntary). A wait that naps adds one a
+    nap to its thread, on a busy machine as on an idle one; a wait that yields or polls, none."""
+    counts = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                line = next(x for x in f if x.startswith("voluntary_ctxt_switches:"))
+        except (FileNotFoundError, StopIteration):  # a thread that ended meanwhile
+            continue
+        counts[tid] = int(line.split()[1])
+    return counts
+
+
 def waited(what, waiter, join):
     """Rank `waiter` runs join() at once, the other after LATE_S; the waiter prints the wall,
     CPU and runnable seconds (all its threads) that join() took."""
@@ -60,11 +76,13 @@ def waited(what, waiter, join):
         join()
         return
     wall, cpu, ready = time.monotonic(), time.process_time(), runnable_s()
+    naps = voluntary_switches()
     join()
     wall, cpu, ready = time.monotonic() - wall, time.process_time() - cpu, runnable_s() - ready
+    naps = max(n - naps.get(tid, 0) for tid, n in voluntary_switches().items())
     print(
         f"rank {waiter}: waited {wall:.2f} s in {what}, cpu {cpu:.2f} s ({cpu / wall:.0%}), "
-        f"runnable {ready:.2f} s ({ready / wall:.0%})"
+        f"runnable {ready:.2f} s ({ready / wall:.0%}), naps {naps}"
     )
 
 

@@ -31,8 +31,11 @@ def pytest_collection_modifyitems(session, config, items):
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: each file keeps its own order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+def pytest_itemcollected(item):
+    # here, before pytest_collection_modifyitems, where xdist's worker reads the groups
+    item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 def xdist_group(item):
@@ -89,8 +92,8 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_runtest_logreport(report):
     for key, value in report.user_properties:
-        if key == "cpu_s":
-            _CPU[report.nodeid] = value
+        if key == "cpu_s":  # the node id less xdist's "@group"
+            _CPU[report.nodeid.rsplit("@", 1)[0]] = value
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -107,3 +110,5 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", f"the {n} costliest tests")
     for nodeid, s in sorted(_CPU.items(), key=lambda kv: -kv[1])[:n]:
         terminalreporter.write_line(f"{s:8.1f}  {nodeid}")
+
+

@@ -82,6 +82,7 @@ from .runtime import (
     local_rank,
     new_group,
     node_local_rank,
+    node_size,
     total_workers,
 )
 from .sync import (
@@ -107,6 +108,7 @@ __all__ = [
     "local_rank",
     "total_workers",
     "node_local_rank",
+    "node_size",
     "barrier",
     "build_info",
     "Group",

@@ -20,7 +20,9 @@ The layers, top to bottom (docs/DEVELOPING.md):
 
 sync/ and data/ share a level but may not import each other. integrations/ may also import the
 package itself (``import fluxmpi_py as fm``: the public names), which must then not import them
-back: the cycle check sees that.
+back: the cycle check sees that. integrations/ build on the public API only, as a third party
+would: they may not import ``_core``, nor an underscore-named module or name of another layer
+(their own private modules, such as ``integrations/horovod/_handles.py``, are theirs).
 
 >>> layer_of("training/join.py"), layer_of("_core.py"), layer_of("__init__.py")
 ('training', '_core', 'face')
@@ -52,6 +54,10 @@ LAYERS = {
 }
 PACKAGE = "fluxmpi_py"
 GATEWAY = "_core.py"  # the one module that may import _C
+_PUBLIC_ONLY = (
+    "integrations build on the public API (fm.X, or a public module's public names); add a "
+    "public, documented function to the layer below instead"
+)
 
 
 def layer_of(rel: str) -> str | None:
@@ -79,6 +85,19 @@ def modules(root: str) -> dict[str, str]:
     return out
 
 
+def _from_base(cur: str, is_pkg: bool, node: ast.ImportFrom) -> str | None:
+    """The package module (dotted, relative to the package) a ``from X import ...`` reads
+    from; None outside the package."""
+    if node.level == 0:
+        if node.module != PACKAGE and not (node.module or "").startswith(PACKAGE + "."):
+            return None
+        return (node.module or "")[len(PACKAGE) + 1 :]
+    parts = cur.split(".") if cur else []
+    pkg = parts if is_pkg else parts[:-1]
+    pkg = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+    return ".".join([*pkg, *([node.module] if node.module else [])])
+
+
 def _target(mods: dict[str, str], cur: str, is_pkg: bool, node: ast.AST) -> list[str]:
     """The package modules an import statement reaches (a ``from X import name`` may name a
     submodule of X)."""
@@ -89,19 +108,57 @@ def _target(mods: dict[str, str], cur: str, is_pkg: bool, node: ast.AST) -> list
                 found.append(a.name[len(PACKAGE) + 1 :])
         return found
     assert isinstance(node, ast.ImportFrom)
-    if node.level == 0:
-        if node.module != PACKAGE and not (node.module or "").startswith(PACKAGE + "."):
-            return []
-        base = (node.module or "")[len(PACKAGE) + 1 :]
-    else:
-        parts = cur.split(".") if cur else []
-        pkg = parts if is_pkg else parts[:-1]
-        pkg = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
-        base = ".".join([*pkg, *([node.module] if node.module else [])])
+    base = _from_base(cur, is_pkg, node)
+    if base is None:
+        return []
     for a in node.names:
         sub = f"{base}.{a.name}" if base else a.name
         found.append(sub if sub in mods or a.name == "_C" else base)
     return found
+
+
+def _private_reach(mods: dict[str, str], cur: str, is_pkg: bool, node: ast.AST) -> list[str]:
+    """What an import of an ``integrations/`` module reaches that is not the public API of the
+    layers below: ``_core`` (the compiled core), an underscore-named module, or an
+    underscore-named name, of another layer (the integration's own private modules are its
+    business). Each as the dotted name imported."""
+    reached: list[tuple[str, str | None]] = []  # (module, name imported from it or None)
+    if isinstance(node, ast.Import):
+        reached = [(t, None) for t in _target(mods, cur, is_pkg, node)]
+    elif isinstance(node, ast.ImportFrom):
+        base = _from_base(cur, is_pkg, node)
+        if base is None:
+            return []
+        for a in node.names:
+            sub = f"{base}.{a.name}" if base else a.name
+            reached.append((sub, None) if sub in mods else (base, a.name))
+    found = []
+    for module, name in reached:
+        if module in mods and layer_of(mods[module]) == "integrations":
+            continue
+        parts = [p for p in module.split(".") if p] + ([name] if name else [])
+        if any(p.startswith("_") and p != "__init__" for p in parts):
+            found.append(".".join([PACKAGE, *parts]))
+    return found
+
+
+def _private_attributes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, ``fluxmpi_py._name``) of each underscore-named attribute read through the
+    package itself (``import fluxmpi_py as fm; fm._core``): the private side, reached around
+    the import check."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names if a.name == PACKAGE}
+    return [
+        (n.lineno, f"{PACKAGE}.{n.attr}")
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id in names
+        and n.attr.startswith("_")
+        and not (n.attr.startswith("__") and n.attr.endswith("__"))
+    ]
 
 
 def _functions_imports(tree: ast.AST) -> set[int]:
@@ -129,9 +186,15 @@ def check(root: str) -> tuple[list[str], int]:
             tree = ast.parse(f.read(), rel)
         inner = _functions_imports(tree)
         is_pkg = rel.endswith("__init__.py")
+        if src == "integrations":
+            for line, private in _private_attributes(tree):
+                faults.append(f"{rel}:{line}: reads {private}: {_PUBLIC_ONLY}")
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
+            if src == "integrations":
+                for private in _private_reach(mods, name, is_pkg, node):
+                    faults.append(f"{rel}:{node.lineno}: imports {private}: {_PUBLIC_ONLY}")
             for target in _target(mods, name, is_pkg, node):
                 where = f"{rel}:{node.lineno}"
                 if target.endswith("_C") and target.split(".")[-1] == "_C" or target == "_C":

@@ -111,6 +111,30 @@ def test_package_follows_the_layers():
         # the compiled core through anything but _core
         ("collectives/inplace.py", "from .. import _C", "imports _C; only _core.py may"),
         ("training/optimizer.py", "import fluxmpi_py._C as C", "imports _C; only _core.py may"),
+        # integrations on the private side of the layers below: _core, an underscore module,
+        # an underscore name (the faults of issue 32, put back)
+        (
+            "integrations/horovod/_ops.py",
+            "from ..._core import C as _C",
+            "integrations/horovod/_ops.py:1: imports fluxmpi_py._core.C: integrations build on "
+            "the public API",
+        ),
+        ("integrations/c10d.py", "import fluxmpi_py._core", "c10d.py:1: imports fluxmpi_py._core:"),
+        (
+            "integrations/horovod/_gradients.py",
+            "from ...training import _reduction_plan as plan",
+            "imports fluxmpi_py.training._reduction_plan: integrations build on the public API",
+        ),
+        (
+            "integrations/horovod/_topology.py",
+            "from ...runtime.world import local_rank, _comm_handle",
+            "_topology.py:1: imports fluxmpi_py.runtime.world._comm_handle: integrations",
+        ),
+        (
+            "integrations/horovod/_extras.py",
+            "import fluxmpi_py as fm\nC = fm._core.C",
+            "_extras.py:2: reads fluxmpi_py._core: integrations build on the public API",
+        ),
     ],
 )
 def test_package_checker_fails_on_a_bad_import(tmp_path, path, line, fault):

@@ -19,7 +19,7 @@ import torch
 
 from .._core import GRADIENT_OPS, C
 from ..runtime.groups import group_dispatch, on_handle
-from . import _row_calls as rows
+from . import row_calls as rows
 from .inplace import allreduce_, bcast_, reduce_
 
 __all__ = ["allreduce", "broadcast"]

@@ -12,6 +12,8 @@ builds with CUDA.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import torch
 
 from .._core import REDUCE_OPS, C, parse_root
@@ -127,6 +129,36 @@ def reduce_(
     """
     _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
+
+
+def raise_in_collective(
+    error: str, tensor: torch.Tensor | None = None, *, like: str = "allreduce_"
+) -> NoReturn:
+    """Enter the collective ``like`` ("allreduce_" or "bcast_" of ``tensor``; by default one
+    float) on the current group with ``error``, this rank's verdict on its own arguments: the
+    ranks' agreement raises it on every rank of the group together, each inside whatever
+    collective it called, instead of leaving them waiting for this one. For a face's argument
+    rules that the compiled calls cannot check (Horovod's ``name=`` and root rules). Raises a
+    TypeError naming the call, this rank and ``error``; never returns.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> raise_in_collective("root 7 is not in the set")
+    Traceback (most recent call last):
+    ...
+    TypeError: allreduce_(): rank 0: root 7 is not in the set
+    """
+    if like not in ("allreduce_", "bcast_"):
+        raise ValueError(
+            f"raise_in_collective: like must be 'allreduce_' or 'bcast_', got {like!r}"
+        )
+    if not error:
+        raise ValueError("raise_in_collective: error must be a non-empty text")
+    tensor = torch.zeros(1) if tensor is None else tensor
+    if like == "bcast_":
+        C.bcast_(tensor, 0, error)
+    else:
+        C.allreduce_(tensor, "sum", error)
+    raise AssertionError(f"unreachable: the agreement raises {error!r}")
 
 
 class Request:

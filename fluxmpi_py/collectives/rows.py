@@ -23,7 +23,7 @@ import torch
 
 from .._core import C
 from ..runtime.groups import group_dispatch
-from . import _row_calls as rows
+from . import row_calls as rows
 from .differentiable import (
     Allgather,
     Alltoall,

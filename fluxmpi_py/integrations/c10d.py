@@ -32,8 +32,9 @@ from urllib.parse import parse_qsl, urlparse
 
 import torch.distributed as dist
 
-from .._core import C
-from ..runtime.world import Init, rendezvous_store
+from ..collectives.torch_backend import torch_backend
+from ..runtime.groups import new_local_group
+from ..runtime.world import Init, local_rank, rendezvous_store, total_workers
 
 __all__: list[str] = []
 
@@ -54,7 +55,7 @@ def _mpi_rendezvous(url: str, timeout=None, **kwargs):
     """The ``fluxmpi://`` rendezvous (torch's handler protocol): yields (store, rank,
     world_size) from MPI; rank 0 serves the store on a free port and tells the others."""
     _init(timeout)
-    rank, size = C.rank(), C.size()
+    rank, size = local_rank(), total_workers()
     query = dict(parse_qsl(urlparse(url).query))
     for name, mine in (("rank", rank), ("world_size", size)):
         if name in query and int(query[name]) != mine:
@@ -80,25 +81,25 @@ def _create_backend(opts, backend_options=None):
     so that no rank outside the group is waited for."""
     default = not opts.global_ranks_in_group  # empty for the default group only
     _init(opts.timeout if default else None)  # a sub-group's timeout is not the job's
-    if default and opts.group_size != C.size():
+    if default and opts.group_size != total_workers():
         # the default group, of a size MPI does not have: launched by torchrun or with
         # RANK/WORLD_SIZE set, not by mpiexec
         raise RuntimeError(
-            f"the fluxmpi backend takes its ranks from MPI, which started {C.size()} "
+            f"the fluxmpi backend takes its ranks from MPI, which started {total_workers()} "
             f"process(es) here, but torch.distributed was told world_size {opts.group_size} "
             "(torchrun, or RANK/WORLD_SIZE/MASTER_ADDR in the environment); launch with "
             f"`mpiexec -n {opts.group_size} python script.py` instead of torchrun, or use "
             'backend "gloo" under torchrun'
         )
     if default:
-        return C.c10d_backend(opts.group_rank, opts.group_size)
+        return torch_backend(opts.group_rank, opts.group_size)
     # Every sub-group, even one of every rank, gets a communicator of its own, whose members
     # first compare their lists: a member with another list raises with them instead of taking
     # a communicator the others never join. sort=False: torch has sorted the list already,
     # unless sort_ranks=False asked for its order.
     ranks = [int(r) for r in opts.global_ranks_in_group]
-    group = C.new_local_group(ranks, False, _timeout_s(opts.timeout))
-    return C.c10d_backend(opts.group_rank, opts.group_size, group)
+    group = new_local_group(ranks, sort=False, timeout_s=_timeout_s(opts.timeout))
+    return torch_backend(opts.group_rank, opts.group_size, group)
 
 
 def _register() -> None:

@@ -29,6 +29,7 @@ from .world import (
     build_info,
     local_rank,
     node_local_rank,
+    node_size,
     total_workers,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "local_rank",
     "total_workers",
     "node_local_rank",
+    "node_size",
     "barrier",
     "build_info",
     "Group",

@@ -78,10 +78,50 @@ def new_group(ranks: Iterable[int]) -> Group:
     return Group(C.new_group(ranks))
 
 
+def new_local_group(ranks: Iterable[int], *, sort: bool = True, timeout_s: float) -> Group:
+    """Make a group of the world ranks ``ranks``, called by its members alone (MPI_Comm_create_group):
+    ranks outside it take no part. The members first compare their lists and raise together when
+    they differ; ``sort=False`` keeps the order given (the rank in the group is the place in the
+    list); ``timeout_s`` bounds the members' wait for each other. For faces whose groups are
+    made by their members only (torch.distributed's ``new_group``); users call
+    :func:`new_group`.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> new_local_group([fm.local_rank()], timeout_s=60.0).size
+    1
+    """
+    return Group(C.new_local_group([int(r) for r in ranks], sort, float(timeout_s)))
+
+
+def current_group() -> Group:
+    """The group that collectives called now, on this thread, run on: the world, or the group
+    of an enclosing ``group=`` call or :class:`on_group` context. For collectives whose later
+    part (an autograd backward) must run on the group of their first part: keep it, and enter
+    ``on_group`` with it later.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> current_group().size == fm.total_workers()
+    True
+    >>> g = fm.new_group([0])
+    >>> if fm.local_rank() == 0:
+    ...     with on_group(g, "example"):
+    ...         assert current_group().ranks == (0,)
+    """
+    return Group(C.current_group())
+
+
 class on_group:
-    """Run the compiled calls inside this context on ``group`` (None: the world). A rank outside
-    the group gets a ValueError naming its rank, ``call`` and the group's ranks, raised here,
-    before any communication. Internal: the public functions take ``group=``."""
+    """Run the collectives called inside this context on ``group`` (None: the world): what
+    ``group=`` does for one call, for a face that runs several calls on a group of its own
+    (Horovod's process sets). A rank outside the group gets a ValueError naming its rank,
+    ``call`` and the group's ranks, raised here, before any communication.
+
+    >>> import torch, fluxmpi_py as fm; fm.Init()
+    >>> g = fm.new_group([0])
+    >>> if fm.local_rank() == 0:
+    ...     with on_group(g, "example"):
+    ...         assert fm.allreduce_(torch.ones(1)).item() == 1.0
+    """
 
     __slots__ = ("_handle", "_previous")
 

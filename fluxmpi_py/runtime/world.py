@@ -34,6 +34,7 @@ __all__ = [
     "local_rank",
     "total_workers",
     "node_local_rank",
+    "node_size",
     "barrier",
     "build_info",
 ]
@@ -346,6 +347,15 @@ def node_local_rank() -> int:
     0
     """
     return C.node_rank()
+
+
+def node_size() -> int:
+    """Number of ranks on this process's node (``node_local_rank()`` is below it).
+
+    >>> import fluxmpi_py as fm; fm.Init(); 0 <= fm.node_local_rank() < fm.node_size() <= fm.total_workers()
+    True
+    """
+    return C.node_size()
 
 
 def barrier(*, group=None) -> None:

@@ -18,7 +18,6 @@ import torch
 
 import fluxmpi_py as _fm
 
-from ...collectives import differentiable as _diff
 from . import (
     _collectives,
     _extras,
@@ -201,7 +200,7 @@ def allreduce(
         with named(name, process_set, call, hold=False), _in_set(process_set, call):
             x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
             op = _op(average, op)
-            out = _diff.allreduce(x, op)
+            out = _fm.allreduce(x, op)
             return out * postscale_factor if postscale_factor != 1.0 else out
     return allreduce_(
         tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
@@ -285,7 +284,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
         with named(name, process_set, call, hold=False):
             group, root = _root(process_set, root_rank, call, tensor)
             n = size() if group is None else group.size
-            return _diff.broadcast(_gradients.averaged_gradient(tensor, n), root, group=group)
+            return _fm.broadcast(_gradients.averaged_gradient(tensor, n), root, group=group)
     return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..._core import C
-from ...collectives import _row_calls as rows
+from ...collectives import row_calls as rows
 from ...collectives import rows as _gc
 from ...collectives.inplace import Ibcast
-from ...runtime.groups import on_handle
+from ...runtime.groups import current_group, on_group
 from . import _gradients
 from ._handles import _Handle, _in_set, named, synchronize_now
 from ._ops import _integer_average, _op, _root, _scale_
@@ -64,7 +63,7 @@ def _scale_op(op, prescale_factor, postscale_factor, tensors):
 def _horovod_splits(tensor: torch.Tensor) -> list[int]:
     """Horovod's reducescatter parts: dim 0 in as many parts as the (current group's) ranks,
     the first ranks one row more when it does not divide."""
-    n = C.current_group().size
+    n = current_group().size
     q, rem = divmod(tensor.shape[0] if tensor.dim() else 0, n)
     return [q + (1 if r < rem else 0) for r in range(n)]
 
@@ -79,14 +78,14 @@ class _AlltoallWithSplits(torch.autograd.Function):
             "alltoall", x, grouped=False, async_op=False, call="hvd.alltoall()", splits=splits
         )
         out = p.wait()[0]
-        ctx.received, ctx.group = p.received_splits[0], C.current_group()
+        ctx.received, ctx.group = p.received_splits[0], current_group()
         received = torch.tensor(ctx.received, dtype=torch.int32)
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad, _grad_received):
-        with on_handle(ctx.group):  # the forward's process set, not the backward's caller's
+        with on_group(ctx.group, "hvd.alltoall() backward"):  # the forward's set, not the caller's
             p = rows.start(
                 "alltoall", grad.contiguous(), grouped=False, async_op=False,
                 call="hvd.alltoall() backward", splits=ctx.received,
@@ -100,13 +99,13 @@ class _GroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, *tensors):
-        ctx.op, ctx.group = op, C.current_group()
+        ctx.op, ctx.group = op, current_group()
         outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
         return tuple(_gc.grouped_allreduce_(outs, op))
 
     @staticmethod
     def backward(ctx, *grads):
-        with on_handle(ctx.group):
+        with on_group(ctx.group, "hvd.grouped_allreduce() backward"):
             gs = [g.clone(memory_format=torch.contiguous_format) for g in grads]
             return (None, *_gc.grouped_allreduce_(gs, ctx.op))
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._core import C
-from ...collectives import _row_calls as rows
-from ...runtime.groups import on_handle
+from ...collectives import row_calls as rows
+from ...runtime.groups import current_group, on_group
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -55,12 +54,12 @@ class GroupedAllgather(torch.autograd.Function):
         p = rows.start("allgather", list(xs), grouped=True, async_op=False, call=call)
         outs = p.wait()
         ctx.rows, ctx.call = p.received_splits, call
-        ctx.group = C.current_group()
+        ctx.group = current_group()
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        with on_handle(ctx.group):
+        with on_group(ctx.group, ctx.call + " backward"):
             p = rows.start(
                 "reduce_scatter", [g.contiguous() for g in grads], grouped=True,
                 async_op=False, call=ctx.call + " backward", op="sum", splits=ctx.rows,
@@ -78,7 +77,7 @@ class GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, op, splits, prescale, postscale, *xs):
         ctx.call, ctx.op, ctx.factor = call, op, prescale * postscale
-        ctx.group = C.current_group()
+        ctx.group = current_group()
         ins = [x.detach() * prescale if prescale != 1.0 else x.detach() for x in xs]
         p = rows.start(
             "reduce_scatter", ins, grouped=True, async_op=False, call=call, op=op, splits=splits
@@ -90,7 +89,7 @@ class GroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        with on_handle(ctx.group):
+        with on_group(ctx.group, ctx.call + " backward"):
             p = rows.start(
                 "allgather", [g.contiguous() for g in grads], grouped=True, async_op=False,
                 call=ctx.call + " backward",

@@ -7,9 +7,7 @@ from __future__ import annotations
 import weakref
 from contextlib import contextmanager
 
-import torch
-
-from ..._core import C
+from ...collectives.inplace import raise_in_collective
 from ...runtime.agreement import named_call, user_call
 from ...runtime.groups import on_group
 from ._process_sets import group_of
@@ -58,7 +56,7 @@ def _name_key(name, process_set, call: str):
     if name is None:
         return None
     group = group_of(process_set, call)
-    return (None if group is None else id(group._handle), str(name))
+    return (group, str(name))
 
 
 class NameInFlightError(ValueError, TypeError):
@@ -83,7 +81,7 @@ def named(name, process_set, call: str, *, hold: bool = True):
         )
         try:
             with _in_set(process_set, call), user_call(call):
-                C.allreduce_(torch.zeros(1), "sum", error)  # raises on every rank of the set
+                raise_in_collective(error)  # raises on every rank of the set
         except TypeError as e:  # the class of local errors on the other ranks
             raise NameInFlightError(str(e)) from None
         raise AssertionError("unreachable: the agreement raises")

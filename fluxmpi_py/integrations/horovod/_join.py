@@ -34,7 +34,7 @@ waited on (a collective on a set with a joined member then waits until the timeo
 
 from __future__ import annotations
 
-from ..._core import C
+from ...runtime.world import build_info
 from ...training.join import JoinState, wait_for_all
 from ._optimizer import JOIN, SET_JOINS, join_state
 from ._process_sets import member_groups
@@ -52,13 +52,12 @@ def _sets() -> list[tuple[object, JoinState]]:
     an optimizer is made on every member, so liveness is never asked (garbage collection runs
     at different times on different ranks). Without MPI_THREAD_MULTIPLE the wait is on the
     world only (a set's collective then hangs until the timeout)."""
-    if C.thread_level() < 3:
+    if not build_info()["thread_multiple"]:
         return []
-    groups = {id(g._handle): g for g in member_groups()}
-    for key, (group, _) in SET_JOINS.items():
-        groups.setdefault(key, group)
+    groups = member_groups()
+    groups += [g for g in SET_JOINS if g not in groups]
     return [
-        (g, SET_JOINS[key][1] if key in SET_JOINS else join_state())  # no optimizers: empty
-        for key, g in groups.items()
+        (g, SET_JOINS[g] if g in SET_JOINS else join_state())  # no optimizers: empty
+        for g in groups
         if g.size > 1 and g.rank is not None
     ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._core import C as _C
+from ...collectives.inplace import raise_in_collective
+from ...runtime.groups import current_group
 from ...runtime.groups import on_group as _on_group
 from . import _process_sets
 
@@ -47,7 +48,7 @@ def _integer_average(op, tensors, postscale_factor) -> tuple[str, float]:
         not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool for t in tensors
     ):
         return op, postscale_factor
-    return Sum, postscale_factor / _C.current_group().size
+    return Sum, postscale_factor / current_group().size
 
 
 def _root(process_set, root_rank, call, tensor=None):
@@ -57,5 +58,5 @@ def _root(process_set, root_rank, call, tensor=None):
     root, error = _process_sets.group_root(group, root_rank, call)
     if error:
         with _on_group(group, call):
-            _C.bcast_(torch.zeros(1) if tensor is None else tensor, 0, error)  # raises
+            raise_in_collective(error, tensor, like="bcast_")
     return group, root

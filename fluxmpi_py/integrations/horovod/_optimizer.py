@@ -352,16 +352,15 @@ def join_state() -> JoinState:
 #: hvd.join()'s world optimizers: every hvd.DistributedOptimizer without process_set=.
 JOIN = join_state()
 
-#: The same per process set: id(group handle) -> (group, its optimizers' JoinState).
+#: The same per process set: group -> its optimizers' JoinState.
 SET_JOINS: dict = {}
 
 
 def set_join(group) -> JoinState:
     """The JoinState of the ``process_set=`` optimizers on ``group`` (made on first use)."""
-    key = id(group._handle)
-    if key not in SET_JOINS:
-        SET_JOINS[key] = (group, join_state())
-    return SET_JOINS[key][1]
+    if group not in SET_JOINS:
+        SET_JOINS[group] = join_state()
+    return SET_JOINS[group]
 
 
 def _param_list(params):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import fluxmpi_py as _fm
 
-from ..._core import C
-
 __all__ = [
     "local_size",
     "cross_rank",
@@ -36,8 +34,8 @@ def learn() -> None:
     global _cross
     if _cross is not None:
         return
-    local = _fm.allgather_object(C.node_rank())
-    me = C.rank()
+    local = _fm.allgather_object(_fm.node_local_rank())
+    me = _fm.local_rank()
     peers = [r for r, lr in enumerate(local) if lr == local[me]]
     # Every node runs as many ranks when each local rank occurs as often as local rank 0.
     homogeneous = all(local.count(lr) == local.count(0) for lr in local)
@@ -66,7 +64,7 @@ def local_size() -> int:
     True
     """
     _learned()
-    return C.node_size()
+    return _fm.node_size()
 
 
 def cross_rank() -> int:

@@ -2,6 +2,10 @@
 (csrc/ops/gather_collectives.h): argument checks that do not raise on this rank alone but
 travel to the compiled core as text, so that every rank raises together; the name of the
 user's call for messages; and the Request of an async call.
+
+Public for faces built on fluxmpi_py (``fluxmpi_py.horovod``), which need what the functions
+of :mod:`.rows` keep to themselves: their own call name in messages, and the rows each rank
+sent (``received_splits`` of :func:`start`'s result), e.g. for a backward pass.
 """
 
 from __future__ import annotations
@@ -85,10 +89,19 @@ def start(
     kind: str, tensors, *, grouped: bool, async_op: bool, call: str, error="", grad=False, **args
 ):
     """Start the compiled ``kind`` ("allgather", "gather", "scatter", "reduce_scatter",
-    "alltoall", "grouped_allreduce_", "grouped_bcast_") on one tensor or a list; returns its
-    PendingTensors handle. ``args``: root_rank, op, splits, as the kind takes them; ``error``:
-    a TypeError the caller found, raised by the call on every rank; ``grad`` (the single-tensor
-    row collectives): the differentiable form, which the ranks agree on."""
+    "alltoall", "grouped_allreduce_", "grouped_bcast_") on one tensor (``grouped=False``) or
+    a list, on the current group; ``call`` names it in messages. Returns its pending call:
+    ``wait()`` gives the list of result tensors, ``received_splits`` then the rows received
+    from each rank, one list per tensor (pass it to :func:`finish` for the caller's result).
+    ``args``: root_rank, op, splits, as the kind takes them; ``error``: a TypeError the caller
+    found, raised by the call on every rank; ``grad`` (the single-tensor row collectives): the
+    differentiable form, which the ranks agree on.
+
+    >>> import torch, fluxmpi_py as fm; fm.Init(); n = fm.total_workers()
+    >>> p = start("alltoall", torch.ones(n), grouped=False, async_op=False, call="mine()", splits=[1] * n)
+    >>> p.wait()[0].tolist() == [1.0] * n, p.received_splits == [[1] * n]
+    (True, True)
+    """
     errors: list[str] = [error] if error else []
     if async_op and not grouped:
         call = "I" + call  # the name the user called: Iallgather()
@@ -109,14 +122,18 @@ def start(
 
 
 def first(tensors, _pending):
+    """A result of :func:`finish`: the one tensor of a single-tensor call."""
     return tensors[0]
 
 
 def first_or_none(tensors, _pending):
+    """A result of :func:`finish`: the one tensor, or None where the call gave none (gather
+    off the root)."""
     return tensors[0] if tensors else None
 
 
 def as_list(tensors, _pending):
+    """A result of :func:`finish`: the list of a grouped call."""
     return list(tensors)
 
 

@@ -110,5 +110,3 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", f"the {n} costliest tests")
     for nodeid, s in sorted(_CPU.items(), key=lambda kv: -kv[1])[:n]:
         terminalreporter.write_line(f"{s:8.1f}  {nodeid}")
-
-

@@ -162,19 +162,22 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
     tensors_hash(tensors, 0, &own_probes);
     probes = &own_probes;
   }
-  // One staging buffer per device type, as large as its largest bucket, reused by all.
+  // One staging buffer per device type, as large as its largest bucket, reused by all; made
+  // at its first use (steps in their home need none).
   std::map<c10::DeviceType, std::int64_t> need;
   for (const auto& s : steps) {
     if (!s.direct) need[s.device] = std::max(need[s.device], s.bytes);
   }
   std::map<c10::DeviceType, at::Tensor> staging;
-  for (const auto& s : steps) {
-    if (s.direct || staging.count(s.device)) continue;
-    std::int64_t bytes = need[s.device];
-    staging[s.device] = s.device == c10::DeviceType::CPU
-                            ? host_staging(bytes)
-                            : at::empty({bytes}, tensors[s.members[0]].options().dtype(at::kByte));
-  }
+  auto staging_for = [&](const BroadcastStep& s) -> const at::Tensor& {
+    auto it = staging.find(s.device);
+    if (it != staging.end()) return it->second;
+    const std::int64_t bytes = need[s.device];
+    return staging[s.device] =
+               s.device == c10::DeviceType::CPU
+                   ? host_staging(bytes)
+                   : at::empty({bytes}, tensors[s.members[0]].options().dtype(at::kByte));
+  };
   for (const auto& s : steps) {
     const auto& first = tensors[s.members[0]];
     Backend& b = backend_for(first);
@@ -185,10 +188,11 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
     if (s.device == c10::DeviceType::CPU) {
       Home home;
       if (find_home(*probes, s, home)) {  // the broadcast reads and writes it in place
-        if (is_root) copy_slots(home.buf, tensors, s, home.lives, true, *probes);
+        const bool copy = !home.all_live;
+        if (is_root && copy) copy_slots(home.buf, tensors, s, home.lives, true, *probes);
         g_in_place += s.bytes;
-        b.broadcast(home.buf.data_ptr(), s.bytes, at::kByte, root);
-        if (!is_root) copy_slots(home.buf, tensors, s, home.lives, false, *probes);
+        b.broadcast(home.base, s.bytes, at::kByte, root);
+        if (!is_root && copy) copy_slots(home.buf, tensors, s, home.lives, false, *probes);
         continue;
       }
       std::vector<char> relocating(s.members.size(), 0);
@@ -208,7 +212,7 @@ void coalesced_broadcast_data(const std::vector<at::Tensor>& tensors, int root,
         continue;
       }
     }
-    const auto& buf = staging[s.device];
+    const auto& buf = staging_for(s);
     const bool device = s.device != c10::DeviceType::CPU;
     if (is_root && !(device && pack_step_on_device(buf, tensors, s, true))) {
       copy_slots(buf, tensors, s, {}, true, *probes);

@@ -81,10 +81,12 @@ bool find_home(const std::vector<Probe>& probes, const BroadcastStep& s, Home& h
   if (holders(const_cast<c10::StorageImpl*>(h)) != in_home) {
     return false;
   }
-  if (!make_buf) return true;
   // Written in place: the home is ours (its holders are exactly this step's members).
-  home.buf =
-      at::from_blob(const_cast<char*>(base), {s.bytes}, at::TensorOptions().dtype(at::kByte));
+  home.base = const_cast<char*>(base);
+  home.all_live = in_home == s.members.size();
+  if (make_buf && !home.all_live) {
+    home.buf = at::from_blob(home.base, {s.bytes}, at::TensorOptions().dtype(at::kByte));
+  }
   return true;
 }
 
@@ -144,7 +146,7 @@ bool steps_in_place(const std::vector<at::Tensor>& tensors, const std::vector<Br
     if (s.direct || s.device != c10::DeviceType::CPU) continue;
     Home home;
     if (find_home(probes, s, home, false)) {
-      if (std::find(home.lives.begin(), home.lives.end(), 0) == home.lives.end()) continue;
+      if (home.all_live) continue;
       return false;
     }
     auto can = movable(tensors, s, probes);

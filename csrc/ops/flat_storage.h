@@ -34,11 +34,15 @@ at::Tensor new_flat(std::int64_t bytes);
 // members): then the slots of the members that live elsewhere are free, and only those
 // members are copied in (root) or out (others).
 struct Home {
-  at::Tensor buf;           // the step's bytes inside the home storage (with make_buf)
+  char* base = nullptr;     // offset 0 of the step's bytes inside the home storage
+  at::Tensor buf;           // those bytes as a tensor (with make_buf, unless all_live)
   std::vector<char> lives;  // per member: already at its slot, no copy
+  bool all_live = false;    // every member lives at its slot: nothing to copy either way
 };
 
-// Step `s`'s home, from the probes alone (no TensorImpl is read).
+// Step `s`'s home, from the probes alone (no TensorImpl is read). `buf` is made only where a
+// member must be copied (make_buf and not all_live): the common call, a relocated model,
+// broadcasts `base` and allocates nothing.
 bool find_home(const std::vector<Probe>& probes, const BroadcastStep& s, Home& home,
                bool make_buf = true);
 

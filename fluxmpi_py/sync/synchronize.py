@@ -118,19 +118,32 @@ def synchronize_(
         return _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate)
 
 
+# (bucket_bytes, direct_bytes, relocate) -> its C.CoalescedOptions, made once: building the two
+# keyword objects cost a few us of every call. Never modified once made.
+_options: dict = {}
+
+
+def _options_of(bucket_bytes: int, direct_bytes: int, relocate: bool):
+    key = (bucket_bytes, direct_bytes, relocate)
+    options = _options.get(key)
+    if options is None:
+        options = C.CoalescedOptions(
+            plan=C.BroadcastPlanOptions(bucket_bytes=bucket_bytes, direct_bytes=direct_bytes),
+            relocate=relocate,
+        )
+        if len(_options) < 64:  # a program passes a few; never grow without bound
+            _options[key] = options
+    return options
+
+
 def _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate):
-    rank = C.current_group().rank
     root, err = _root_index(root_rank)
     try:
         bucket_bytes, direct_bytes = int(bucket_bytes), int(direct_bytes)
     except (TypeError, ValueError):
         err = err or _SyncError(_TYPE, "bucket_bytes and direct_bytes must be ints")
         bucket_bytes = direct_bytes = 1
-    relocate = bool(relocate)
-    options = C.CoalescedOptions(
-        plan=C.BroadcastPlanOptions(bucket_bytes=bucket_bytes, direct_bytes=direct_bytes),
-        relocate=relocate,
-    )
+    options = _options_of(bucket_bytes, direct_bytes, bool(relocate))
     if isinstance(obj, nn.Module):
         note_synchronized_module(obj)  # lets DistributedOptimizer warn about unsynced buffers
     if err is None and isinstance(obj, nn.Module):
@@ -144,7 +157,8 @@ def _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate):
             if C.sync_fast_path(walk.ctensors(), root, walk.structure_hash(), options):
                 return obj
             # The ranks' structures differ: every rank is now on the slow path below.
-            return _slow_path(obj, rank, root, options)
+            return _slow_path(obj, C.current_group().rank, root, options)
+    rank = C.current_group().rank
     flat, tree = _Flattener(), None
     if err is None:
         flat, tree, err = _walk(obj)

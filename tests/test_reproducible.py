@@ -166,9 +166,12 @@ def torch_quantize(g, shift):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_exact_quantize_matches_the_float64_passes_bit_for_bit(dtype):
+@pytest.mark.parametrize(
+    "bits", [60, 44]
+)  # the kernel's exact path (|g * 2**shift| >= 2**51), its fast one
+def test_exact_quantize_matches_the_float64_passes_bit_for_bit(dtype, bits):
     top = 2 if dtype in (torch.float16, torch.bfloat16) else 9
-    shift = 60 - top  # M = 3 micro-batches: P = 60
+    shift = bits - top  # P = 60: M = 3 micro-batches
     acc = torch.full((5000,), 12345, dtype=torch.int64)  # stale values: overwritten
     want = torch.zeros(5000, dtype=torch.int64)
     for accumulate, seed in ((False, 1), (True, 2), (True, 3)):

@@ -123,6 +123,8 @@ class ExactGradientSum:
         self.missing = [len(m) for m in self.buckets]  # members not yet ready in the last pass
         self.requests: list = []  # started bucket allreduces, in bucket order
         self.written = [False] * len(self.order)  # acc holds this step's values (else stale)
+        # each parameter's gradient of the last pass, when the result can be written into it
+        self.spare: list[torch.Tensor | None] = [None] * len(self.order)
         self.local_max = [-1.0] * len(self.order)
 
     def quantum(self, i: int) -> float:
@@ -136,11 +138,16 @@ class ExactGradientSum:
     # ---- during backward ------------------------------------------------------------
     def add(self, i: int, last_pass: bool) -> None:
         """Quantize parameter ``i``'s gradient of this backward pass into its accumulator and
-        drop it; in the step's last pass, start the buckets that are complete."""
+        take it off the parameter (kept, when it can be, as the memory of the step's result);
+        in the step's last pass, start the buckets that are complete."""
         p = self.order[i]
         g = p.grad
         if g is not None:
-            mx = self._quantize_into(i, g.detach())
+            keep = not g.requires_grad and g.dtype == p.dtype and g.shape == p.shape
+            g = g.detach()
+            mx = self._quantize_into(i, g)
+            keep = keep and g.device.type == "cpu" and g.is_contiguous()
+            self.spare[i] = g if keep else None
             if not mx <= self.local_max[i]:  # also NaN
                 self.local_max[i] = mx
             p.grad = None
@@ -219,7 +226,10 @@ class ExactGradientSum:
                 # acc * q (/ M) in float64, rounded once to p's dtype: q is a power of two, so
                 # dividing by M / q (exact) rounds as times q, then / M would
                 q = self.quantum(i)
-                g = torch.empty(p.shape, dtype=p.dtype)
+                # into the last pass's gradient (a fresh tensor costs its page faults)
+                g = self.spare[i]
+                if g is None:
+                    g = torch.empty(p.shape, dtype=p.dtype)
                 C.exact_dequantize(
                     self.acc[i], g, self.micro_batches / q if self.average else 1 / q
                 )

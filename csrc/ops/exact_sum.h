@@ -12,8 +12,9 @@ namespace fluxmpi {
 // For each element x of `grad` (float32, float64, float16 or bfloat16, on the CPU): if
 // |x| < bound, q = round(x * scale) (float64, to nearest, ties to even), else q = 0 (the caller
 // drops the values); acc = accumulate ? acc + q : q. `acc`: a contiguous CPU int64 tensor of
-// grad's numel. Returns the largest |x| (0 for an empty grad), NaN when grad holds a NaN, in
-// the same pass. `scale` must be a power of two (the product is then exact).
+// grad's numel. Returns the largest |x| (0 for an empty grad), NaN when grad holds a NaN, found
+// in the same pass over memory (block by block). `scale` must be a power of two (the product is
+// then exact).
 double exact_quantize(const at::Tensor& grad, const at::Tensor& acc, double scale, double bound,
                       bool accumulate);
 

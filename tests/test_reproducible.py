@@ -136,3 +136,120 @@ def test_error_bound_against_a_float64_sum():
             opt.step()
         assert all(p.grad is None for p in model.parameters())
     assert opt.exact_grid()["weight"][0] < 16 + 16  # adapted from the first step's 2**16
+
+
+# ---- the compiled kernels against today's torch passes (no Init) -------------------------
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def grid_data(dtype, n, top, shift, seed):
+    """Gradients of `dtype` across many exponents below 2**top, with exact ties after the
+    scaling by 2**shift, zeros of both signs, subnormals and the largest value on the grid."""
+    gen = torch.Generator().manual_seed(seed)
+    info = torch.finfo(dtype)
+    low = math.frexp(info.smallest_normal)[1] - 1  # the exponent of the smallest normal
+    exps = torch.randint(max(low, top - 40), top, (n,), generator=gen)
+    g = (torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pow(2.0, exps)
+    ties = torch.randint(-2000, 2000, (n // 8,), generator=gen).double() + 0.5
+    g[: n // 8] = ties * math.ldexp(1.0, -shift)  # round(x * 2**shift) halfway: ties to even
+    g = g.to(dtype)
+    g[-4:] = torch.tensor([0.0, -0.0, info.smallest_normal / 2, 0.0], dtype=dtype)
+    g[-1] = torch.nextafter(
+        torch.tensor(math.ldexp(1.0, top), dtype=dtype), torch.zeros((), dtype=dtype)
+    )
+    return g
+
+
+def torch_quantize(g, shift):
+    """Today's reference: round(g * 2**shift) in float64, ties to even, as int64."""
+    return (g.to(torch.float64) * math.ldexp(1.0, shift)).round_().to(torch.int64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "bits", [60, 44]
+)  # the kernel's exact path (|g * 2**shift| >= 2**51), its fast one
+def test_exact_quantize_matches_the_float64_passes_bit_for_bit(dtype, bits):
+    top = 2 if dtype in (torch.float16, torch.bfloat16) else 9
+    shift = bits - top  # P = 60: M = 3 micro-batches
+    acc = torch.full((5000,), 12345, dtype=torch.int64)  # stale values: overwritten
+    want = torch.zeros(5000, dtype=torch.int64)
+    for accumulate, seed in ((False, 1), (True, 2), (True, 3)):
+        g = grid_data(dtype, 5000, top, shift, seed)
+        want = want + torch_quantize(g, shift)
+        mx = fm._core.C.exact_quantize(
+            g, acc, math.ldexp(1.0, shift), math.ldexp(1.0, top), accumulate
+        )
+        assert mx == float(g.abs().max()) and mx < math.ldexp(1.0, top)
+        assert torch.equal(acc, want), (dtype, accumulate, int((acc != want).sum()))
+    ties = torch.tensor([2.5, 3.5, -2.5, -0.5], dtype=dtype)  # to nearest, ties to even
+    assert fm._core.C.exact_quantize(ties, acc[:4], 1.0, 2.0**8, False) == 3.5
+    assert acc[:4].tolist() == [2, 4, -2, 0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_quantize_reports_overflow_and_non_finite(dtype):
+    C = fm._core.C
+    scale, bound = 2.0**40, 2.0**8
+    base = torch.tensor([1.0, -3.5, 0.25, 7.0], dtype=dtype)
+    for bad, want in ((256.0, 256.0), (-300.0, 300.0), (math.inf, math.inf), (-math.inf, math.inf)):
+        g = torch.cat([base, torch.tensor([bad], dtype=dtype)])
+        acc = torch.zeros(5, dtype=torch.int64)
+        assert C.exact_quantize(g, acc, scale, bound, False) == want  # the step raises on it
+        assert torch.equal(acc[:4], torch_quantize(base, 40))  # the others still summed
+    g = torch.cat([base, torch.tensor([math.nan, math.inf], dtype=dtype)])
+    assert math.isnan(C.exact_quantize(g, torch.zeros(6, dtype=torch.int64), scale, bound, True))
+    assert C.exact_quantize(base[:0], torch.zeros(0, dtype=torch.int64), scale, bound, False) == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("micro_batches", [1, 3, 6])
+def test_exact_dequantize_matches_the_float64_passes_bit_for_bit(dtype, micro_batches):
+    gen = torch.Generator().manual_seed(micro_batches)
+    s = torch.randint(-(2**62), 2**62, (4000,), generator=gen, dtype=torch.int64)
+    s[:1000] >>= torch.randint(0, 62, (1000,), generator=gen)  # small sums too
+    for q in (2.0**-50, 2.0**-20, 2.0**-45):
+        for divisor in (micro_batches / q, 1 / q):  # average, sum
+            out = torch.empty(4000, dtype=dtype)
+            fm._core.C.exact_dequantize(s, out, divisor)
+            want = s.to(torch.float64).div_(divisor).to(dtype)
+            assert torch.equal(out, want), (dtype, q, divisor, int((out != want).sum()))
+
+
+def test_exact_kernels_refuse_bad_tensors():
+    C = fm._core.C
+    g, acc = torch.ones(4), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="accumulator must be a contiguous CPU int64"):
+        C.exact_quantize(g, acc.int(), 1.0, 2.0, False)
+    with pytest.raises(ValueError, match="gradient has 3 elements but the accumulator has 4"):
+        C.exact_quantize(g[:3], acc, 1.0, 2.0, False)
+    with pytest.raises(ValueError, match="gradient must be a real floating"):
+        C.exact_quantize(acc, acc, 1.0, 2.0, False)
+    with pytest.raises(ValueError, match="scale must be a finite power of two, got 3"):
+        C.exact_quantize(g, acc, 3.0, 2.0, False)
+    with pytest.raises(ValueError, match="output must be contiguous"):
+        C.exact_dequantize(acc, torch.ones(4, 2).t()[0], 1.0)
+
+
+def test_a_non_finite_gradient_gives_nan_and_keeps_the_grid():
+    fm.Init()
+    model = torch.nn.Linear(3, 2)
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        named_parameters=model.named_parameters(),
+        deterministic=True,
+        check_every=0,
+    )
+    (model(torch.ones(1, 3)) * 1e3).sum().backward()
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+    grid = opt.exact_grid()
+    for bad in (math.inf, math.nan):
+        (model(torch.tensor([[1.0, bad, 1.0]])) * 1e3).sum().backward()
+        opt.synchronize()
+        assert bool(model.weight.grad.isnan().all()), model.weight.grad
+        assert torch.equal(model.bias.grad, torch.full((2,), 1e3))  # exact on the grid
+        with opt.skip_synchronize():
+            opt.step()
+        assert opt.exact_grid() == grid

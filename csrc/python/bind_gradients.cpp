@@ -1,5 +1,6 @@
-// Python face of the gradient reducer (ops/gradient_reducer.h) and of the bucket planner
-// (fusion/bucket_plan.h), which tests call without Init.
+// Python face of the gradient reducer (ops/gradient_reducer.h), of the bucket planner
+// (fusion/bucket_plan.h), which tests call without Init, and of the exact sums' element kernels
+// (ops/exact_sum.h).
 #include <pybind11/stl.h>
 
 #include <optional>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "fusion/bucket_plan.h"
+#include "ops/exact_sum.h"
 #include "ops/gradient_reducer.h"
 #include "python/bindings.h"
 
@@ -142,6 +144,14 @@ void bind_gradients(py::module_& m) {
       .def("requires_grad_changed", &GradientReducer::requires_grad_changed)
       .def_property_readonly("launched_early", &GradientReducer::launched_early)
       .def("plan", [](const GradientReducer& r) { return buckets_to_python(r.plan()); });
+
+  m.def("exact_quantize", &exact_quantize, py::arg("grad"), py::arg("acc"), py::arg("scale"),
+        py::arg("bound"), py::arg("accumulate"), py::call_guard<py::gil_scoped_release>(),
+        "acc (+)= round(grad * scale) where |grad| < bound (else 0), in one pass; returns the "
+        "largest |grad| (NaN when grad holds a NaN). The exact sums' quantizer (no Init)");
+  m.def("exact_dequantize", &exact_dequantize, py::arg("sum"), py::arg("out"), py::arg("divisor"),
+        py::call_guard<py::gil_scoped_release>(),
+        "out = out.dtype(float64(sum) / divisor), in one pass (no Init)");
 }
 
 }  // namespace fluxmpi

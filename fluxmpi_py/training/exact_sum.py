@@ -35,6 +35,7 @@ from typing import cast
 
 import torch
 
+from .._core import C
 from ..collectives.inplace import Iallreduce, allreduce_
 from ..collectives.rows import allgather
 from ..runtime.agreement import mark_raised_on_every_rank
@@ -115,25 +116,15 @@ class ExactGradientSum:
                 self.acc[i] = flat[at : at + n].view(self.order[i].shape)
                 self.bucket_of[i] = b
                 at += n
-        # Scratch for the largest parameter, reused by every pass and parameter: a fresh
-        # buffer per call costs more than the arithmetic (page faults on large tensors).
-        largest = max((p.numel() for p in self.order), default=0)
-        self._scratch: dict[torch.dtype, torch.Tensor] = {}
-        self._largest = largest
         self._reset_step()
-
-    def _buffer(self, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
-        """Scratch of ``dtype`` shaped like ``like`` (a view of the reused buffer)."""
-        buf = self._scratch.get(dtype)
-        if buf is None:
-            buf = self._scratch[dtype] = torch.empty(self._largest, dtype=dtype)
-        return buf[: like.numel()].view(like.shape)
 
     def _reset_step(self) -> None:
         self.passes = 0  # backward passes quantized this step
         self.missing = [len(m) for m in self.buckets]  # members not yet ready in the last pass
         self.requests: list = []  # started bucket allreduces, in bucket order
         self.written = [False] * len(self.order)  # acc holds this step's values (else stale)
+        # each parameter's gradient of the last pass, when the result can be written into it
+        self.spare: list[torch.Tensor | None] = [None] * len(self.order)
         self.local_max = [-1.0] * len(self.order)
 
     def quantum(self, i: int) -> float:
@@ -147,20 +138,18 @@ class ExactGradientSum:
     # ---- during backward ------------------------------------------------------------
     def add(self, i: int, last_pass: bool) -> None:
         """Quantize parameter ``i``'s gradient of this backward pass into its accumulator and
-        drop it; in the step's last pass, start the buckets that are complete."""
+        take it off the parameter (kept, when it can be, as the memory of the step's result);
+        in the step's last pass, start the buckets that are complete."""
         p = self.order[i]
         g = p.grad
         if g is not None:
+            keep = not g.requires_grad and g.dtype == p.dtype and g.shape == p.shape
             g = g.detach()
-            if g.numel():
-                lo, hi = torch.aminmax(g)  # one pass; NaN propagates
-                mx = float(torch.maximum(hi, -lo))
-            else:
-                mx = 0.0
+            mx = self._quantize_into(i, g)
+            keep = keep and g.device.type == "cpu" and g.is_contiguous()
+            self.spare[i] = g if keep else None
             if not mx <= self.local_max[i]:  # also NaN
                 self.local_max[i] = mx
-            if mx < math.ldexp(1.0, self.top[i]):  # else the step raises (values dropped)
-                self._quantize_into(i, g)
             p.grad = None
         if last_pass:
             b = self.bucket_of[i]
@@ -180,24 +169,20 @@ class ExactGradientSum:
         while len(self.requests) < len(self.buckets) and self.missing[len(self.requests)] <= 0:
             self._start(len(self.requests))
 
-    def _quantize_into(self, i: int, g: torch.Tensor) -> None:
-        """acc[i] += round(g * 2**(P - T)), for |g| < 2**T. The product is exact in g's
-        dtype when that is float32 or float64 (a power of two, no overflow: |g * 2**(P - T)|
-        < 2**62; what underflows is below 1/2 and rounds to 0 anyway) and so is the rounding
-        to an integer: the same integers as in float64, with no temporary tensor."""
-        shift = self.bits - self.top[i]
-        if g.dtype == torch.float32 and -126 <= shift <= 127:
-            work = self._buffer(torch.float32, g)
-            torch.mul(g, math.ldexp(1.0, shift), out=work)
-        else:  # float16 and bfloat16 (whose range the product may exceed), or a far grid
-            work = self._buffer(torch.float64, g)
-            work.copy_(g).mul_(math.ldexp(1.0, shift))
-        work.round_()
-        if self.written[i]:
-            self.acc[i].add_(self._buffer(torch.int64, g).copy_(work))
-        else:
-            self.acc[i].copy_(work)
-            self.written[i] = True
+    def _quantize_into(self, i: int, g: torch.Tensor) -> float:
+        """acc[i] (+)= round(g * 2**(P - T)) in one pass of the compiled kernel, which
+        returns the largest |g| (NaN for a NaN). The product is exact in float64 (a power of
+        two) and the rounding is to nearest, ties to even. Elements at or beyond 2**T (or not
+        finite) add 0: the step then raises or writes NaN, and never reads these sums."""
+        mx = C.exact_quantize(
+            g.cpu(),
+            self.acc[i],
+            math.ldexp(1.0, self.bits - self.top[i]),
+            math.ldexp(1.0, self.top[i]),
+            self.written[i],
+        )
+        self.written[i] = True
+        return mx
 
     def _start(self, b: int) -> None:
         for i in self.buckets[b]:  # no gradient this step on this rank: adds nothing
@@ -241,9 +226,14 @@ class ExactGradientSum:
                 # acc * q (/ M) in float64, rounded once to p's dtype: q is a power of two, so
                 # dividing by M / q (exact) rounds as times q, then / M would
                 q = self.quantum(i)
-                g = self._buffer(torch.float64, p).copy_(self.acc[i])
-                g.div_(self.micro_batches / q if self.average else 1 / q)
-                p.grad = g.to(p.dtype, copy=True)  # never the scratch itself
+                # into the last pass's gradient (a fresh tensor costs its page faults)
+                g = self.spare[i]
+                if g is None:
+                    g = torch.empty(p.shape, dtype=p.dtype)
+                C.exact_dequantize(
+                    self.acc[i], g, self.micro_batches / q if self.average else 1 / q
+                )
+                p.grad = g.to(p.device)
             if gm > 0 and math.isfinite(gm):
                 self.top[i] = math.frexp(gm)[1] + HEADROOM_BITS  # gm < 2**frexp exponent
         self._reset_step()

@@ -19,18 +19,42 @@ def pytest_collection_finish(session):
     )
 
 
-# Files that take minutes (a full build of the extension, each in a fresh environment): run
-# first, so that under `pytest -n N --dist loadfile` (make test) the other files fill the
-# remaining workers around them instead of leaving them to run alone at the end.
-SLOW_FIRST = ("test_pip_mpi.py", "test_wheel.py", "test_install.py", "test_multi_host.py")
+# The costliest groups first (groups: see xdist_group), longest first, so that under
+# `pytest -n N --dist loadgroup --no-loadscope-reorder` (make test) the cheap groups fill the
+# workers around them instead of one long group running alone at the end. The order comes
+# from a fresh clone's `make test` (2026-11-27, 2 workers: CPU seconds per file, the slowest
+# tests: the separate launches of test_reproducible 90 s, the bundles at 3 and 2 ranks 64 and
+# 61 s); the from-scratch builds (test_pip_mpi, minutes) lead when selected (make test-builds).
+SLOW_FIRST = (
+    "test_pip_mpi.py",
+    "test_reproducible.py",
+    "test_examples.py",
+    "test_multi_host.py",
+    "bundle-np3",
+    "bundle-np2",
+    "test_failures.py",
+    "test_resume.py",
+    "bundle-np4",
+    "test_docs.py",
+    "test_c10d.py",
+    "test_stalls.py",
+    "test_wheel.py",
+    "test_doctests.py",
+    "test_runtime.py",
+    "test_gpu_choice.py",
+    "test_staged_backend.py",
+    "test_run.py",
+    "test_checkpoint_faults.py",
+    "test_install.py",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):
     def rank(item):
-        name = os.path.basename(str(item.fspath))
-        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+        group = xdist_group(item)
+        return SLOW_FIRST.index(group) if group in SLOW_FIRST else len(SLOW_FIRST)
 
-    items.sort(key=rank)  # stable: each file keeps its own order
+    items.sort(key=rank)  # stable: each group keeps its own order
 
 
 def pytest_itemcollected(item):

@@ -108,11 +108,15 @@ void dequantize(const I64* s, T* o, I64 n, double divisor) {
 
 // Whether 1 / d is a power of two that a double holds exactly (d = 2**k, |k| <= 1021): x / d
 // and x * (1 / d) are then the same exact quotient, rounded once the same way.
-bool exact_inverse(double d) {
+// A finite power of two (frexp's mantissa 0.5) within [2**lo, 2**hi]: scaling by it, or by its
+// inverse when both ends keep clear of the range's edges, is exact.
+bool power_of_two(double d, int lo = -1074, int hi = 1023) {
   int exponent = 0;
-  return std::isfinite(d) && d > 0 && std::frexp(d, &exponent) == 0.5 && exponent <= 1022 &&
-         exponent >= -1020;
+  return std::isfinite(d) && d > 0 && std::frexp(d, &exponent) == 0.5 && exponent - 1 <= hi &&
+         exponent - 1 >= lo;
 }
+
+bool exact_inverse(double d) { return power_of_two(d, -1021, 1021); }
 
 void check_sum(const at::Tensor& sum, const at::Tensor& other, const char* what,
                const char* other_name) {
@@ -133,8 +137,7 @@ void check_sum(const at::Tensor& sum, const at::Tensor& other, const char* what,
 double exact_quantize(const at::Tensor& grad, const at::Tensor& acc, double scale, double bound,
                       bool accumulate) {
   check_sum(acc, grad, "exact_quantize", "the gradient");
-  int exponent = 0;
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0 && std::frexp(scale, &exponent) == 0.5,
+  TORCH_CHECK_VALUE(power_of_two(scale),
                     "exact_quantize: scale must be a finite power of two, got ", scale);
   const at::Tensor g = grad.contiguous();
   double most = 0.0;

@@ -143,10 +143,15 @@ class ExactGradientSum:
         p = self.order[i]
         g = p.grad
         if g is not None:
-            keep = not g.requires_grad and g.dtype == p.dtype and g.shape == p.shape
+            keep = (
+                not g.requires_grad  # (before detach, which clears it)
+                and g.dtype == p.dtype
+                and g.shape == p.shape
+                and g.device.type == "cpu"
+                and g.is_contiguous()
+            )
             g = g.detach()
             mx = self._quantize_into(i, g)
-            keep = keep and g.device.type == "cpu" and g.is_contiguous()
             self.spare[i] = g if keep else None
             if not mx <= self.local_max[i]:  # also NaN
                 self.local_max[i] = mx

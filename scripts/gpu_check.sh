@@ -31,8 +31,13 @@
 #   nccl-2      2 NCCL ranks on the one GPU, looking like two hosts to NCCL (NCCL_HOSTID per
 #               rank, NCCL_SOCKET_IFNAME=lo), else NCCL_MULTI_RANK_GPU_ENABLE=1; if NCCL refuses
 #               both, the step says so (refused, not failed)
-#   nccl-2-cs   as nccl-2, with NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1's
-#               experiment; never run yet)
+#   nccl-2-nw   as nccl-2, with NCCL calls that return once queued (FLUXMPI_NCCL_HOST_WAIT=0)
+#   nccl-2-cs-nw  as nccl-2, NCCL on a stream of its own and no host wait
+#   nccl-2-cs   as nccl-2, NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1)
+#   kill        scripts/gpu_kill_check.py: rank 1 kills itself after 20 CUDA collectives; the
+#               job must end with an error within 45 s
+#   stop, stop-nw  rank 1 sleeps instead (alive, silent): the stall timeout (15 s) must end the
+#               job, with the host waiting in NCCL calls, and without (the NCCL watchdog)
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
 #   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
 #               against DDP on NCCL and no communication, one JSON line
@@ -40,7 +45,8 @@
 #               one-call-per-large-gradient rule), 3 rounds
 #
 # Every step runs under its own timeout (GPU_CHECK_STEP_S, 120 s), so that a hang costs at
-# most that much of a GPU session; a step that runs out says "timed out".
+# most that much of a GPU session; a step that runs out says "timed out". GPU_CHECK_STEPS
+# names the steps to run after the build (default all), GPU_CHECK_ROUNDS bench-step's rounds.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,6 +59,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 LOGS=${GPU_CHECK_LOGS:-$ROOT/build/gpu_check}
 mkdir -p "$LOGS"
 STEP_S=${GPU_CHECK_STEP_S:-120}
+# GPU_CHECK_STEPS: the steps to run after build (space-separated names); default all.
+STEPS=${GPU_CHECK_STEPS:-all}
+want() { [ "$STEPS" = all ] || grep -qw -- "$1" <<< "$STEPS"; }
 FAILED=0
 summary() { printf '%-11s %-8s %s\n' "$1" "$2" "$3"; [ "$2" = FAIL ] && FAILED=1; return 0; }
 
@@ -83,6 +92,7 @@ else
   summary build FAIL "see $LOGS/build.log"; exit 1
 fi
 
+if want gpu-tests; then
 timeout "$STEP_S" "$PY" -m pytest -q -m cuda -rs tests > "$LOGS/gpu_tests.log" 2>&1
 rc=$?
 line=$(tail -n 1 "$LOGS/gpu_tests.log")
@@ -91,6 +101,7 @@ if [ $rc = 0 ] && ! grep -q skipped <<< "$line"; then
   summary gpu-tests ok "$line"
 else
   summary gpu-tests FAIL "$line (a skip counts as a failure here; $LOGS/gpu_tests.log)"
+fi
 fi
 
 # run2 MPIEXEC_ARGS... [-- CHECK_ARGS...]: scripts/gpu_ranks_check.py on 2 ranks
@@ -101,6 +112,7 @@ run2() {
   timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${margs[@]}" "$PY" -X faulthandler \
     scripts/gpu_ranks_check.py "$@"
 }
+if want mpi-shared; then
 aware=$(timeout 60 "$PY" -c "import fluxmpi_py as fm; fm.Init(); print(fm.build_info()['cuda_aware_mpi'])" 2>/dev/null)
 if run2 -- --route mpi > "$LOGS/mpi_shared.log" 2>&1; then
   summary mpi-shared ok "2 ranks on one GPU over MPI (CUDA-aware MPI: ${aware:-unknown})"
@@ -112,10 +124,12 @@ if run2 -x FLUXMPI_CUDA_OVER_MPI=0 -- --expect-refusal > "$LOGS/refusal.log" 2>&
 else
   summary refusal FAIL "$(grep -h 'FAIL:' "$LOGS/refusal.log" | head -n 3 | tr '\n' ' ')($LOGS/refusal.log)"
 fi
+fi
 
 # mpiexec arguments that make 2 ranks look like two hosts to NCCL: a host id of their own
 # (NCCL_HOSTID, set per rank by a shell around the program), sockets over loopback.
 TWO_HOSTS=(-x NCCL_SOCKET_IFNAME=lo bash -c 'NCCL_HOSTID=fluxmpi-gpu-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"')
+if want nccl-2; then
 if run2 "${TWO_HOSTS[@]}" -- --route nccl > "$LOGS/nccl_hostid.log" 2>&1; then
   summary nccl-2 ok "2 ranks on one GPU with NCCL_HOSTID per rank"
 elif NCCL_MULTI_RANK_GPU_ENABLE=1 run2 -x NCCL_MULTI_RANK_GPU_ENABLE -- --route nccl > "$LOGS/nccl_multi.log" 2>&1; then
@@ -125,31 +139,71 @@ elif grep -q "FAIL:" "$LOGS/nccl_hostid.log" "$LOGS/nccl_multi.log"; then
 else
   summary nccl-2 refused "NCCL accepted neither way of sharing one GPU ($LOGS/nccl_*.log)"
 fi
-
-# The experiment: NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1), same checks.
-if run2 "${TWO_HOSTS[@]}" -- --route nccl --comm-stream > "$LOGS/nccl_comm_stream.log" 2>&1; then
-  summary nccl-2-cs ok "2 NCCL ranks, NCCL on a stream of its own"
-else
-  summary nccl-2-cs FAIL "$(grep -h 'FAIL:' "$LOGS/nccl_comm_stream.log" | head -n 3 | tr '\n' ' ')($LOGS/nccl_comm_stream.log)"
 fi
 
+# The NCCL modes, same checks: calls that return once queued (no host wait), NCCL on a stream
+# of its own, and both.
+nccl_mode() {  # STEP LOG DESCRIPTION CHECK_ARGS...
+  local step=$1 log=$2 what=$3
+  shift 3
+  want "$step" || return 0
+  if run2 "${TWO_HOSTS[@]}" -- --route nccl "$@" > "$LOGS/$log" 2>&1; then
+    summary "$step" ok "2 NCCL ranks, $what"
+  else
+    summary "$step" FAIL "$(grep -h 'FAIL:' "$LOGS/$log" | head -n 3 | tr '\n' ' ')($LOGS/$log)"
+  fi
+}
+nccl_mode nccl-2-nw nccl_no_host_wait.log "calls return once queued" --no-host-wait
+nccl_mode nccl-2-cs-nw nccl_cs_no_host_wait.log "on a stream of their own, returning once queued" \
+  --comm-stream --no-host-wait
+nccl_mode nccl-2-cs nccl_comm_stream.log "on a stream of their own, the host waiting" --comm-stream
+
+# A rank that dies (kill) or stops (stop) after 20 CUDA collectives: the job must end with an
+# error within the stall timeout (15 s) plus 30 s, not hang.
+kill_step() {  # STEP MODE CHECK_ARGS...
+  local step=$1 mode=$2
+  shift 2
+  want "$step" || return 0
+  local t0=$SECONDS rc
+  timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" "$PY" -X faulthandler \
+    scripts/gpu_kill_check.py --mode "$mode" --timeout 15 "$@" > "$LOGS/$step.log" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0))
+  local why
+  why=$(grep -h -m 1 -E 'timeout:|has not completed|exited on signal|NCCL' "$LOGS/$step.log" | cut -c1-160)
+  if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -le 45 ] && ! grep -q "FAIL:" "$LOGS/$step.log"; then
+    summary "$step" ok "the job ended in $took s (rc $rc): $why"
+  else
+    summary "$step" FAIL "rc $rc after $took s: $why ($LOGS/$step.log)"
+  fi
+}
+kill_step kill kill
+kill_step stop stop
+kill_step stop-nw stop --no-host-wait
+
+if want bench; then
 if out=$(timeout "$STEP_S" "$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); then
   summary bench ok "$out"
 else
   summary bench FAIL "see $LOGS/bench.log"
 fi
+fi
+if want bench-step; then
 if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
-    "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds 5 2> "$LOGS/bench_step.log"); then
+    "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds ${GPU_CHECK_ROUNDS:-5} 2> "$LOGS/bench_step.log"); then
   summary bench-step ok "$(tail -n 1 <<< "$out")"
 else
   summary bench-step FAIL "see $LOGS/bench_step.log"
 fi
+fi
 # The bucket plans on CUDA (issue 31): 25 MB buckets for every gradient (the default), DDP's
 # 1 MiB first bucket, and the old rule (gradients of 1 MiB or more alone); a quicker run.
+if want bench-plans; then
 if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
     "$PY" benchmarks/bench_gpu_step.py --plans --rounds 3 2> "$LOGS/bench_plans.log"); then
   summary bench-plans ok "$(tail -n 1 <<< "$out")"
 else
   summary bench-plans FAIL "see $LOGS/bench_plans.log"
+fi
 fi
 exit $FAILED

@@ -12,7 +12,8 @@ exits 1 if any failed.
 the checks themselves.
 
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
---comm-stream: NCCL calls on a stream of their own (FLUXMPI_NCCL_COMM_STREAM=1's experiment).
+--comm-stream: NCCL calls on a stream of their own (FLUXMPI_NCCL_COMM_STREAM=1).
+--no-host-wait: NCCL calls return once queued (FLUXMPI_NCCL_HOST_WAIT=0).
 --expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
 a ValueError naming the sharing on every rank, and a CPU one must still work.
 """
@@ -141,6 +142,86 @@ def large_gradient_buckets(dev, rank, world, check):
         )
 
 
+def side_streams(dev, rank, world, check) -> None:
+    """Tensors written on a side stream: a collective must wait, on the device, for the stream
+    current when it was called. Each tensor is filled on stream s after a long sleep there
+    (torch.cuda._sleep), so a collective that does not wait for s reduces the zeros before the
+    fill. allreduce_, Iallreduce, torch.distributed.all_reduce on the fluxmpi backend (blocking
+    and async_op=True), and DistributedOptimizer with forward and backward on s, against one
+    process on the default stream. The CPU dry run has no streams and runs the same calls."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("fluxmpi")
+    cuda = dev.type == "cuda"
+    s = torch.cuda.Stream(dev) if cuda else None
+    want = world * (world + 1) / 2
+
+    def on_s():
+        return torch.cuda.stream(s) if cuda else _nullcontext()
+
+    def filled_late():
+        t = torch.zeros(1 << 20, device=dev)
+        if cuda:
+            torch.cuda._sleep(100_000_000)  # tens of ms of spinning on s before the fill
+        t.fill_(rank + 1)
+        return t
+
+    cases = {
+        "allreduce_": lambda t: fm.allreduce_(t),
+        "Iallreduce(...).wait()": lambda t: fm.Iallreduce(t).wait(),
+        "torch.distributed.all_reduce": lambda t: dist.all_reduce(t),
+        "torch.distributed.all_reduce(async_op=True).wait()": lambda t: dist.all_reduce(
+            t, async_op=True
+        ).wait(),
+    }
+    for name, call in cases.items():
+        with on_s():
+            t = filled_late()
+            call(t)
+            ok = bool((t == want).all())  # read on s, after the wait
+        check(f"{name} of a tensor filled on a side stream after a sleep", ok)
+
+    def net():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+        ).to(dev)
+
+    gen = torch.Generator().manual_seed(4)
+    x_all, y_all = torch.randn(world * 8, 64, generator=gen), torch.randn(world * 8, 1, generator=gen)
+    mine, single = net(), net()
+    opt = fm.DistributedOptimizer(torch.optim.SGD(mine.parameters(), lr=0.1))
+    sopt = torch.optim.SGD(single.parameters(), lr=0.1)
+    with on_s():
+        xs, ys = x_all[rank * 8 : rank * 8 + 8].to(dev), y_all[rank * 8 : rank * 8 + 8].to(dev)
+        for _ in range(3):
+            opt.zero_grad()
+            if cuda:
+                torch.cuda._sleep(50_000_000)
+            torch.nn.functional.mse_loss(mine(xs), ys).backward()
+            opt.step()
+    torch.cuda.current_stream(dev).wait_stream(s) if cuda else None
+    for _ in range(3):
+        sopt.zero_grad()
+        torch.nn.functional.mse_loss(single(x_all.to(dev)), y_all.to(dev)).backward()
+        sopt.step()
+    close = all(
+        torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        for a, b in zip(mine.parameters(), single.parameters())
+    )
+    check(f"DistributedOptimizer with forward and backward on a side stream equals batch {world}B",
+          close)  # fmt: skip
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def mixed_backend_string(dev, rank, world, check) -> None:
     """A group made with "cpu:fluxmpi,cuda:nccl" (the issue's mixed form; "cuda:gloo" in the
     CPU dry run, since a CPU torch has no NCCL): host tensors reduce on fluxmpi, CUDA tensors
@@ -172,6 +253,9 @@ def main() -> int:
     ap.add_argument("--route", choices=("nccl", "mpi"), default=None)
     ap.add_argument("--expect-refusal", action="store_true")
     ap.add_argument("--comm-stream", action="store_true", help="NCCL on a stream of its own")
+    ap.add_argument(
+        "--no-host-wait", action="store_true", help="NCCL calls return once queued"
+    )
     ap.add_argument("--cpu", action="store_true", help="the same checks on CPU tensors (a dry run)")
     args = ap.parse_args()
     fm.Init()
@@ -179,6 +263,10 @@ def main() -> int:
         import fluxmpi_py._C as C
 
         C.set_nccl_comm_stream(True)
+    if args.no_host_wait:
+        import fluxmpi_py._C as C
+
+        C.set_nccl_host_wait(False)
     rank, world = fm.local_rank(), fm.total_workers()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     failed = []
@@ -226,6 +314,7 @@ def main() -> int:
         ddp_on_fluxmpi,
         mixed_backend_string,
         large_gradient_buckets,
+        side_streams,
     ):  # never run on a GPU
         try:
             part(dev, rank, world, check)

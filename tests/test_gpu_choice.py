@@ -228,3 +228,18 @@ def test_gpu_ranks_check_passes_on_host_tensors(np):
         "DistributedOptimizer on 4 KiB to 4 MiB gradients",
     ):
         assert f"ok: {name}" in out, f"check {name!r} did not run:\n{out[-4000:]}"
+
+
+def test_gpu_kill_check_ends_the_job_on_host_tensors():
+    # scripts/gpu_kill_check.py is the GPU session's stop test; on host tensors rank 1 stops
+    # after 20 collectives and the stall timeout must end the job with an error, well before
+    # the script's own "still running" failure.
+    from mpi_util import ROOT, run_mpi
+
+    script = os.path.join(ROOT, "scripts", "gpu_kill_check.py")
+    rc, out = run_mpi(script, 2, "--cpu", "--mode", "stop", "--timeout", "4", timeout=120,
+                      expect_ok=False)  # fmt: skip
+    assert rc != 0, out[-4000:]
+    assert "rank 1: stop after 20 collectives" in out, out[-4000:]
+    assert "timeout: collective call" in out, out[-4000:]
+    assert "FAIL: still running" not in out, out[-4000:]

@@ -9,6 +9,8 @@
 // one device (fluxmpi_py.Init picks it) and this holds by construction.
 #pragma once
 
+#include <c10/core/Stream.h>
+
 #include <string>
 
 #include "backend/backend.h"
@@ -24,6 +26,10 @@ Backend& nccl_backend(int device);
 // pinned host memory over the current group's MPI communicator (StagedBackend), as the CPU
 // tests run it with a host copier. Slower than NCCL; it needs no NCCL communicator.
 Backend& cuda_mpi_backend(int device);
+
+// The communication stream of CUDA device `device` (torch's pool, high priority), made on first
+// use; NCCL calls run on it when nccl_comm_stream() is on.
+c10::Stream nccl_comm_stream_for(int device);
 
 // Version of the NCCL library loaded at run time, "major.minor.patch". Needs no GPU.
 std::string nccl_version_string();

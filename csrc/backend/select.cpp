@@ -20,6 +20,7 @@ std::string g_refusal;
 std::atomic<bool> g_cuda_mpi_allowed{true};
 std::atomic<bool> g_cuda_over_mpi{false};
 std::atomic<bool> g_nccl_comm_stream{false};
+std::atomic<bool> g_nccl_host_wait{true};
 
 }  // namespace
 
@@ -41,6 +42,19 @@ bool cuda_over_mpi() { return g_cuda_over_mpi; }
 
 void set_nccl_comm_stream(bool on) { g_nccl_comm_stream = on; }
 bool nccl_comm_stream() { return g_nccl_comm_stream; }
+
+void set_nccl_host_wait(bool on) { g_nccl_host_wait = on; }
+bool nccl_host_wait() { return g_nccl_host_wait; }
+
+std::optional<c10::Stream> comm_stream_of(c10::Device device) {
+#ifdef FLUXMPI_WITH_CUDA
+  if (device.is_cuda() && nccl_comm_stream() && !cuda_over_mpi() && current_group().is_world()) {
+    return nccl_comm_stream_for(device.index());
+  }
+#endif
+  (void)device;
+  return std::nullopt;
+}
 
 bool device_supported(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -43,6 +45,20 @@ bool cuda_over_mpi();
 // kernels share.
 void set_nccl_comm_stream(bool on);
 bool nccl_comm_stream();
+
+// Whether an NCCL call blocks the host until its kernel is done (the MPI backend's semantics)
+// or returns once it is queued, as ProcessGroupNCCL does: the caller's current stream then waits
+// for the call on the device, and a watchdog thread polls its completion for NCCL's
+// asynchronous errors and the stall timeout. On by default; FLUXMPI_NCCL_HOST_WAIT=0 at Init
+// turns it off.
+void set_nccl_host_wait(bool on);
+bool nccl_host_wait();
+
+// The communication stream of `device` when nccl_comm_stream() is on and the device's
+// collectives go to NCCL; otherwise none (the work runs on the thread's current stream). The
+// engine thread makes it current around its CUDA work, so that the stream marks of
+// ops/stream_order.h order the collective against its producer exactly.
+std::optional<c10::Stream> comm_stream_of(c10::Device device);
 
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();

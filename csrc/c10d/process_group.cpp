@@ -12,6 +12,7 @@
 #include "c10d/reduction.h"
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
+#include "ops/stream_order.h"
 #include "runtime/environment.h"
 #include "runtime/user_call.h"
 
@@ -44,6 +45,9 @@ bool C10dWork::wait(std::chrono::milliseconds timeout) {
     }
   }
   work_->wait();
+  // The future completed with the work: on a device, this makes the caller's current streams
+  // wait for the events it recorded after the collective (no host wait); on the host, nothing.
+  if (future_->completed() && !future_->hasError()) future_->wait();
   return true;
 }
 
@@ -116,8 +120,12 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::launch(c10d::OpType type, const char
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), devices);
-  auto work = Engine::get().submit(call, [body = std::move(body), future, outputs] {
-    run_then_complete(body, future, outputs);
+  // Device tensors: the engine's stream waits for this thread's current stream (the
+  // producer's), and the future's events, recorded as it completes, mark the stream the
+  // collective ran on; wait() and then() make their streams wait for those (ops/stream_order.h).
+  auto order = std::make_shared<StreamHandOff>(outputs);
+  auto work = Engine::get().submit(call, [body = std::move(body), future, outputs, order] {
+    order->run([&] { run_then_complete(body, future, outputs); });
   });
   return c10::make_intrusive<C10dWork>(getRank(), type, std::move(work), std::move(outputs),
                                        std::move(future));

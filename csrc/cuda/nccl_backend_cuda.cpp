@@ -1,8 +1,9 @@
 // The NCCL backend: the Backend interface over CUDA buffers. Each call enqueues its work on
 // the calling thread's current CUDA stream for the buffer's device (so it is ordered after the
 // kernels that produced the data), or on the device's communication stream after it when
-// nccl_comm_stream() is on, then blocks the host until that stream has reached the end of the
-// call, as the MPI backend blocks. docs/design.md (CUDA and NCCL) says what that costs.
+// nccl_comm_stream() is on; then, by default, blocks the host until that stream has reached the
+// end of the call, as the MPI backend blocks, or with nccl_host_wait() off returns once queued
+// (the caller's stream waits on the device). docs/design.md (CUDA and NCCL) says what it costs.
 #include "backend/nccl_backend.h"
 
 #include "backend/mpi_cuda_support.h"
@@ -153,8 +154,20 @@ struct Call {
     if (comm_ == nullptr) comm_ = nccl::comm_for(device);
     return comm_;
   }
-  // Block until everything this call enqueued has completed.
-  void finish(const char* what) { nccl::wait_for(what, comm_, device, stream); }
+  // The end of the call. With nccl_host_wait() (the default), block the host until everything
+  // this call enqueued has completed. Without, return at once: the caller's stream waits for
+  // the communication stream on the device (nothing to do when they are one stream), and the
+  // watchdog (cuda/nccl_comm.h) polls the call's completion for NCCL's asynchronous errors and
+  // the stall timeout.
+  void finish(const char* what) {
+    if (nccl_host_wait()) {
+      nccl::wait_for(what, comm_, device, stream);
+      return;
+    }
+    CudaStreams dev;
+    if (!(stream == caller)) consume_after(dev, caller, leave_stream(dev, stream));
+    nccl::watch(what, comm_, device, stream);
+  }
 
   int device;
   c10::cuda::CUDAGuard guard;
@@ -396,6 +409,8 @@ std::string nccl_version_string() {
   int patch = v % 100;
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
+
+c10::Stream nccl_comm_stream_for(int device) { return comm_stream_for(device).unwrap(); }
 
 void nccl_shutdown() { nccl::destroy_all_comms(); }
 

@@ -4,14 +4,18 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
 
 #include "cuda/nccl_check.h"
 #include "runtime/environment.h"
+#include "runtime/stall_watch.h"
 
 namespace fluxmpi::nccl {
 namespace {
@@ -144,6 +148,7 @@ ncclComm_t comm_for(int device) {
 }
 
 void destroy_all_comms() {
+  drain_watched();
   auto& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   // std::map iterates in device order, the same on every rank that made the same calls.
@@ -173,6 +178,99 @@ void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CU
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
+}
+
+}  // namespace fluxmpi::nccl
+
+namespace fluxmpi::nccl {
+namespace {
+
+constexpr std::size_t kMaxWatched = 4096;
+
+struct Watched {
+  std::string what;
+  ncclComm_t comm;
+  int device;
+  std::unique_ptr<DoneEvent> done;
+  std::chrono::steady_clock::time_point since;
+};
+
+// The calls the host did not wait for, oldest first, and the thread that polls them. Leaked
+// on purpose, as the registry is: the thread is detached and outlives static destruction.
+struct Watchdog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Watched> pending;
+  bool started = false;
+};
+
+Watchdog& watchdog() {
+  static Watchdog& w = *std::make_unique<Watchdog>().release();
+  return w;
+}
+
+void watchdog_loop() {
+  auto& w = watchdog();
+  std::unique_lock<std::mutex> lk(w.mu);
+  while (true) {
+    w.cv.wait(lk, [&] { return !w.pending.empty(); });
+    // Done calls leave from the front; a call still running is checked for NCCL's errors and
+    // its age. Calls complete in the order of their streams, so the front is the oldest.
+    while (!w.pending.empty() && w.pending.front().done->done()) w.pending.pop_front();
+    if (w.pending.empty()) {
+      w.cv.notify_all();  // drain_watched()
+      continue;
+    }
+    Watched& front = w.pending.front();
+    const double timeout = stall_timeout_s();
+    const auto age = std::chrono::steady_clock::now() - front.since;
+    const std::string what = front.what;
+    const ncclComm_t comm = front.comm;
+    const int device = front.device;
+    lk.unlock();
+    if (comm != nullptr) check_async(what.c_str(), comm, device);  // ends the job on an error
+    if (timeout > 0 && age > std::chrono::duration<double>(timeout)) {
+      abort_job("fluxmpi_py: " + what + " on cuda:" + std::to_string(device) +
+                " has not completed on the GPU after " +
+                std::to_string(static_cast<int>(timeout)) +
+                " s (the stall timeout, Init(timeout=)); a peer rank is gone or stopped before "
+                "joining it, and the job ends");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    lk.lock();
+  }
+}
+
+}  // namespace
+
+void watch(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream) {
+  auto done = std::make_unique<DoneEvent>();
+  done->record(stream.stream());
+  auto& w = watchdog();
+  std::unique_lock<std::mutex> lk(w.mu);
+  if (!w.started) {
+    w.started = true;
+    std::thread(watchdog_loop).detach();
+  }
+  if (w.pending.size() >= kMaxWatched) {
+    // Back-pressure: wait for the oldest (no BlockingCall: those count collectives, entered by
+    // every rank alike; a hang here is the watchdog's to end).
+    lk.unlock();
+    while (true) {
+      lk.lock();
+      if (w.pending.size() < kMaxWatched) break;
+      lk.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  w.pending.push_back(Watched{what, comm, device, std::move(done), std::chrono::steady_clock::now()});
+  w.cv.notify_all();
+}
+
+void drain_watched() {
+  auto& w = watchdog();
+  std::unique_lock<std::mutex> lk(w.mu);
+  w.cv.wait(lk, [&] { return w.pending.empty(); });
 }
 
 }  // namespace fluxmpi::nccl

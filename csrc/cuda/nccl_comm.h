@@ -20,4 +20,15 @@ void destroy_all_comms();
 // aborted and the job ends with the error (abort_job), as in torch's NCCL async error handling.
 void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream);
 
+// The host does not wait (nccl_host_wait() off): record the end of what was enqueued so far on
+// `stream` and hand it to the watchdog thread (started on first use). It polls every pending
+// call about once a millisecond, in order: NCCL's asynchronous errors on `comm` end the job with
+// their message (the communicator aborted first), as wait_for does, and a call not done after
+// the stall timeout (Init(timeout=)) ends the job naming it. More than kMaxWatched calls
+// pending makes the host wait for the oldest, so a runaway queue cannot grow without bound.
+void watch(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream);
+
+// Wait on the host until every watched call is done (before the communicators are destroyed).
+void drain_watched();
+
 }  // namespace fluxmpi::nccl

@@ -267,6 +267,9 @@ void GradientReducer::launch(std::int64_t b) {
                                       unpack_into, produced, done] {
     if (failed->load()) return;  // the step's agreement failed: move no data
     try {
+      // On the communication stream when there is one (FLUXMPI_NCCL_COMM_STREAM=1), which
+      // then waits for backward's stream exactly, not for the engine thread's.
+      CommStreamScope on_comm(t.device());
       if (produced) produced->make_current_stream_wait();
       Backend& be = backend_for(t);
       // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is

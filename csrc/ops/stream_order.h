@@ -6,10 +6,15 @@
 // Device-generic (c10::Event): CUDA here; host tensors need no ordering, so none is made.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
+#include <vector>
 
 namespace fluxmpi {
 
@@ -28,5 +33,38 @@ class StreamMark {
 
 // A mark for `device`, or null for a device without streams (the CPU).
 std::shared_ptr<StreamMark> stream_mark_for(c10::Device device);
+
+// On the engine thread, around CUDA work: the device's communication stream made current
+// while it lives, when there is one (backend/select.h, comm_stream_of); otherwise nothing, and
+// the work runs on the thread's current stream. The marks above then order the collective on
+// the stream it runs on.
+class CommStreamScope {
+ public:
+  explicit CommStreamScope(c10::Device device);
+
+ private:
+  std::optional<c10::StreamGuard> guard_;
+};
+
+// The ordering of device tensors handed to the engine thread (Iallreduce, Ibcast, the c10d
+// backend's calls), as ProcessGroupNCCL keeps it: made on the submitting thread, it records
+// that thread's current stream (the producer's) for the first non-host tensor's device; run()
+// on the engine makes the stream the work runs on wait for it, runs the work, records the end
+// and marks every tensor as used on that stream (recordStream, so the caching allocator does
+// not hand its memory out while the collective may still touch it); consume(), on the thread
+// that waited for the work, makes its current stream wait for that end. Host tensors: no-ops.
+class StreamHandOff {
+ public:
+  explicit StreamHandOff(std::vector<at::Tensor> tensors);
+  void run(const std::function<void()>& work) const;
+  void consume() const;
+  bool on_device() const { return produced_ != nullptr; }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+  c10::Device device_{c10::kCPU};
+  std::shared_ptr<StreamMark> produced_;
+  std::shared_ptr<StreamMark> done_;
+};
 
 }  // namespace fluxmpi

@@ -35,6 +35,8 @@ void Work::wait() {
               "callback returns; chain it with then() instead of waiting");
   cv_.wait(lk, [this] { return done_; });
   if (error_) std::rethrow_exception(error_);
+  lk.unlock();
+  if (after_wait_) after_wait_();
 }
 
 bool Work::test() {

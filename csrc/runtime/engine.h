@@ -32,8 +32,12 @@ class Work {
   bool user_call_checked() const { return checked_; }
   std::int64_t user_call_since_us() const { return since_us_; }
   void finish(std::exception_ptr error);
+  // Run `fn` on the waiting thread after each successful wait() (set before the work is
+  // submitted): for device work, the waiter's current stream waits for the work's end there.
+  void set_after_wait(std::function<void()> fn) { after_wait_ = std::move(fn); }
 
  private:
+  std::function<void()> after_wait_;
   std::string what_;
   const char* call_ = user_call();  // made on the submitting thread
   bool checked_ = fluxmpi::user_call_checked();

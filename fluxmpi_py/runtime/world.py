@@ -154,8 +154,10 @@ def Init(
             device = torch.device("cuda", choice.device)
         else:
             device = torch.device("cpu")
-        # An experiment, never run on a GPU: NCCL on a stream of its own (csrc/backend/select.h).
+        # NCCL on a stream of its own, and NCCL calls that return once queued instead of
+        # waiting on the host (csrc/backend/select.h).
         C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
+        C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "1") != "0")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or

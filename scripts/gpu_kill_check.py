@@ -1,0 +1,59 @@
+"""A rank that dies or stops in the middle of CUDA collectives at 2 ranks: the other rank must
+end the job, not hang. scripts/gpu_check.sh runs it under a timeout and checks that the job
+ended with an error within the stall timeout plus a margin.
+
+    mpiexec -n 2 python scripts/gpu_kill_check.py --mode kill|stop [--timeout S] [--no-host-wait]
+
+--mode kill: rank 1 kills itself (SIGKILL) after 20 collectives; the launcher sees it die.
+--mode stop: rank 1 sleeps for an hour after 20 collectives, alive but silent; rank 0 waits in
+an NCCL call (host wait) or in torch.cuda.synchronize() behind queued calls (no host wait), and
+fluxmpi_py's stall timeout (Init(timeout=S)) or its NCCL watchdog must end the job.
+--cpu runs the same on host tensors (over MPI), so that the CPU tests check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import fluxmpi_py as fm
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=("kill", "stop"), required=True)
+    ap.add_argument("--timeout", type=float, default=15.0)
+    ap.add_argument("--no-host-wait", action="store_true")
+    ap.add_argument("--cpu", action="store_true")
+    args = ap.parse_args()
+    fm.Init(stall_warning=args.timeout / 3, timeout=args.timeout)
+    if args.no_host_wait:
+        import fluxmpi_py._C as C
+
+        C.set_nccl_host_wait(False)
+    rank = fm.local_rank()
+    dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
+    t = torch.ones(1 << 20, device=dev)
+    start = time.monotonic()
+    for i in range(100000):
+        if i == 20 and rank == 1:
+            print(f"rank 1: {args.mode} after {i} collectives", flush=True)
+            if args.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
+        fm.allreduce_(t, "max")
+        if i % 10 == 0 and dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if time.monotonic() - start > 4 * args.timeout + 60:
+            break
+    print(f"rank {rank}: FAIL: still running after {time.monotonic() - start:.0f} s", flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,13 +31,14 @@
 #   nccl-2      2 NCCL ranks on the one GPU, looking like two hosts to NCCL (NCCL_HOSTID per
 #               rank, NCCL_SOCKET_IFNAME=lo), else NCCL_MULTI_RANK_GPU_ENABLE=1; if NCCL refuses
 #               both, the step says so (refused, not failed)
-#   nccl-2-nw   as nccl-2, with NCCL calls that return once queued (FLUXMPI_NCCL_HOST_WAIT=0)
-#   nccl-2-cs-nw  as nccl-2, NCCL on a stream of its own and no host wait
-#   nccl-2-cs   as nccl-2, NCCL on a stream of its own (FLUXMPI_NCCL_COMM_STREAM=1)
+#   nccl-2-hw   as nccl-2, the old way: the host waiting for each NCCL call, on the caller's
+#               stream (FLUXMPI_NCCL_HOST_WAIT=1 FLUXMPI_NCCL_COMM_STREAM=0)
+#   nccl-2-cs-hw  as nccl-2, on the communication stream with the host waiting
 #   kill        scripts/gpu_kill_check.py: rank 1 kills itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s
-#   stop, stop-nw  rank 1 sleeps instead (alive, silent): the stall timeout (15 s) must end the
-#               job, with the host waiting in NCCL calls, and without (the NCCL watchdog)
+#   stop        rank 1 sleeps instead (alive, silent): the stall timeout (15 s) must end it
+#   stall-gpu, stall-gpu-hw  rank 1's GPU stream is held by a sleep of hours: the NCCL
+#               watchdog's stall timeout must end the job (the host waiting: the stall report)
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
 #   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
 #               against DDP on NCCL and no communication, one JSON line
@@ -61,9 +62,13 @@ mkdir -p "$LOGS"
 STEP_S=${GPU_CHECK_STEP_S:-120}
 # GPU_CHECK_STEPS: the steps to run after build (space-separated names); default all.
 STEPS=${GPU_CHECK_STEPS:-all}
-want() { [ "$STEPS" = all ] || grep -qw -- "$1" <<< "$STEPS"; }
+want() { [ "$STEPS" = all ] || [[ " $STEPS " == *" $1 "* ]]; }
 FAILED=0
-summary() { printf '%-11s %-8s %s\n' "$1" "$2" "$3"; [ "$2" = FAIL ] && FAILED=1; return 0; }
+summary() {  # STEP RESULT TEXT, with the script's elapsed seconds
+  printf '%-11s %-8s %4ss  %s\n' "$1" "$2" "$SECONDS" "$3"
+  [ "$2" = FAIL ] && FAILED=1
+  return 0
+}
 
 "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)" \
   || { summary setup FAIL "$PY has no CUDA torch or sees no GPU"; exit 1; }
@@ -141,8 +146,8 @@ else
 fi
 fi
 
-# The NCCL modes, same checks: calls that return once queued (no host wait), NCCL on a stream
-# of its own, and both.
+# The NCCL modes, same checks. The defaults are NCCL on a stream of its own and calls that
+# return once queued; the old ones: the host waiting, on the caller's stream.
 nccl_mode() {  # STEP LOG DESCRIPTION CHECK_ARGS...
   local step=$1 log=$2 what=$3
   shift 3
@@ -153,33 +158,11 @@ nccl_mode() {  # STEP LOG DESCRIPTION CHECK_ARGS...
     summary "$step" FAIL "$(grep -h 'FAIL:' "$LOGS/$log" | head -n 3 | tr '\n' ' ')($LOGS/$log)"
   fi
 }
-nccl_mode nccl-2-nw nccl_no_host_wait.log "calls return once queued" --no-host-wait
-nccl_mode nccl-2-cs-nw nccl_cs_no_host_wait.log "on a stream of their own, returning once queued" \
-  --comm-stream --no-host-wait
-nccl_mode nccl-2-cs nccl_comm_stream.log "on a stream of their own, the host waiting" --comm-stream
+nccl_mode nccl-2-hw nccl_host_wait.log "the host waiting, on the caller's stream" --host-wait \
+  --caller-stream
+nccl_mode nccl-2-cs-hw nccl_cs_host_wait.log "on a stream of their own, the host waiting" \
+  --host-wait
 
-# A rank that dies (kill) or stops (stop) after 20 CUDA collectives: the job must end with an
-# error within the stall timeout (15 s) plus 30 s, not hang.
-kill_step() {  # STEP MODE CHECK_ARGS...
-  local step=$1 mode=$2
-  shift 2
-  want "$step" || return 0
-  local t0=$SECONDS rc
-  timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" "$PY" -X faulthandler \
-    scripts/gpu_kill_check.py --mode "$mode" --timeout 15 "$@" > "$LOGS/$step.log" 2>&1
-  rc=$?
-  local took=$((SECONDS - t0))
-  local why
-  why=$(grep -h -m 1 -E 'timeout:|has not completed|exited on signal|NCCL' "$LOGS/$step.log" | cut -c1-160)
-  if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -le 45 ] && ! grep -q "FAIL:" "$LOGS/$step.log"; then
-    summary "$step" ok "the job ended in $took s (rc $rc): $why"
-  else
-    summary "$step" FAIL "rc $rc after $took s: $why ($LOGS/$step.log)"
-  fi
-}
-kill_step kill kill
-kill_step stop stop
-kill_step stop-nw stop --no-host-wait
 
 if want bench; then
 if out=$(timeout "$STEP_S" "$PY" benchmarks/bench_pack.py --device cuda 2> "$LOGS/bench.log"); then
@@ -206,4 +189,28 @@ else
   summary bench-plans FAIL "see $LOGS/bench_plans.log"
 fi
 fi
+# Last, after the benchmarks: a GPU held by a sleeping kernel must not slow them.
+# A rank that dies (kill) or stops (stop) after 20 CUDA collectives: the job must end with an
+# error within the stall timeout (15 s) plus 30 s, not hang.
+kill_step() {  # STEP MODE CHECK_ARGS...
+  local step=$1 mode=$2
+  shift 2
+  want "$step" || return 0
+  local t0=$SECONDS rc
+  timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" "$PY" -X faulthandler \
+    scripts/gpu_kill_check.py --mode "$mode" --timeout 15 "$@" > "$LOGS/$step.log" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0))
+  local why
+  why=$(grep -a -h -m 1 -E 'timeout:|has not completed|exited on|NCCL' "$LOGS/$step.log" | cut -c1-160)
+  if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -le 45 ] && ! grep -a -q "FAIL:" "$LOGS/$step.log"; then
+    summary "$step" ok "the job ended in $took s (rc $rc): $why"
+  else
+    summary "$step" FAIL "rc $rc after $took s: $why ($LOGS/$step.log)"
+  fi
+}
+kill_step kill kill
+kill_step stop stop
+kill_step stall-gpu stall-gpu
+kill_step stall-gpu-hw stall-gpu --host-wait
 exit $FAILED

@@ -2,12 +2,18 @@
 end the job, not hang. scripts/gpu_check.sh runs it under a timeout and checks that the job
 ended with an error within the stall timeout plus a margin.
 
-    mpiexec -n 2 python scripts/gpu_kill_check.py --mode kill|stop [--timeout S] [--no-host-wait]
+    mpiexec -n 2 python scripts/gpu_kill_check.py --mode kill|stop|stall-gpu [--timeout S]
+        [--host-wait]
 
 --mode kill: rank 1 kills itself (SIGKILL) after 20 collectives; the launcher sees it die.
 --mode stop: rank 1 sleeps for an hour after 20 collectives, alive but silent; rank 0 waits in
 an NCCL call (host wait) or in torch.cuda.synchronize() behind queued calls (no host wait), and
-fluxmpi_py's stall timeout (Init(timeout=S)) or its NCCL watchdog must end the job.
+fluxmpi_py's stall timeout (Init(timeout=S)) must end the job.
+--mode stall-gpu: rank 1's host goes on, but its GPU stream is held by a sleep of hours queued
+before its next collective, so rank 0's NCCL kernel waits on the GPU for a peer that never
+comes, and both hosts have already returned from the calls (no host wait): the NCCL watchdog's
+stall timeout must end the job. With --host-wait, rank 0 waits on the host inside the call and
+the stall report ends it.
 --cpu runs the same on host tensors (over MPI), so that the CPU tests check the script.
 """
 
@@ -26,16 +32,16 @@ import fluxmpi_py as fm
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("kill", "stop"), required=True)
+    ap.add_argument("--mode", choices=("kill", "stop", "stall-gpu"), required=True)
     ap.add_argument("--timeout", type=float, default=15.0)
-    ap.add_argument("--no-host-wait", action="store_true")
+    ap.add_argument("--host-wait", action="store_true", help="FLUXMPI_NCCL_HOST_WAIT=1")
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args()
     fm.Init(stall_warning=args.timeout / 3, timeout=args.timeout)
-    if args.no_host_wait:
+    if args.host_wait:
         import fluxmpi_py._C as C
 
-        C.set_nccl_host_wait(False)
+        C.set_nccl_host_wait(True)
     rank = fm.local_rank()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     t = torch.ones(1 << 20, device=dev)
@@ -45,7 +51,9 @@ def main() -> int:
             print(f"rank 1: {args.mode} after {i} collectives", flush=True)
             if args.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(3600)
+            if args.mode == "stop" or dev.type != "cuda":
+                time.sleep(3600)
+            torch.cuda._sleep(1 << 50)  # hours of spinning on the stream the collectives follow
         fm.allreduce_(t, "max")
         if i % 10 == 0 and dev.type == "cuda":
             torch.cuda.synchronize(dev)

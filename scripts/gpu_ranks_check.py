@@ -5,15 +5,15 @@ on the fluxmpi backend, synchronize_ and DistributedOptimizer on CUDA tensors, e
 the value one process computes. Prints one line per check, "ok: ..." or "FAIL: ...", and
 exits 1 if any failed.
 
-    mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--comm-stream]
-        [--expect-refusal] [--cpu]
+    mpiexec -n 2 python scripts/gpu_ranks_check.py [--route nccl|mpi] [--caller-stream]
+        [--host-wait] [--expect-refusal] [--cpu]
 
 --cpu: the same checks on host tensors, so that the CPU tests (tests/test_gpu_choice.py) check
 the checks themselves.
 
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
---comm-stream: NCCL calls on a stream of their own (FLUXMPI_NCCL_COMM_STREAM=1).
---no-host-wait: NCCL calls return once queued (FLUXMPI_NCCL_HOST_WAIT=0).
+--caller-stream: NCCL calls on the caller's stream (FLUXMPI_NCCL_COMM_STREAM=0), not their own.
+--host-wait: the host waits for each NCCL call (FLUXMPI_NCCL_HOST_WAIT=1).
 --expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
 a ValueError naming the sharing on every rank, and a CPU one must still work.
 """
@@ -189,7 +189,10 @@ def side_streams(dev, rank, world, check) -> None:
         ).to(dev)
 
     gen = torch.Generator().manual_seed(4)
-    x_all, y_all = torch.randn(world * 8, 64, generator=gen), torch.randn(world * 8, 1, generator=gen)
+    x_all, y_all = (
+        torch.randn(world * 8, 64, generator=gen),
+        torch.randn(world * 8, 1, generator=gen),
+    )
     mine, single = net(), net()
     opt = fm.DistributedOptimizer(torch.optim.SGD(mine.parameters(), lr=0.1))
     sopt = torch.optim.SGD(single.parameters(), lr=0.1)
@@ -252,21 +255,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--route", choices=("nccl", "mpi"), default=None)
     ap.add_argument("--expect-refusal", action="store_true")
-    ap.add_argument("--comm-stream", action="store_true", help="NCCL on a stream of its own")
     ap.add_argument(
-        "--no-host-wait", action="store_true", help="NCCL calls return once queued"
+        "--caller-stream", action="store_true", help="NCCL on the caller's stream (not its own)"
     )
+    ap.add_argument("--host-wait", action="store_true", help="the host waits for each NCCL call")
     ap.add_argument("--cpu", action="store_true", help="the same checks on CPU tensors (a dry run)")
     args = ap.parse_args()
     fm.Init()
-    if args.comm_stream:
-        import fluxmpi_py._C as C
+    import fluxmpi_py._C as C
 
-        C.set_nccl_comm_stream(True)
-    if args.no_host_wait:
-        import fluxmpi_py._C as C
-
-        C.set_nccl_host_wait(False)
+    C.set_nccl_comm_stream(not args.caller_stream)
+    C.set_nccl_host_wait(args.host_wait)
     rank, world = fm.local_rank(), fm.total_workers()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     failed = []

@@ -19,8 +19,8 @@ std::mutex g_refusal_mu;
 std::string g_refusal;
 std::atomic<bool> g_cuda_mpi_allowed{true};
 std::atomic<bool> g_cuda_over_mpi{false};
-std::atomic<bool> g_nccl_comm_stream{false};
-std::atomic<bool> g_nccl_host_wait{true};
+std::atomic<bool> g_nccl_comm_stream{true};
+std::atomic<bool> g_nccl_host_wait{false};
 
 }  // namespace
 

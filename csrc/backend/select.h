@@ -38,19 +38,18 @@ bool cuda_mpi_allowed();
 void set_cuda_over_mpi(bool on);
 bool cuda_over_mpi();
 
-// Whether NCCL calls run on a communication stream of their own per device (after waiting,
-// on the device, for the caller's stream) instead of the caller's current stream. Off by
-// default; FLUXMPI_NCCL_COMM_STREAM=1 at Init turns it on. An experiment, never run on a GPU:
-// on one H100 our step took 2.2-2.8x DDP's with NCCL on the default stream, which backward's
-// kernels share.
+// Whether NCCL calls run on a communication stream of their own per device (torch's pool, high
+// priority; it waits, on the device, for the caller's stream first) instead of the caller's
+// current stream, where backward's kernels would queue behind an NCCL kernel waiting for its
+// peer. On by default; FLUXMPI_NCCL_COMM_STREAM=0 at Init turns it off.
 void set_nccl_comm_stream(bool on);
 bool nccl_comm_stream();
 
 // Whether an NCCL call blocks the host until its kernel is done (the MPI backend's semantics)
-// or returns once it is queued, as ProcessGroupNCCL does: the caller's current stream then waits
-// for the call on the device, and a watchdog thread polls its completion for NCCL's
-// asynchronous errors and the stall timeout. On by default; FLUXMPI_NCCL_HOST_WAIT=0 at Init
-// turns it off.
+// or returns once it is queued, as ProcessGroupNCCL does: the caller's current stream then
+// waits for the call on the device, and a watchdog thread polls its completion for NCCL's
+// asynchronous errors and the stall timeout (cuda/nccl_comm.h). Off by default (calls return
+// once queued); FLUXMPI_NCCL_HOST_WAIT=1 at Init makes the host wait.
 void set_nccl_host_wait(bool on);
 bool nccl_host_wait();
 

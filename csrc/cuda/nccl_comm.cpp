@@ -231,8 +231,7 @@ void watchdog_loop() {
     if (comm != nullptr) check_async(what.c_str(), comm, device);  // ends the job on an error
     if (timeout > 0 && age > std::chrono::duration<double>(timeout)) {
       abort_job("fluxmpi_py: " + what + " on cuda:" + std::to_string(device) +
-                " has not completed on the GPU after " +
-                std::to_string(static_cast<int>(timeout)) +
+                " has not completed on the GPU after " + std::to_string(static_cast<int>(timeout)) +
                 " s (the stall timeout, Init(timeout=)); a peer rank is gone or stopped before "
                 "joining it, and the job ends");
     }
@@ -263,7 +262,8 @@ void watch(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAS
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  w.pending.push_back(Watched{what, comm, device, std::move(done), std::chrono::steady_clock::now()});
+  w.pending.push_back(
+      Watched{what, comm, device, std::move(done), std::chrono::steady_clock::now()});
   w.cv.notify_all();
 }
 

@@ -286,7 +286,11 @@ void GradientReducer::launch(std::int64_t b) {
         allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
         t.copy_(h);
       } else {
-        allreduce_data(be, t, wire_op, world);
+        // 16-bit gradients on a GPU reduce in 16 bits, each combine rounded, as DDP's do on
+        // NCCL (half the bytes of an fp32 temporary; bit-identical to it at 2 ranks, where
+        // there is one combine). On the host they accumulate in fp32, as the MPI path does.
+        const auto half = t.is_cuda() ? HalfReduction::Wire16 : HalfReduction::Fp32;
+        allreduce_data(be, t, wire_op, world, half);
       }
       if (done) done->record_on_current_stream();
     } catch (...) {

@@ -156,8 +156,9 @@ def Init(
             device = torch.device("cpu")
         # NCCL on a stream of its own, and NCCL calls that return once queued instead of
         # waiting on the host (csrc/backend/select.h).
-        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM") == "1")
-        C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "1") != "0")
+        # Both measured on an H100 (docs/measurements.md); the old behaviour is =0 and =1.
+        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM", "1") != "0")
+        C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "0") == "1")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or

@@ -175,11 +175,12 @@ def test_cuda_route_bad_value():
 ROUTE_SCRIPT = """
 import os, sys
 if os.environ["OMPI_COMM_WORLD_RANK"] == "1":  # the variable on rank 1 alone
-    os.environ["FLUXMPI_CUDA_OVER_MPI"] = sys.argv[1]
+    os.environ[sys.argv[2] if len(sys.argv) > 2 else "FLUXMPI_CUDA_OVER_MPI"] = sys.argv[1]
 import fluxmpi_py as fm, fluxmpi_py._C as C
 try:
     fm.Init()
     line = f"rank {fm.local_rank()} over_mpi={C.cuda_over_mpi()} refusal={C.cuda_refusal()!r}"
+    line += f" comm_stream={C.nccl_comm_stream()} host_wait={C.nccl_host_wait()}"
 except Exception as e:
     line = f"rank {os.environ['OMPI_COMM_WORLD_RANK']} raised {type(e).__name__}: {e}"
 os.write(1, (line + "\\n").encode())  # one write: the ranks' lines do not interleave
@@ -198,8 +199,8 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
     lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
     if rank1_value == "1":
         assert lines == [
-            "rank 0 over_mpi=True refusal=''",
-            "rank 1 over_mpi=True refusal=''",
+            "rank 0 over_mpi=True refusal='' comm_stream=True host_wait=False",
+            "rank 1 over_mpi=True refusal='' comm_stream=True host_wait=False",
         ], out
     else:
         assert lines == [
@@ -209,6 +210,32 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
             "rank 1 raised ValueError: fluxmpi_py.Init(): FLUXMPI_CUDA_OVER_MPI on rank 1 is "
             "'bad': expected 1 (CUDA collectives over MPI), 0 (over NCCL) or unset (over MPI only "
             "where ranks share a GPU)",
+        ], out
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("FLUXMPI_NCCL_HOST_WAIT", "1"), ("FLUXMPI_NCCL_COMM_STREAM", "yes")],
+)
+def test_nccl_switches(tmp_path, name, value):
+    """The NCCL switches on rank 1 alone: 0 or 1 sets that rank's mode (the defaults, seen on
+    rank 0: NCCL on its own stream, no host wait); another value raises on both ranks."""
+    from mpi_util import run_mpi
+
+    script = tmp_path / "switch.py"
+    script.write_text(ROUTE_SCRIPT)
+    _, out = run_mpi(str(script), 2, value, name, timeout=120)
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    if value == "1":
+        assert lines == [
+            "rank 0 over_mpi=False refusal='' comm_stream=True host_wait=False",
+            "rank 1 over_mpi=False refusal='' comm_stream=True host_wait=True",
+        ], out
+    else:
+        message = f"fluxmpi_py.Init(): {name} is 'yes' on rank 1: expected 1 or 0"
+        assert lines == [
+            f"rank 0 raised ValueError: {message} (on rank 1, in Init())",
+            f"rank 1 raised ValueError: {message} (on rank 1, in Init())",
         ], out
 
 

@@ -232,8 +232,8 @@ void watchdog_loop() {
     if (timeout > 0 && age > std::chrono::duration<double>(timeout)) {
       abort_job("fluxmpi_py: " + what + " on cuda:" + std::to_string(device) +
                 " has not completed on the GPU after " + std::to_string(static_cast<int>(timeout)) +
-                " s (the stall timeout, Init(timeout=)); a peer rank is gone or stopped before "
-                "joining it, and the job ends");
+                " s (the stall timeout, Init(timeout=)): a peer rank never joined it, or this GPU's "
+                "stream is held by earlier work; the job ends");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
     lk.lock();

@@ -145,6 +145,7 @@ def Init(
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()
+        problem = problem or _bad_nccl_switch(C.rank())
         raise_together(problem, "Init()")  # a bad debug= on one rank raises on all
         _set_rendezvous_env()
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
@@ -155,9 +156,9 @@ def Init(
         else:
             device = torch.device("cpu")
         # NCCL on a stream of its own, and NCCL calls that return once queued instead of
-        # waiting on the host (csrc/backend/select.h).
-        # Both measured on an H100 (docs/measurements.md); the old behaviour is =0 and =1.
-        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM", "1") != "0")
+        # waiting on the host (csrc/backend/select.h), as measured best on an H100
+        # (docs/measurements.md); FLUXMPI_NCCL_COMM_STREAM=0 and FLUXMPI_NCCL_HOST_WAIT=1 undo them.
+        C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM", "1") == "1")
         C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "0") == "1")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
@@ -272,6 +273,18 @@ def rendezvous_store(timeout=None) -> dist.Store:
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, **kwargs)
     return store
+
+
+def _bad_nccl_switch(rank: int) -> ValueError | None:
+    """The error for a FLUXMPI_NCCL_COMM_STREAM or FLUXMPI_NCCL_HOST_WAIT that is neither 0 nor
+    1 on this rank, else None (Init raises it on every rank)."""
+    for name in ("FLUXMPI_NCCL_COMM_STREAM", "FLUXMPI_NCCL_HOST_WAIT"):
+        value = os.environ.get(name)
+        if value is not None and value not in ("0", "1"):
+            return ValueError(
+                f"fluxmpi_py.Init(): {name} is {value!r} on rank {rank}: expected 1 or 0"
+            )
+    return None
 
 
 def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:

@@ -230,10 +230,11 @@ void watchdog_loop() {
     lk.unlock();
     if (comm != nullptr) check_async(what.c_str(), comm, device);  // ends the job on an error
     if (timeout > 0 && age > std::chrono::duration<double>(timeout)) {
-      abort_job("fluxmpi_py: " + what + " on cuda:" + std::to_string(device) +
-                " has not completed on the GPU after " + std::to_string(static_cast<int>(timeout)) +
-                " s (the stall timeout, Init(timeout=)): a peer rank never joined it, or this GPU's "
-                "stream is held by earlier work; the job ends");
+      abort_job(
+          "fluxmpi_py: " + what + " on cuda:" + std::to_string(device) +
+          " has not completed on the GPU after " + std::to_string(static_cast<int>(timeout)) +
+          " s (the stall timeout, Init(timeout=)): a peer rank never joined it, or this GPU's "
+          "stream is held by earlier work; the job ends");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
     lk.lock();

@@ -113,6 +113,42 @@ except ImportError as _e:
 C = _C
 
 
+def nccl_mismatch(ours: str, torch_nccl) -> str:
+    """The error text when the NCCL our core loaded (``ours``, "2.28.9"; "" without CUDA) is
+    not the one torch loaded (``torch_nccl``, torch.cuda.nccl.version(): a tuple, or None when
+    torch has none); "" when they agree. Two NCCL libraries in one process would each keep their
+    own state, and their communicators could not be mixed.
+
+    >>> nccl_mismatch("2.28.9", (2, 28, 9)), nccl_mismatch("", (2, 28, 9))
+    ('', '')
+    >>> "built with NCCL 2.28.9, but torch loaded NCCL 2.27.3" in nccl_mismatch("2.28.9", (2, 27, 3))
+    True
+    """
+    if not ours or torch_nccl is None:
+        return ""
+    theirs = ".".join(str(part) for part in torch_nccl[:3])
+    if theirs == ours:
+        return ""
+    return (
+        f"fluxmpi_py was built with NCCL {ours}, but torch loaded NCCL {theirs}: two NCCL "
+        "libraries in one process cannot share communicators. Rebuild fluxmpi_py against torch's "
+        "NCCL (the nvidia-nccl wheel torch depends on, or NCCL_HOME pointing at the same version)"
+    )
+
+
+def _torch_nccl():
+    try:
+        return torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a torch without NCCL (CPU builds): nothing to compare
+        return None
+
+
+if C.compiled_with_cuda():
+    _mismatch = nccl_mismatch(C.nccl_version(), _torch_nccl())
+    if _mismatch:
+        raise ImportError(_mismatch)
+
+
 # The reduction ops of the collectives (the compiled core parses the same names).
 REDUCE_OPS = ("sum", "average", "min", "max", "prod", "band", "bor", "bxor")
 # The linear ops that gradients are reduced with (DistributedOptimizer, allreduce_gradients,

@@ -34,7 +34,8 @@
 #   nccl-2-hw   as nccl-2, the old way: the host waiting for each NCCL call, on the caller's
 #               stream (FLUXMPI_NCCL_HOST_WAIT=1 FLUXMPI_NCCL_COMM_STREAM=0)
 #   nccl-2-cs-hw  as nccl-2, on the communication stream with the host waiting
-#   kill        scripts/gpu_kill_check.py: rank 1 kills itself after 20 CUDA collectives; the
+#   kill        (run last, with stop and stall-gpu) scripts/gpu_kill_check.py: rank 1 kills
+#               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s
 #   stop        rank 1 sleeps instead (alive, silent): the stall timeout (15 s) must end it
 #   stall-gpu, stall-gpu-hw  rank 1's GPU stream is held by a sleep of hours: the NCCL
@@ -44,6 +45,9 @@
 #               against DDP on NCCL and no communication, one JSON line
 #   bench-plans the same with --plans (ours with DDP's 1 MiB first bucket, and with the old
 #               one-call-per-large-gradient rule), 3 rounds
+#   profile     benchmarks/profile_gpu_step.py: ours and DDP under torch.profiler, where the
+#               step's time goes; Chrome traces in $GPU_CHECK_LOGS/traces
+#   memcheck    compute-sanitizer memcheck over tests/test_pack.py's CUDA tests
 #
 # Every step runs under its own timeout (GPU_CHECK_STEP_S, 120 s), so that a hang costs at
 # most that much of a GPU session; a step that runs out says "timed out". GPU_CHECK_STEPS
@@ -189,6 +193,32 @@ else
   summary bench-plans FAIL "see $LOGS/bench_plans.log"
 fi
 fi
+# Where the step's time goes, ours against DDP (benchmarks/profile_gpu_step.py): NCCL kernel
+# time, how soon the first NCCL kernel starts, the exposed NCCL tail, device idle gaps; Chrome
+# traces (gzipped) under $LOGS/traces.
+if want profile; then
+if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
+    "$PY" benchmarks/profile_gpu_step.py --trace-dir "$LOGS/traces" 2> "$LOGS/profile.log"); then
+  summary profile ok "$(tail -n 1 <<< "$out")"
+else
+  summary profile FAIL "see $LOGS/profile.log"
+fi
+fi
+
+# compute-sanitizer's memcheck over the pack kernels' tests (every dtype, scale and cast).
+if want memcheck; then
+if command -v compute-sanitizer > /dev/null; then
+  if timeout "$STEP_S" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$PY" -m pytest -q -m cuda -x tests/test_pack.py > "$LOGS/memcheck.log" 2>&1; then
+    summary memcheck ok "$(grep -a -E 'ERROR SUMMARY|passed' "$LOGS/memcheck.log" | tr '\n' ' ')"
+  else
+    summary memcheck FAIL "$(grep -a -E 'ERROR SUMMARY|Invalid|failed' "$LOGS/memcheck.log" | head -n 3 | tr '\n' ' ')($LOGS/memcheck.log)"
+  fi
+else
+  summary memcheck skipped "no compute-sanitizer on PATH"
+fi
+fi
+
 # Last, after the benchmarks: a GPU held by a sleeping kernel must not slow them.
 # A rank that dies (kill) or stops (stop) after 20 CUDA collectives: the job must end with an
 # error within the stall timeout (15 s) plus 30 s, not hang.

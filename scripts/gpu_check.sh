@@ -34,6 +34,7 @@
 #   nccl-2-hw   as nccl-2, the old way: the host waiting for each NCCL call, on the caller's
 #               stream (FLUXMPI_NCCL_HOST_WAIT=1 FLUXMPI_NCCL_COMM_STREAM=0)
 #   nccl-2-cs-hw  as nccl-2, on the communication stream with the host waiting
+#   nccl-2-groups as nccl-2, group= on CUDA over NCCL (FLUXMPI_NCCL_GROUPS=1; never run yet)
 #   kill        (run last, with stop and stall-gpu) scripts/gpu_kill_check.py: rank 1 kills
 #               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s
@@ -166,6 +167,8 @@ nccl_mode nccl-2-hw nccl_host_wait.log "the host waiting, on the caller's stream
   --caller-stream
 nccl_mode nccl-2-cs-hw nccl_cs_host_wait.log "on a stream of their own, the host waiting" \
   --host-wait
+nccl_mode nccl-2-groups nccl_groups.log "group= on NCCL communicators of the groups' own" \
+  --nccl-groups
 
 
 if want bench; then

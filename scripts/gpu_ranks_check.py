@@ -14,6 +14,8 @@ the checks themselves.
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
 --caller-stream: NCCL calls on the caller's stream (FLUXMPI_NCCL_COMM_STREAM=0), not their own.
 --host-wait: the host waits for each NCCL call (FLUXMPI_NCCL_HOST_WAIT=1).
+--nccl-groups: group= on CUDA tensors over NCCL communicators of the groups' members
+(FLUXMPI_NCCL_GROUPS=1), not over MPI.
 --expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
 a ValueError naming the sharing on every rank, and a CPU one must still work.
 """
@@ -81,6 +83,14 @@ def row_collectives(dev, rank, world, check) -> None:
         check("allreduce_ and allgather with group= (the first and last rank)",
               bool((t == sum(r + 1 for r in members)).all()) and
               torch.equal(got.cpu(), torch.tensor(members, dtype=torch.float32)))  # fmt: skip
+        b = torch.arange(5.0, device=dev) * (rank + 1)
+        fm.bcast_(b, root_rank=1 if len(members) > 1 else 0, group=group)  # the group's rank 1
+        want = torch.arange(5.0) * (members[-1] + 1)
+        a = torch.full((3,), float(rank + 1), device=dev)
+        fm.allreduce_(a, "average", group=group)
+        check("bcast_ from the group's last rank and an average with group=",
+              torch.equal(b.cpu(), want) and
+              bool((a == sum(r + 1 for r in members) / len(members)).all()))  # fmt: skip
 
 
 def ddp_on_fluxmpi(dev, rank, world, check) -> None:
@@ -262,6 +272,7 @@ def main() -> int:
         "--caller-stream", action="store_true", help="NCCL on the caller's stream (not its own)"
     )
     ap.add_argument("--host-wait", action="store_true", help="the host waits for each NCCL call")
+    ap.add_argument("--nccl-groups", action="store_true", help="group= on CUDA over NCCL")
     ap.add_argument("--cpu", action="store_true", help="the same checks on CPU tensors (a dry run)")
     args = ap.parse_args()
     fm.Init()
@@ -269,6 +280,7 @@ def main() -> int:
 
     C.set_nccl_comm_stream(not args.caller_stream)
     C.set_nccl_host_wait(args.host_wait)
+    C.set_nccl_groups(args.nccl_groups)
     rank, world = fm.local_rank(), fm.total_workers()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     failed = []

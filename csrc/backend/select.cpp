@@ -21,6 +21,7 @@ std::atomic<bool> g_cuda_mpi_allowed{true};
 std::atomic<bool> g_cuda_over_mpi{false};
 std::atomic<bool> g_nccl_comm_stream{true};
 std::atomic<bool> g_nccl_host_wait{false};
+std::atomic<bool> g_nccl_groups{false};
 
 }  // namespace
 
@@ -46,9 +47,17 @@ bool nccl_comm_stream() { return g_nccl_comm_stream; }
 void set_nccl_host_wait(bool on) { g_nccl_host_wait = on; }
 bool nccl_host_wait() { return g_nccl_host_wait; }
 
+void set_nccl_groups(bool on) { g_nccl_groups = on; }
+bool nccl_groups() { return g_nccl_groups; }
+
+namespace {
+// Whether a CUDA tensor of the current group goes to NCCL (else to MPI, staged).
+bool cuda_on_nccl() { return !cuda_over_mpi() && (current_group().is_world() || nccl_groups()); }
+}  // namespace
+
 std::optional<c10::Stream> comm_stream_of(c10::Device device) {
 #ifdef FLUXMPI_WITH_CUDA
-  if (device.is_cuda() && nccl_comm_stream() && !cuda_over_mpi() && current_group().is_world()) {
+  if (device.is_cuda() && nccl_comm_stream() && cuda_on_nccl()) {
     return nccl_comm_stream_for(device.index());
   }
 #endif
@@ -68,8 +77,9 @@ Backend& mpi_backend() { return current_group().backend(); }
 Backend& backend_for(const at::Tensor& t) {
 #ifdef FLUXMPI_WITH_CUDA
   if (t.is_cuda()) {
-    // A group has no NCCL communicator of its own; ranks sharing a GPU cannot use NCCL.
-    if (cuda_over_mpi() || !current_group().is_world()) return cuda_mpi_backend(t.get_device());
+    // Ranks sharing a GPU cannot use NCCL; a group has an NCCL communicator only with
+    // nccl_groups() on.
+    if (!cuda_on_nccl()) return cuda_mpi_backend(t.get_device());
     return nccl_backend(t.get_device());
   }
 #endif

@@ -53,6 +53,13 @@ bool nccl_comm_stream();
 void set_nccl_host_wait(bool on);
 bool nccl_host_wait();
 
+// Whether a sub-group's CUDA collectives (group=) go through an NCCL communicator of its
+// members (made on the group's first CUDA collective, collectively over its members) instead of
+// MPI, staged through host memory. Off by default, an experiment not yet run on a GPU;
+// FLUXMPI_NCCL_GROUPS=1 at Init turns it on.
+void set_nccl_groups(bool on);
+bool nccl_groups();
+
 // The communication stream of `device` when nccl_comm_stream() is on and the device's
 // collectives go to NCCL; otherwise none (the work runs on the thread's current stream). The
 // engine thread makes it current around its CUDA work, so that the stream marks of

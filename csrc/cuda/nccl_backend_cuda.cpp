@@ -26,6 +26,7 @@
 #include "cuda/nccl_lowering.h"
 #include "runtime/comm_stream_order.h"
 #include "runtime/environment.h"
+#include "runtime/group.h"
 
 namespace fluxmpi {
 namespace {
@@ -150,8 +151,10 @@ struct Call {
     enter_stream(dev, caller, stream);  // the communication stream waits for the caller's
   }
 
+  // The current group's communicator on this device (the world's, or with nccl_groups() a
+  // sub-group's): the ops layer calls the backend inside the group's scope.
   ncclComm_t comm() {
-    if (comm_ == nullptr) comm_ = nccl::comm_for(device);
+    if (comm_ == nullptr) comm_ = nccl::comm_for(device, current_group());
     return comm_;
   }
   // The end of the call. With nccl_host_wait() (the default), block the host until everything
@@ -161,7 +164,7 @@ struct Call {
   // the stall timeout.
   void finish(const char* what) {
     if (nccl_host_wait()) {
-      nccl::wait_for(what, comm_, device, stream);
+      nccl::wait_for(what, comm_, device, stream, current_group().index());
       return;
     }
     CudaStreams dev;
@@ -267,14 +270,14 @@ class NcclBackend final : public Backend {
     TORCH_CHECK(divisor >= 1, "fluxmpi_py: allreduce_divided by ", divisor);
     if (count == 0) return;
     Call call(device_);
-    if (env().size == 1) {
+    if (current_group().size() == 1) {
       if (divisor != 1) view_of(buf, count, dt, call.device).div_(divisor);
       call.finish("allreduce_divided");
       return;
     }
     ncclComm_t comm = call.comm();
     ncclRedOp_t op = ncclAvg;
-    const bool premul = divisor != env().size;
+    const bool premul = divisor != current_group().size();
     if (premul) {
       const float f = 1.0f / static_cast<float>(divisor);
       const double d = 1.0 / static_cast<double>(divisor);
@@ -292,7 +295,7 @@ class NcclBackend final : public Backend {
   }
 
   void broadcast(void* buf, std::int64_t count, c10::ScalarType dt, int root) override {
-    if (count == 0 || env().size == 1) return;
+    if (count == 0 || current_group().size() == 1) return;
     Call call(device_);
     // Bytes travel as bytes: any dtype, nothing to convert.
     ncclComm_t comm = call.comm();
@@ -306,9 +309,9 @@ class NcclBackend final : public Backend {
               int root) override {
     auto plan = plan_or_throw(dt, op);
     if (count == 0) return;
-    const bool is_root = env().rank == root;
+    const bool is_root = current_group().rank() == root;
     Call call(device_);
-    if (env().size == 1) {
+    if (current_group().size() == 1) {
       copy_on_stream(call, recv, send, bytes_of(count, dt));
       return;
     }
@@ -332,7 +335,7 @@ class NcclBackend final : public Backend {
     if (count == 0) return;
     Call call(device_);
     std::int64_t bytes = bytes_of(count, dt);
-    if (env().size == 1) {
+    if (current_group().size() == 1) {
       copy_on_stream(call, recv, send, bytes);
       return;
     }
@@ -349,7 +352,7 @@ class NcclBackend final : public Backend {
 
  private:
   void allreduce_by(const nccl::WirePlan& plan, void* buf, std::int64_t count, c10::ScalarType dt) {
-    if (count == 0 || env().size == 1) return;  // the reduction of one buffer is itself
+    if (count == 0 || current_group().size() == 1) return;  // the reduction of one buffer is itself
     Call call(device_);
     at::Tensor user = view_of(buf, count, dt, call.device);
     // Native and Reinterpret reduce the caller's bytes in place; Convert goes through a

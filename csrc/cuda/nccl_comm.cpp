@@ -44,9 +44,13 @@ class Communicator {
   ncclComm_t comm_;
 };
 
+// A communicator's key: (the group's index, the CUDA device). Group indices are never reused
+// on a rank, so a communicator of a group that is gone is never handed to another.
+using CommKey = std::pair<int, int>;
+
 struct Registry {
   std::mutex mu;
-  std::map<int, std::unique_ptr<Communicator>> comms;  // by CUDA device index
+  std::map<CommKey, std::unique_ptr<Communicator>> comms;
 };
 
 Registry& registry() {
@@ -66,23 +70,23 @@ struct IdMessage {
 };
 static_assert(std::is_trivially_copyable_v<IdMessage>, "IdMessage travels as bytes");
 
-ncclComm_t create_comm(int device) {
-  const auto& e = env();
+ncclComm_t create_comm(int device, const Group& group) {
   IdMessage msg{};
   msg.status = ncclSuccess;
-  if (e.rank == 0) msg.status = ncclGetUniqueId(&msg.id);
+  if (group.rank() == 0) msg.status = ncclGetUniqueId(&msg.id);
   {
-    BlockingCall guard("NCCL communicator setup (MPI_Bcast of the unique id)");
-    int rc = MPI_Bcast(&msg, static_cast<int>(sizeof(msg)), MPI_BYTE, 0, e.comm);
+    BlockingCall guard("NCCL communicator setup (MPI_Bcast of the unique id)", group.index());
+    int rc = MPI_Bcast(&msg, static_cast<int>(sizeof(msg)), MPI_BYTE, 0, group.comm());
     TORCH_CHECK(rc == MPI_SUCCESS, "fluxmpi_py: MPI_Bcast of the NCCL unique id failed on rank ",
-                e.rank, " with MPI error code ", rc);
+                env().rank, " with MPI error code ", rc);
   }
-  check_nccl(msg.status, "ncclGetUniqueId on rank 0");
+  check_nccl(msg.status, "ncclGetUniqueId on the group's rank 0");
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm = nullptr;
   {
-    BlockingCall guard("ncclCommInitRank");
-    check_nccl(ncclCommInitRank(&comm, e.size, msg.id, e.rank), "ncclCommInitRank", comm);
+    BlockingCall guard("ncclCommInitRank", group.index());
+    check_nccl(ncclCommInitRank(&comm, group.size(), msg.id, group.rank()), "ncclCommInitRank",
+               comm);
   }
   return comm;
 }
@@ -122,10 +126,12 @@ void check_async(const char* what, ncclComm_t comm, int device) {
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    auto it = r.comms.find(device);
-    if (it != r.comms.end() && it->second->get() == comm) {
-      it->second->abort();
-      r.comms.erase(it);
+    for (auto it = r.comms.begin(); it != r.comms.end(); ++it) {
+      if (it->second->get() == comm) {
+        it->second->abort();
+        r.comms.erase(it);
+        break;
+      }
     }
   }
   // Fatal for the job, as torch's NCCL async error handling is: the other ranks still hold the
@@ -136,14 +142,15 @@ void check_async(const char* what, ncclComm_t comm, int device) {
 
 }  // namespace
 
-ncclComm_t comm_for(int device) {
+ncclComm_t comm_for(int device, const Group& group) {
   auto& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
-  auto it = r.comms.find(device);
+  const CommKey key{group.index(), device};
+  auto it = r.comms.find(key);
   if (it != r.comms.end()) return it->second->get();
-  auto owned = std::make_unique<Communicator>(create_comm(device));
+  auto owned = std::make_unique<Communicator>(create_comm(device, group));
   ncclComm_t comm = owned->get();
-  r.comms.emplace(device, std::move(owned));
+  r.comms.emplace(key, std::move(owned));
   return comm;
 }
 
@@ -151,15 +158,17 @@ void destroy_all_comms() {
   drain_watched();
   auto& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
-  // std::map iterates in device order, the same on every rank that made the same calls.
+  // std::map iterates in (group, device) order, the same on every rank that made the same
+  // calls.
   BlockingCall guard("ncclCommDestroy");
   r.comms.clear();
 }
 
-void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream) {
+void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream,
+              int group) {
   DoneEvent done;
   done.record(stream.stream());
-  BlockingCall guard(what);
+  BlockingCall guard(what, group);
   // Small collectives finish within microseconds: spin (yielding) first, then sleep in short
   // steps so that a long wait does not hold a core. NCCL's async error state is read about
   // once a millisecond; it is a cheap atomic read inside NCCL.

@@ -5,11 +5,15 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
+#include "runtime/group.h"
+
 namespace fluxmpi::nccl {
 
-// The communicator for `device`, created on first use. Collective when it creates: rank 0's
-// ncclUniqueId is broadcast over MPI on env().comm, then every rank joins ncclCommInitRank.
-ncclComm_t comm_for(int device);
+// The communicator of `group`'s members on `device`, created on first use. Collective over the
+// group's members when it creates: the group's rank 0 makes an ncclUniqueId and broadcasts it
+// over the group's MPI communicator, then every member joins ncclCommInitRank. The world is
+// group 0; a sub-group has one only with nccl_groups() on (backend/select.h).
+ncclComm_t comm_for(int device, const Group& group);
 
 // Destroy every communicator (see nccl_shutdown in backend/nccl_backend.h).
 void destroy_all_comms();
@@ -18,7 +22,9 @@ void destroy_all_comms();
 // BlockingCall named `what` (so a peer that exits ends the job instead of hanging it). While
 // waiting, NCCL's asynchronous errors on `comm` are polled: on one, the communicator is
 // aborted and the job ends with the error (abort_job), as in torch's NCCL async error handling.
-void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream);
+// `group`: the index of the group the call is on (its BlockingCall counts there).
+void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream,
+              int group = 0);
 
 // The host does not wait (nccl_host_wait() off): record the end of what was enqueued so far on
 // `stream` and hand it to the watchdog thread (started on first use). It polls every pending

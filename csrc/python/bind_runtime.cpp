@@ -70,6 +70,8 @@ void bind_runtime(py::module_& m) {
   m.def("nccl_comm_stream", &nccl_comm_stream);
   m.def("set_nccl_host_wait", &set_nccl_host_wait, py::arg("on"));
   m.def("nccl_host_wait", &nccl_host_wait);
+  m.def("set_nccl_groups", &set_nccl_groups, py::arg("on"));
+  m.def("nccl_groups", &nccl_groups);
   m.def("set_stage_host", &set_stage_host, py::arg("on"));
   m.def("staged_host_bytes", &staged_host_bytes);
   m.def("stream_order_probe", &stream_order_probe, py::arg("producer_wait"),

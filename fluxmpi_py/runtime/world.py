@@ -160,6 +160,8 @@ def Init(
         # (docs/measurements.md); FLUXMPI_NCCL_COMM_STREAM=0 and FLUXMPI_NCCL_HOST_WAIT=1 undo them.
         C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM", "1") == "1")
         C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "0") == "1")
+        # An experiment, not yet run on a GPU: group= on CUDA over NCCL, not MPI.
+        C.set_nccl_groups(os.environ.get("FLUXMPI_NCCL_GROUPS", "0") == "1")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
@@ -276,9 +278,9 @@ def rendezvous_store(timeout=None) -> dist.Store:
 
 
 def _bad_nccl_switch(rank: int) -> ValueError | None:
-    """The error for a FLUXMPI_NCCL_COMM_STREAM or FLUXMPI_NCCL_HOST_WAIT that is neither 0 nor
-    1 on this rank, else None (Init raises it on every rank)."""
-    for name in ("FLUXMPI_NCCL_COMM_STREAM", "FLUXMPI_NCCL_HOST_WAIT"):
+    """The error for a FLUXMPI_NCCL_COMM_STREAM, FLUXMPI_NCCL_HOST_WAIT or FLUXMPI_NCCL_GROUPS
+    that is neither 0 nor 1 on this rank, else None (Init raises it on every rank)."""
+    for name in ("FLUXMPI_NCCL_COMM_STREAM", "FLUXMPI_NCCL_HOST_WAIT", "FLUXMPI_NCCL_GROUPS"):
         value = os.environ.get(name)
         if value is not None and value not in ("0", "1"):
             return ValueError(

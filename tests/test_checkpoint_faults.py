@@ -3,7 +3,9 @@ killed while rank 0 writes leaves the previous checkpoint intact, and the next s
 the temporary file that the killed write left; a full disk gives every rank
 the same clear OSError and keeps the previous file."""
 
+import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -20,12 +22,15 @@ def test_rank_killed_while_rank0_writes_keeps_the_previous_checkpoint(tmp_path):
     rc, out = run_mpi(WORKER, 2, "kill_during_write", d, timeout=90, expect_ok=False)
     assert rc != 0, out[-3000:]
     assert "stalling" in out and "rank 1: killing myself during the write" in out, out[-3000:]
-    _, out = run_mpi(WORKER, 2, "verify", d, timeout=90)
+    # one launch: verify, then save again
+    _, out = run_mpi(WORKER, 2, "verify,save_again", d, timeout=90)
     assert "rank 0: loaded step 1 intact" in out and "rank 1: loaded step 1 intact" in out
-    partial = [n for n in os.listdir(d) if n.startswith(".ckpt.pt.tmp")]
-    assert partial, os.listdir(d)  # the write was cut short: its temporary file is left
-    _, out = run_mpi(WORKER, 2, "save_again", d, timeout=90)  # the next save removes it
-    assert "rank 0: saved step 3" in out, out[-3000:]
+    # the write was cut short: its temporary file was left, as rank 0 saw before saving again
+    seen = re.search(r"^rank 0: loaded step 1 intact; temporaries: (\[.*\])$", out, re.M)
+    assert seen and [n for n in ast.literal_eval(seen.group(1)) if n.startswith(".ckpt.pt.tmp")], (
+        out[-3000:]
+    )
+    assert "rank 0: saved step 3" in out, out[-3000:]  # the next save removed it
     assert not [n for n in os.listdir(d) if ".tmp" in n], os.listdir(d)
 
 

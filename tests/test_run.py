@@ -22,8 +22,10 @@ FAKE_MPIEXEC = textwrap.dedent(
     if sys.argv[1:] == ["--version"]:
         print("a stand-in for mpiexec"); sys.exit(0)
     mode = sys.argv[1]
-    rank = "from fluxmpi_py.runtime.launcher_link import connect; import sys, time; "
-    rank += "connect(int(sys.argv[1]), 2); time.sleep(1)"
+    # the module alone, loaded from its file: the package would import torch in every rank
+    rank = "import importlib.util as u, sys, time; "
+    rank += "s = u.spec_from_file_location('launcher_link', {link!r}); m = u.module_from_spec(s); "
+    rank += "s.loader.exec_module(m); m.connect(int(sys.argv[1]), 2); time.sleep(1)"
     ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r)]) for r in range(2)]
     for p in ranks:
         p.wait()
@@ -36,7 +38,8 @@ FAKE_MPIEXEC = textwrap.dedent(
 
 def run_launcher(tmp_path, *args, timeout=300):
     fake = tmp_path / "mpiexec"
-    fake.write_text(FAKE_MPIEXEC.format(python=sys.executable))
+    link = os.path.join(ROOT, "fluxmpi_py", "runtime", "launcher_link.py")
+    fake.write_text(FAKE_MPIEXEC.format(python=sys.executable, link=link))
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.monotonic()

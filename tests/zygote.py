@@ -175,6 +175,8 @@ def shared():
     if not _SHARED:
         import atexit
 
-        _SHARED.append(Zygote())
+        # torch._dynamo too: torch imports it at a process's first optimizer or DDP (1.5-2 CPU
+        # seconds), which most docstring examples and doc blocks build
+        _SHARED.append(Zygote(preload=("torch._dynamo",)))
         atexit.register(_SHARED[0].close)
     return _SHARED[0]

@@ -1,10 +1,11 @@
 """Checkpoints under faults; run by tests/test_checkpoint_faults.py.
 
-    checkpoint_fault_worker.py MODE DIR
+    checkpoint_fault_worker.py MODE[,MODE...] DIR   (the modes one after another, one launch)
 
 ``kill_during_write``: save a checkpoint (step 1), then save another (step 2) while rank 0's
 write stalls half way and the last rank SIGKILLs itself; the job dies. ``verify``: every rank
-loads DIR/ckpt.pt and checks that it is the intact step-1 checkpoint. ``save_again``: save
+loads DIR/ckpt.pt, checks that it is the intact step-1 checkpoint and prints the temporary
+files it sees there. ``save_again``: save
 step 3 (which removes the killed write's temporary file). ``full_disk`` (DIR is a
 small file system): save a small checkpoint, then one too large for the disk; every rank must
 get the same clear OSError, and the small checkpoint must still load.
@@ -71,7 +72,8 @@ def verify(directory):
     expected = model_of(1)
     assert loaded["step"] == 1, loaded["step"]
     assert torch.equal(model.weight, expected.weight) and torch.equal(model.bias, expected.bias)
-    print(f"rank {fm.local_rank()}: loaded step 1 intact", flush=True)
+    left = sorted(n for n in os.listdir(directory) if ".tmp" in n)
+    print(f"rank {fm.local_rank()}: loaded step 1 intact; temporaries: {left}", flush=True)
 
 
 def save_again(directory):
@@ -110,4 +112,5 @@ if __name__ == "__main__":
         "save_again": save_again,
         "full_disk": full_disk,
     }
-    modes[sys.argv[1]](sys.argv[2])
+    for mode in sys.argv[1].split(","):
+        modes[mode](sys.argv[2])

@@ -1,29 +1,33 @@
 """save_checkpoint / load_checkpoint on every rank; run by tests/test_checkpoint.py.
 
-CKPT_DIR (from the environment) is a directory every rank sees.
+The files go to a temporary directory that rank 0 makes (all ranks run on this host) and
+removes at exit, so that the worker needs no environment of its own and shares its world
+size's bundled launch.
 """
 
+import atexit
 import os
 import re
+import shutil
+import tempfile
 from contextlib import contextmanager
 
 import torch
 
 import fluxmpi_py as fm
 
-DIR = os.environ["CKPT_DIR"]
-# A subdirectory per world size: the pytest test launches this worker at several sizes.
-_SUB = None
+_DIR = None
 
 
 def path_of(name):
-    global _SUB
-    if _SUB is None:
-        _SUB = os.path.join(DIR, f"np{fm.total_workers()}")
+    global _DIR
+    if _DIR is None:
+        made = None
         if fm.local_rank() == 0:
-            os.makedirs(_SUB, exist_ok=True)
-        fm.barrier()
-    return os.path.join(_SUB, name)
+            made = tempfile.mkdtemp(prefix="checkpoint-worker-")
+            atexit.register(shutil.rmtree, made, ignore_errors=True)
+        _DIR = fm.broadcast_object(made, root_rank=0)
+    return os.path.join(_DIR, name)
 
 
 @contextmanager

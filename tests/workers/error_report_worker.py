@@ -1,10 +1,13 @@
-"""What a job prints when the ranks fail together or disagree. Usage: error_report_worker.py MODE.
+"""What a job prints when the ranks fail together or disagree. Usage: error_report_worker.py
+MODE[,MODE...]: several modes run one after another in one launch (the caught ones leave the
+job able to go on).
 
 Uncaught, on every rank (the job is aborted; tests/test_failures.py reads the output):
     same_error          allreduce_ with a different shape on each rank: RuntimeError everywhere
     same_error_python   load_checkpoint of a missing file: FileNotFoundError everywhere
     rank0_catches       as same_error, but rank 0 catches it and ends normally
-Caught, each rank prints "[R / N] rank R caught TYPE (every rank: True|False): MESSAGE", exit 0:
+Caught, each rank prints "[R / N] MODE: rank R caught TYPE (every rank: True|False): MESSAGE",
+exit 0:
     ctor_vs_allreduce   rank 0 builds a DistributedOptimizer while the others call allreduce_
     step_op_mismatch    rank 0's optimizer averages, the others' sum: step() disagrees
     step_vs_allreduce   rank 0 steps while the others call allreduce_
@@ -27,23 +30,33 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 
 
-def caught(fn):
+def caught(mode, fn):
     r = fm.local_rank()
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the test reads what each rank got
         every = getattr(e, "raised_on_every_rank", False)
         # fluxmpi_println: one write, so that the two ranks' long lines cannot interleave
-        fm.fluxmpi_println(f"rank {r} caught {type(e).__name__} (every rank: {every}): {e}")
+        fm.fluxmpi_println(f"{mode}: rank {r} caught {type(e).__name__} (every rank: {every}): {e}")
     else:
-        fm.fluxmpi_println(f"rank {r}: no error, which is wrong")
+        fm.fluxmpi_println(f"{mode}: rank {r}: no error, which is wrong")
 
 
-def main(mode):
+def main(modes):
     torch.set_num_threads(1)
     fm.Init()
+    r = fm.local_rank()
+    for mode in modes.split(","):
+        fm.barrier()
+        run(mode)
+    # One write per line: print() writes the text and the newline separately, and another
+    # rank's line could land between them.
+    sys.stdout.write(f"rank {r} done\n")
+    sys.stdout.flush()
+
+
+def run(mode):
     r, n = fm.local_rank(), fm.total_workers()
-    fm.barrier()
     if mode == "same_error":
         fm.allreduce_(torch.ones(3 + r))
     elif mode == "rank0_catches":
@@ -57,24 +70,24 @@ def main(mode):
     elif mode == "ctor_vs_allreduce":
         m = model()
         if r == 0:
-            caught(lambda: fm.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1)))
+            caught(mode, lambda: fm.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1)))
         else:
-            caught(lambda: fm.allreduce_(torch.ones(5)))
+            caught(mode, lambda: fm.allreduce_(torch.ones(5)))
     elif mode in ("step_op_mismatch", "step_vs_allreduce"):
         m = model()
         op = "average" if r == 0 or mode == "step_vs_allreduce" else "sum"
         opt = fm.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=op)
         if r == 0 or mode == "step_op_mismatch":
             m(torch.ones(2, 4)).sum().backward()
-            caught(opt.step)
+            caught(mode, opt.step)
         else:
-            caught(lambda: fm.allreduce_(torch.ones(5)))
+            caught(mode, lambda: fm.allreduce_(torch.ones(5)))
     elif mode == "sync_vs_allreduce":
         m = model()
         if r == 0:
-            caught(lambda: fm.synchronize_(m))
+            caught(mode, lambda: fm.synchronize_(m))
         else:
-            caught(lambda: fm.allreduce_(torch.ones(5)))
+            caught(mode, lambda: fm.allreduce_(torch.ones(5)))
     elif mode == "sync_peer_exits":
         if r == n - 1:
             sys.exit(0)
@@ -83,10 +96,6 @@ def main(mode):
         sys.exit(3)
     else:
         raise SystemExit(f"unknown mode {mode}")
-    # One write per line: print() writes the text and the newline separately, and another
-    # rank's line could land between them.
-    sys.stdout.write(f"rank {r} done\n")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

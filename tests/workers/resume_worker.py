@@ -1,6 +1,8 @@
 """A small training run that can be killed and resumed; run by tests/test_resume.py.
 
-    resume_worker.py MODE DIR
+    resume_worker.py MODE[,MODE...] DIR
+
+Several modes run one after another in one launch, each from the same seeds as a fresh process.
 
 MODE: ``full`` trains TOTAL steps, saving a checkpoint (rng=True) after step K; ``killed``
 does the same but SIGKILLs the last rank two steps after the checkpoint; ``resume`` loads the
@@ -114,4 +116,5 @@ def main(mode, directory):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    for each in sys.argv[1].split(","):  # MODE,MODE: one after another in one launch
+        main(each, sys.argv[2])

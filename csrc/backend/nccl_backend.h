@@ -1,7 +1,8 @@
 // The NCCL backend for CUDA memory (compiled only when FLUXMPI_WITH_CUDA is defined; the code
-// lives in csrc/cuda/). Same contract as every Backend: flat contiguous buffers, calls made in
-// the same order on all ranks, and each call returns only once the data has moved, exactly
-// like the MPI backend, so the ops layer and the engine treat both alike.
+// lives in csrc/cuda/). The contract of every Backend (flat contiguous buffers, calls made in
+// the same order on all ranks), in stream order: a call returns once its work is queued, and
+// any later work on the caller's current stream sees the data moved, so the ops layer and the
+// engine treat it as the blocking MPI backend (FLUXMPI_NCCL_HOST_WAIT=1: the host waits too).
 //
 // Communicators: one per CUDA device, created on the first collective that touches a buffer on
 // that device. Creating one is itself collective (rank 0's ncclUniqueId travels over MPI), so

@@ -1,9 +1,9 @@
-// The NCCL backend: the Backend interface over CUDA buffers. Each call enqueues its work on
-// the calling thread's current CUDA stream for the buffer's device (so it is ordered after the
-// kernels that produced the data), or on the device's communication stream after it when
-// nccl_comm_stream() is on; then, by default, blocks the host until that stream has reached the
-// end of the call, as the MPI backend blocks, or with nccl_host_wait() off returns once queued
-// (the caller's stream waits on the device). docs/design.md (CUDA and NCCL) says what it costs.
+// The NCCL backend: the Backend interface over CUDA buffers. Each call enqueues its work on the
+// device's communication stream after the calling thread's current stream (the data's
+// producer), or on that current stream itself with nccl_comm_stream() off. By default it then
+// returns once queued, the caller's stream waiting for the call on the device; with
+// nccl_host_wait() on it blocks the host until done, as the MPI backend blocks.
+// docs/design.md (CUDA and NCCL) says where each wait is.
 #include "backend/nccl_backend.h"
 
 #include "backend/mpi_cuda_support.h"
@@ -139,7 +139,7 @@ struct CudaStreams {
 // world-of-one paths below return before asking for it). The stream is the calling thread's
 // current one; with nccl_comm_stream() on, the device's communication stream instead, made to
 // wait for the caller's stream first and made current for the call, so that ATen's conversions
-// and copies inside the call run on it too. Either way finish() waits on the host.
+// and copies inside the call run on it too. finish() ends the call (see there).
 struct Call {
   explicit Call(int device_index)
       : device(device_index),

@@ -129,13 +129,14 @@ def variants_for(make_model, x, y, fp32, plans=False):
     )
 
     def ours_host_wait():
+        before = C.nccl_comm_stream(), C.nccl_host_wait()
         C.set_nccl_comm_stream(False)
         C.set_nccl_host_wait(True)
         try:
             blocking()
         finally:
-            C.set_nccl_comm_stream(True)
-            C.set_nccl_host_wait(False)
+            C.set_nccl_comm_stream(before[0])
+            C.set_nccl_host_wait(before[1])
 
     steps["ours_host_wait"] = ours_host_wait
     ddps = [("ddp_nccl", False, None), ("ddp_nccl_bucket_view", True, None)]
@@ -151,6 +152,18 @@ def variants_for(make_model, x, y, fp32, plans=False):
     return steps
 
 
+def init_ours_and_ddp(port):
+    """Init() and torch's NCCL process group beside it (DDP's, on ``port``); (rank, world,
+    this rank's CUDA device)."""
+    fm.Init()
+    rank, world = fm.local_rank(), fm.total_workers()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    return rank, world, dev
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
@@ -159,12 +172,7 @@ def main():
     ap.add_argument("--plans", action="store_true", help="also ours with other bucket plans")
     args = ap.parse_args()
 
-    fm.Init()
-    rank, world = fm.local_rank(), fm.total_workers()
-    dev = torch.device("cuda", torch.cuda.current_device())
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    rank, world, dev = init_ours_and_ddp(args.port)
     rounds = args.rounds or (3 if args.quick else 7)
     reps = 3 if args.quick else 10
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gpu_step import variants_for, workloads  # noqa: E402
+from bench_gpu_step import init_ours_and_ddp, variants_for, workloads  # noqa: E402
 from common import emit  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
@@ -109,12 +109,7 @@ def main():
     ap.add_argument("--port", type=int, default=29533)
     args = ap.parse_args()
 
-    fm.Init()
-    rank, world = fm.local_rank(), fm.total_workers()
-    dev = torch.device("cuda", torch.cuda.current_device())
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    rank, world, dev = init_ours_and_ddp(args.port)
     table = workloads(False, dev)
     if args.workload not in table:
         args.workload = "resnet50_shapes_fp32"  # torchvision missing

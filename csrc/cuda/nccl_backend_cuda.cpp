@@ -157,8 +157,8 @@ struct Call {
     if (comm_ == nullptr) comm_ = nccl::comm_for(device, current_group());
     return comm_;
   }
-  // The end of the call. With nccl_host_wait() (the default), block the host until everything
-  // this call enqueued has completed. Without, return at once: the caller's stream waits for
+  // The end of the call. With nccl_host_wait() on, block the host until everything this call
+  // enqueued has completed. Off (the default), return at once: the caller's stream waits for
   // the communication stream on the device (nothing to do when they are one stream), and the
   // watchdog (cuda/nccl_comm.h) polls the call's completion for NCCL's asynchronous errors and
   // the stall timeout.

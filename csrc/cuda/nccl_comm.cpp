@@ -225,11 +225,13 @@ void watchdog_loop() {
     w.cv.wait(lk, [&] { return !w.pending.empty(); });
     // Done calls leave from the front; a call still running is checked for NCCL's errors and
     // its age. Calls complete in the order of their streams, so the front is the oldest.
-    while (!w.pending.empty() && w.pending.front().done->done()) w.pending.pop_front();
-    if (w.pending.empty()) {
-      w.cv.notify_all();  // drain_watched()
-      continue;
+    bool popped = false;
+    while (!w.pending.empty() && w.pending.front().done->done()) {
+      w.pending.pop_front();
+      popped = true;
     }
+    if (popped) w.cv.notify_all();  // drain_watched(), and watch() under back-pressure
+    if (w.pending.empty()) continue;
     Watched& front = w.pending.front();
     const double timeout = stall_timeout_s();
     const auto age = std::chrono::steady_clock::now() - front.since;
@@ -261,17 +263,9 @@ void watch(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAS
     w.started = true;
     std::thread(watchdog_loop).detach();
   }
-  if (w.pending.size() >= kMaxWatched) {
-    // Back-pressure: wait for the oldest (no BlockingCall: those count collectives, entered by
-    // every rank alike; a hang here is the watchdog's to end).
-    lk.unlock();
-    while (true) {
-      lk.lock();
-      if (w.pending.size() < kMaxWatched) break;
-      lk.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
+  // Back-pressure: wait for the oldest (no BlockingCall: those count collectives, entered by
+  // every rank alike; a hang here is the watchdog's to end).
+  w.cv.wait(lk, [&] { return w.pending.size() < kMaxWatched; });
   w.pending.push_back(
       Watched{what, comm, device, std::move(done), std::chrono::steady_clock::now()});
   w.cv.notify_all();

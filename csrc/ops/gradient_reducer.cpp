@@ -37,6 +37,34 @@ std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// One bucket's collective, on the engine: `t` is what travels (complex as pairs), `wire` the
+// 16-bit buffer of a fused compressed bucket (cast back into `unpack_into` by `unpack_plan`).
+void reduce_bucket(const at::Tensor& t, ReduceOp op, std::optional<c10::ScalarType> comp, int world,
+                   bool direct, const at::Tensor& wire, const PackPlan& unpack_plan,
+                   const std::vector<at::Tensor>& unpack_into) {
+  Backend& be = backend_for(t);
+  // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
+  // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
+  const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+  if (wire.defined()) {
+    // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
+    // cast back into the slots by one unpack.
+    allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
+    unpack(unpack_plan, wire, unpack_into);
+  } else if (comp && *comp != t.scalar_type()) {
+    // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
+    at::Tensor h = t.to(*comp);
+    allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
+    t.copy_(h);
+  } else {
+    // 16-bit gradients on a GPU reduce in 16 bits, each combine rounded, as DDP's do on
+    // NCCL (half the bytes of an fp32 temporary; bit-identical to it at 2 ranks, where
+    // there is one combine). On the host they accumulate in fp32, as the MPI path does.
+    const auto half = t.is_cuda() ? HalfReduction::Wire16 : HalfReduction::Fp32;
+    allreduce_data(be, t, wire_op, world, half);
+  }
+}
+
 }  // namespace
 
 Compression parse_compression(const std::string& name) {
@@ -251,53 +279,28 @@ void GradientReducer::launch(std::int64_t b) {
       unpack_plan = st.pack;
     }
   }
-  // On a GPU, wait 1 of 2 (no host wait): the engine's stream waits for this thread's, which
-  // produced the gradients and ran the pack, before the collective reads them.
-  auto produced = stream_mark_for(t.device());
-  if (produced) produced->record_on_current_stream();
-  auto done = stream_mark_for(t.device());
-  st.done = done;
+  // On a GPU, no host wait (ops/stream_order.h): the stream the collective runs on (the
+  // communication stream, when there is one) waits for this thread's, backward's, which
+  // produced the gradients and ran the pack; finalize() makes step()'s stream wait for the end.
+  auto order = std::make_shared<StreamHandOff>(std::vector<at::Tensor>{t});
+  st.order = order;
   auto op = opts_.op;
   auto comp = compressed_dtype(opts_.compression);
   int world = current_group().size();
   auto failed = failed_;
   state_[b].launched = true;
   const bool direct = bk.direct;
-  state_[b].work = start(labels_[b], [t, op, comp, world, failed, direct, wire, unpack_plan,
-                                      unpack_into, produced, done] {
-    if (failed->load()) return;  // the step's agreement failed: move no data
-    try {
-      // On the communication stream when there is one (FLUXMPI_NCCL_COMM_STREAM=1), which
-      // then waits for backward's stream exactly, not for the engine thread's.
-      CommStreamScope on_comm(t.device());
-      if (produced) produced->make_current_stream_wait();
-      Backend& be = backend_for(t);
-      // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
-      // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-      const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-      if (wire.defined()) {
-        // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
-        // cast back into the slots by one unpack.
-        allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
-        unpack(unpack_plan, wire, unpack_into);
-      } else if (comp && *comp != t.scalar_type()) {
-        // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-        at::Tensor h = t.to(*comp);
-        allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-        t.copy_(h);
-      } else {
-        // 16-bit gradients on a GPU reduce in 16 bits, each combine rounded, as DDP's do on
-        // NCCL (half the bytes of an fp32 temporary; bit-identical to it at 2 ranks, where
-        // there is one combine). On the host they accumulate in fp32, as the MPI path does.
-        const auto half = t.is_cuda() ? HalfReduction::Wire16 : HalfReduction::Fp32;
-        allreduce_data(be, t, wire_op, world, half);
-      }
-      if (done) done->record_on_current_stream();
-    } catch (...) {
-      failed->store(true);
-      throw;
-    }
-  });
+  state_[b].work = start(
+      labels_[b], [t, op, comp, world, failed, direct, wire, unpack_plan, unpack_into, order] {
+        if (failed->load()) return;  // the step's agreement failed: move no data
+        try {
+          order->run(
+              [&] { reduce_bucket(t, op, comp, world, direct, wire, unpack_plan, unpack_into); });
+        } catch (...) {
+          failed->store(true);
+          throw;
+        }
+      });
 }
 
 void GradientReducer::launch_ready() {
@@ -364,16 +367,16 @@ bool GradientReducer::finalize(bool flag) {
       if (!first) first = std::current_exception();
     }
   };
-  // The host waits here for the engine's work (the backends still block until each collective
-  // is done on the device).
+  // The host waits here for the engine's work: on a GPU only until each collective is queued
+  // (unless FLUXMPI_NCCL_HOST_WAIT=1).
   wait(agree_work_);
   for (auto& st : state_) wait(st.work);
   if (first) std::rethrow_exception(first);
-  // On a GPU, wait 2 of 2 (no host wait): step()'s current stream waits for the engine's, which
-  // ran the collectives and the unpacks after them, before the optimizer reads the gradients.
+  // On a GPU (no host wait): step()'s current stream waits for the end of each bucket's
+  // collective and unpack, before the optimizer reads the gradients.
   for (auto& st : state_) {
-    if (st.done) st.done->make_current_stream_wait();
-    st.done.reset();
+    if (st.order) st.order->consume();
+    st.order.reset();
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& st = state_[b];

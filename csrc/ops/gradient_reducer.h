@@ -95,8 +95,8 @@ class GradientReducer {
     std::vector<std::uint8_t> fresh;
     at::Tensor wire;  // fused, compressed: the 16-bit buffer that travels
     PackPlan pack;    // fused: members -> flat (or wire), with the average's 1/world
-    std::shared_ptr<StreamMark> done;  // GPU: recorded on the engine's stream after the bucket
-    int pending = 0;                   // members not yet ready this step
+    std::shared_ptr<StreamHandOff> order;  // GPU: the bucket's producer and end (stream marks)
+    int pending = 0;                       // members not yet ready this step
     bool launched = false;
     std::shared_ptr<Work> work;
   };

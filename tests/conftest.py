@@ -3,6 +3,7 @@ a launch runs only those (e.g. under `pytest -k case_x`)."""
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -90,6 +91,7 @@ def zygote():
 # test's figure rides on its teardown report, so that it reaches the controller under xdist.
 _CPU = {}
 _CPU_START = pytest.StashKey[float]()
+_WALL_START = pytest.StashKey[float]()
 
 
 def _cpu_now():
@@ -105,13 +107,21 @@ def _cpu_now():
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item.stash[_CPU_START] = _cpu_now()
+    item.stash[_WALL_START] = time.time()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "teardown" and _CPU_START in item.stash:
-        outcome.get_result().user_properties.append(("cpu_s", _cpu_now() - item.stash[_CPU_START]))
+        cpu = _cpu_now() - item.stash[_CPU_START]
+        outcome.get_result().user_properties.append(("cpu_s", cpu))
+        timeline = os.environ.get("FLUXMPI_TEST_TIMELINE")
+        if timeline:  # one line a test: worker, start and end (wall clock), CPU seconds, id
+            start = item.stash[_WALL_START]
+            with open(timeline, "a") as f:
+                f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.2f} "
+                        f"{time.time():.2f} {cpu:.2f} {item.nodeid}\n")
 
 
 def pytest_runtest_logreport(report):

@@ -29,6 +29,11 @@ def test_repro_multirank(case):
     case.check_passed()
 
 
+@pytest.mark.parametrize("case", worker_params("exact_paths_worker.py", [1, 2, 3], timeout=240))
+def test_exact_paths_multirank(case):
+    case.check_passed()
+
+
 def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None):
     """python -m fluxmpi_py.reproduce on the script; (exit status, output). Each run may take
     a third of `timeout`; the whole command is killed (its process group) after `timeout`."""

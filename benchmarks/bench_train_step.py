@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, median_time, resnet50_param_shapes, set_threads  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py.training import _exact_shards  # noqa: E402
 
 
 class ShapesModel(nn.Module):
@@ -123,19 +124,23 @@ def train_steps(make_model, x, y, comm, size, gloo):
 
     variants["ours"] = ours
 
-    # ours with deterministic=True (exact int64 sums, the same bits at any world size), and
-    # both with two backward passes (micro-batches) per step
+    # ours with deterministic=True (exact sums, the same bits at any world size), and both
+    # with two backward passes (micro-batches) per step; "_int64": one pass through the int64
+    # path that k > 1 takes (the sharded float path's baseline, the same bits)
     for label, det, k in (
         ("ours_deterministic", True, 1),
+        ("ours_deterministic_int64", True, 1),
         ("ours_k2", False, 2),
         ("ours_deterministic_k2", True, 2),
     ):
         md = make_model()
+        _exact_shards.SHARDS_AT_ONE_PASS = not label.endswith("_int64")
         od = fm.DistributedOptimizer(
             torch.optim.SGD(md.parameters(), lr=1e-3, momentum=0.9),
             deterministic=det,
             backward_passes_per_step=k,
         )
+        _exact_shards.SHARDS_AT_ONE_PASS = True
 
         def step(md=md, od=od, k=k):
             od.zero_grad()
@@ -336,9 +341,15 @@ def main():
 
 
 def ratios(ms):
-    """The step times, and deterministic=True over the default at k = 1 and k = 2 passes."""
+    """The step times, and deterministic=True over the default at k = 1 (both paths) and
+    k = 2 passes, and the sharded path over the int64 one."""
     rec = {"step_ms": ms}
-    for det, base in (("ours_deterministic", "ours"), ("ours_deterministic_k2", "ours_k2")):
+    for det, base in (
+        ("ours_deterministic", "ours"),
+        ("ours_deterministic_int64", "ours"),
+        ("ours_deterministic", "ours_deterministic_int64"),
+        ("ours_deterministic_k2", "ours_k2"),
+    ):
         if det in ms and base in ms:
             rec[f"{det}_over_{base}"] = round(ms[det] / ms[base], 3)
     return rec

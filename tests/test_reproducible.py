@@ -29,6 +29,11 @@ def test_repro_multirank(case):
     case.check_passed()
 
 
+@pytest.mark.parametrize("case", worker_params("exact_paths_worker.py", [1, 2, 3], timeout=240))
+def test_exact_paths_multirank(case):
+    case.check_passed()
+
+
 def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None):
     """python -m fluxmpi_py.reproduce on the script; (exit status, output). Each run may take
     a third of `timeout`; the whole command is killed (its process group) after `timeout`."""
@@ -216,6 +221,34 @@ def test_exact_dequantize_matches_the_float64_passes_bit_for_bit(dtype, micro_ba
             assert torch.equal(out, want), (dtype, q, divisor, int((out != want).sum()))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_exact_sum_rows_is_quantize_then_dequantize_bit_for_bit(dtype, ranks):
+    # the sharded path's owner pass against the int64 path's two kernels on the same rows,
+    # past a block (2048) and with a value beyond the bound, written over one of its rows
+    C = fm._core.C
+    top, bits = 9, 62 - (ranks - 1).bit_length()
+    scale, bound = math.ldexp(1.0, bits - top), math.ldexp(1.0, top)
+    rows = torch.stack([grid_data(dtype, 5000, top, bits - top, seed) for seed in range(ranks)])
+    rows[-1, 4321] = 1000.0  # beyond 2**9: adds 0 (the step raises on it)
+    for divisor in (ranks / math.ldexp(1.0, top - bits), 3 / math.ldexp(1.0, top - bits)):
+        acc = torch.zeros(4000, dtype=torch.int64)
+        want_most = 0.0
+        for r in range(ranks):
+            want_most = max(want_most, C.exact_quantize(rows[r, 1000:], acc, scale, bound, r > 0))
+        want = torch.empty(4000, dtype=dtype)
+        C.exact_dequantize(acc, want, divisor)
+        parts = rows.clone()
+        most = C.exact_sum_rows(parts[:, 1000:], parts[0, 1000:], scale, bound, divisor)
+        assert most == want_most == float(rows[:, 1000:].abs().max())
+        assert torch.equal(parts[0, 1000:], want), (dtype, int((parts[0, 1000:] != want).sum()))
+        assert torch.equal(parts[1:], rows[1:]) and torch.equal(parts[0, :1000], rows[0, :1000])
+    rows[0, 1500] = math.nan
+    assert math.isnan(
+        C.exact_sum_rows(rows[:, 1000:], torch.empty(4000, dtype=dtype), 1.0, 2.0, 1.0)
+    )
+
+
 def test_exact_kernels_refuse_bad_tensors():
     C = fm._core.C
     g, acc = torch.ones(4), torch.zeros(4, dtype=torch.int64)
@@ -229,6 +262,15 @@ def test_exact_kernels_refuse_bad_tensors():
         C.exact_quantize(g, acc, 3.0, 2.0, False)
     with pytest.raises(ValueError, match="output must be contiguous"):
         C.exact_dequantize(acc, torch.ones(4, 2).t()[0], 1.0)
+    rows = torch.ones(2, 4)
+    with pytest.raises(ValueError, match="rows are contiguous"):
+        C.exact_sum_rows(rows.t(), torch.ones(2), 1.0, 2.0, 1.0)
+    with pytest.raises(ValueError, match=r"out must be a contiguous 1-d CPU tensor of rows' dtype"):
+        C.exact_sum_rows(rows, torch.ones(4, dtype=torch.float64), 1.0, 2.0, 1.0)
+    with pytest.raises(ValueError, match="out has 3 elements but the rows have 4"):
+        C.exact_sum_rows(rows, torch.ones(3), 1.0, 2.0, 1.0)
+    with pytest.raises(ValueError, match="scale must be a finite power of two"):
+        C.exact_sum_rows(rows, torch.ones(4), 3.0, 2.0, 1.0)
 
 
 def test_a_non_finite_gradient_gives_nan_and_keeps_the_grid():

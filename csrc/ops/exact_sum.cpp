@@ -68,24 +68,41 @@ void quantize_exact(const T* g, I64* acc, I64 n, double scale, double bound, boo
   }
 }
 
+// The bits of the largest |x| of g[0..m) (the largest bits for a NaN).
+template <typename T>
+WideBits<T> block_max_bits(const T* g, I64 m) {
+  using B = WideBits<T>;
+  B block = 0;
+  for (I64 j = 0; j < m; ++j) {
+    const B b = std::bit_cast<B>(static_cast<Wide<T>>(g[j])) & std::numeric_limits<B>::max();
+    block = b > block ? b : block;
+  }
+  return block;
+}
+
+// acc[0..m) (+)= the quantized g[0..m), one block: its largest |x| chooses the fast path or
+// the exact one (both give the same integers where the fast one applies). Returns the block's
+// largest-|x| bits.
+template <typename T>
+WideBits<T> quantize_block(const T* g, I64* acc, I64 m, double scale, double bound,
+                           bool accumulate) {
+  const WideBits<T> block = block_max_bits(g, m);
+  const double a = static_cast<double>(std::bit_cast<Wide<T>>(block));  // NaN for a NaN
+  if (a < bound && a * scale < kFastLimit) {
+    quantize_fast(g, acc, m, scale, accumulate);
+  } else {
+    quantize_exact(g, acc, m, scale, bound, accumulate);
+  }
+  return block;
+}
+
 template <typename T>
 double quantize(const T* g, I64* acc, I64 n, double scale, double bound, bool accumulate) {
-  using B = WideBits<T>;
-  B most = 0;
+  WideBits<T> most = 0;
   for (I64 at = 0; at < n; at += kBlock) {
-    const I64 m = std::min(kBlock, n - at);
-    B block = 0;
-    for (I64 j = 0; j < m; ++j) {
-      const B b = std::bit_cast<B>(static_cast<Wide<T>>(g[at + j])) & std::numeric_limits<B>::max();
-      block = b > block ? b : block;
-    }
+    const auto block =
+        quantize_block(g + at, acc + at, std::min(kBlock, n - at), scale, bound, accumulate);
     most = block > most ? block : most;
-    const double a = static_cast<double>(std::bit_cast<Wide<T>>(block));  // NaN for a NaN
-    if (a < bound && a * scale < kFastLimit) {
-      quantize_fast(g + at, acc + at, m, scale, accumulate);
-    } else {
-      quantize_exact(g + at, acc + at, m, scale, bound, accumulate);
-    }
   }
   return static_cast<double>(std::bit_cast<Wide<T>>(most));
 }
@@ -104,6 +121,25 @@ void dequantize(const I64* s, T* o, I64 n, double divisor) {
     const double x = hi * 0x1p32 + lo;
     o[j] = static_cast<T>(kMultiply ? x * inverse : x / divisor);
   }
+}
+
+// The owner's pass of the sharded sum: block by block, every row quantized into one int64
+// block (in L1), then that block dequantized into out. A block's rows are all read before its
+// outputs are written, so out may be one of the rows.
+template <typename T, bool kMultiply>
+double sum_rows(const T* rows, I64 count, I64 row_stride, T* out, I64 n, double scale, double bound,
+                double divisor) {
+  WideBits<T> most = 0;
+  alignas(64) I64 acc[kBlock];
+  for (I64 at = 0; at < n; at += kBlock) {
+    const I64 m = std::min(kBlock, n - at);
+    for (I64 r = 0; r < count; ++r) {
+      const auto block = quantize_block(rows + r * row_stride + at, acc, m, scale, bound, r > 0);
+      most = block > most ? block : most;
+    }
+    dequantize<T, kMultiply>(acc, out + at, m, divisor);
+  }
+  return static_cast<double>(std::bit_cast<Wide<T>>(most));
 }
 
 // Whether 1 / d is a power of two that a double holds exactly (d = 2**k, |k| <= 1021): x / d
@@ -162,6 +198,37 @@ void exact_dequantize(const at::Tensor& sum, const at::Tensor& out, double divis
           dequantize<scalar_t, false>(s, out.data_ptr<scalar_t>(), n, divisor);
         }
       });
+}
+
+double exact_sum_rows(const at::Tensor& rows, const at::Tensor& out, double scale, double bound,
+                      double divisor) {
+  TORCH_CHECK_VALUE(rows.defined() && rows.device().is_cpu() && rows.dim() == 2 &&
+                        rows.is_floating_point() && !rows.is_complex() &&
+                        (rows.size(1) <= 1 || rows.stride(1) == 1),
+                    "exact_sum_rows: rows must be a 2-d real floating CPU tensor whose rows are "
+                    "contiguous, got ",
+                    rows.defined() ? rows.toString() : std::string("an undefined tensor"));
+  TORCH_CHECK_VALUE(out.defined() && out.device().is_cpu() && out.dim() == 1 &&
+                        out.is_contiguous() && out.scalar_type() == rows.scalar_type(),
+                    "exact_sum_rows: out must be a contiguous 1-d CPU tensor of rows' dtype (",
+                    rows.scalar_type(), "), got ",
+                    out.defined() ? out.toString() : std::string("an undefined tensor"));
+  TORCH_CHECK_VALUE(out.numel() == rows.size(1), "exact_sum_rows: out has ", out.numel(),
+                    " elements but the rows have ", rows.size(1));
+  TORCH_CHECK_VALUE(rows.size(0) >= 1, "exact_sum_rows: rows must have at least one row");
+  TORCH_CHECK_VALUE(power_of_two(scale),
+                    "exact_sum_rows: scale must be a finite power of two, got ", scale);
+  double most = 0.0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      c10::kHalf, c10::kBFloat16, rows.scalar_type(), "exact_sum_rows", [&] {
+        const auto* r = rows.const_data_ptr<scalar_t>();
+        auto* o = out.data_ptr<scalar_t>();
+        const std::int64_t count = rows.size(0), stride = rows.stride(0), n = rows.size(1);
+        most = exact_inverse(divisor)
+                   ? sum_rows<scalar_t, true>(r, count, stride, o, n, scale, bound, divisor)
+                   : sum_rows<scalar_t, false>(r, count, stride, o, n, scale, bound, divisor);
+      });
+  return most;
 }
 
 }  // namespace fluxmpi

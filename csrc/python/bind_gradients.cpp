@@ -152,6 +152,11 @@ void bind_gradients(py::module_& m) {
   m.def("exact_dequantize", &exact_dequantize, py::arg("sum"), py::arg("out"), py::arg("divisor"),
         py::call_guard<py::gil_scoped_release>(),
         "out = out.dtype(float64(sum) / divisor), in one pass (no Init)");
+  m.def("exact_sum_rows", &exact_sum_rows, py::arg("rows"), py::arg("out"), py::arg("scale"),
+        py::arg("bound"), py::arg("divisor"), py::call_guard<py::gil_scoped_release>(),
+        "out = out.dtype(float64(sum over the rows of round(rows * scale)) / divisor), the sum "
+        "in int64, values at or beyond bound adding 0; returns the largest |rows| (NaN for a "
+        "NaN). The sharded exact sum's owner pass (no Init)");
 }
 
 }  // namespace fluxmpi

@@ -1,6 +1,5 @@
 """Gradient sums that give the same bits at any world size: ``DistributedOptimizer(
-deterministic=True)`` (this module), and BatchNorm statistics folded in the global micro-batch
-order (:class:`BatchNormFold`).
+deterministic=True)``. BatchNorm statistics are folded in ``_batchnorm_fold``.
 
 A float sum rounds differently in different orders, and the order of a data-parallel sum
 depends on the world size (which rank holds which micro-batch, how a rank's backward passes
@@ -15,6 +14,17 @@ largest ``|g|`` over all micro-batches and ranks (a MAX allreduce: exact, order-
 ``HEADROOM_BITS`` (16) bits to spare for growth; the first step uses ``2**FIRST_TOP_LOG2``
 (``2**16``). None of it depends on the world size.
 
+Two ways to the same integers, and the same bits (``tests/workers/exact_paths_worker.py``):
+
+- one backward pass a step (``backward_passes_per_step=1``, :mod:`._exact_shards`): the
+  gradients travel as floats of their dtype. Each bucket is split into one equal shard per
+  rank; an alltoall gives each rank every rank's values of its shard, which one compiled pass
+  quantizes, adds as int64 and converts back (``exact_sum_rows``); an allgather hands the
+  results to every rank. No int64 array is written; the traffic is a float allreduce's.
+- k passes a step (:class:`ExactGradientSum`): each pass quantizes into an int64 accumulator
+  per parameter (``exact_quantize``), the buckets are allreduced as int64 and ``step()``
+  converts back (``exact_dequantize``).
+
 The error of the reduced gradient against the exact real sum, per element: at most
 ``M * q / 2`` for the sum (``q / 2`` for the average), plus the final rounding (int64 ->
 float64, times q, divided by M in float64: within ``2**-52`` relative; then once to the
@@ -24,20 +34,19 @@ A finite gradient at or above ``2**T`` would overflow the grid: every rank raise
 :class:`GridOverflowError` at ``step()``, naming the parameter, its largest ``|g|`` and the
 bound; the grid of the next step covers that value (the step's gradients are dropped; run it
 again). A non-finite gradient (inf, NaN) makes that parameter's reduced gradient all NaN on
-every rank, so that GradScaler skips the step as it would.
+every rank, so that GradScaler skips the step as it would. The largest ``|g|`` is found by
+the pass that reads the values (the quantizing rank, or the shard's owner).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .._core import C
 from ..collectives.inplace import Iallreduce, allreduce_
-from ..collectives.rows import allgather
 from ..runtime.agreement import mark_raised_on_every_rank
 
 __all__ = ["GridOverflowError"]
@@ -67,19 +76,45 @@ class GridOverflowError(ValueError):
     """
 
 
-class ExactGradientSum:
-    """The per-micro-batch quantization, the int64 accumulators and their allreduces for the
-    parameters ``order`` (backward order). Collectives go to ``group`` (None: the world)."""
+def larger(a: float, b: float) -> float:
+    """The larger of two |g| maxima; NaN once either is (a NaN must not be lost)."""
+    return a if math.isnan(a) or b <= a else b
+
+
+def plan_buckets(
+    order: Sequence[torch.Tensor], cap_bytes: int, element_bytes: Callable[[torch.Tensor], int]
+) -> list[list[int]]:
+    """Consecutive parameters of ``order`` in buckets of at most ``cap_bytes`` (one at least),
+    counting ``element_bytes(p)`` a value; a change of dtype starts a bucket too."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, p in enumerate(order):
+        nbytes = element_bytes(p) * p.numel()
+        if not buckets or size + nbytes > cap_bytes or order[buckets[-1][-1]].dtype != p.dtype:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets
+
+
+class ExactSum:
+    """What both exact sums share, for the parameters ``order`` (backward order): the grid,
+    the backward passes' bookkeeping, the buckets' start order, and ``step()``'s agreement and
+    checks. A subclass takes each pass's gradient (``_take``), starts a bucket's collective
+    (``_start``, appending to ``requests``), finishes the sums (``_complete``: this rank's
+    largest |g| per parameter, -1 for none) and gives a parameter's result (``_result``).
+    Collectives go to ``group`` (None: the world)."""
 
     def __init__(
         self,
         order: Sequence[torch.Tensor],
         names: Sequence[str],
+        buckets: list[list[int]],
         *,
         passes_per_step: int,
         world: int,
         average: bool,
-        cap_bytes: int,
         group,
     ):
         for name, p in zip(names, order):
@@ -88,48 +123,38 @@ class ExactGradientSum:
                     f"DistributedOptimizer(deterministic=True): parameter {name} is "
                     f"{p.dtype}; only real floating parameters are summed exactly"
                 )
-        self.order, self.names = list(order), list(names)
+        self.order, self.names, self.buckets = list(order), list(names), buckets
         self.k = passes_per_step
         self.micro_batches = passes_per_step * world
         self.bits = 62 - (self.micro_batches - 1).bit_length()  # P
         self.average, self.group = average, group
         self.top = [FIRST_TOP_LOG2] * len(self.order)  # T per parameter
-        self.local_max = [-1.0] * len(self.order)  # this step's largest |g|; -1: none yet
-        # One flat int64 accumulator per bucket, views per parameter, in backward order.
-        self.buckets: list[list[int]] = []
-        size = 0
-        for i, p in enumerate(self.order):
-            if not self.buckets or size + 8 * p.numel() > cap_bytes:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(i)
-            size += 8 * p.numel()
-        self.flats = []
-        self.acc: list[torch.Tensor] = [torch.empty(0)] * len(self.order)
         self.bucket_of = [0] * len(self.order)
-        for b, members in enumerate(self.buckets):
-            flat = torch.zeros(sum(self.order[i].numel() for i in members), dtype=torch.int64)
-            self.flats.append(flat)
-            at = 0
+        for b, members in enumerate(buckets):
             for i in members:
-                n = self.order[i].numel()
-                self.acc[i] = flat[at : at + n].view(self.order[i].shape)
                 self.bucket_of[i] = b
-                at += n
         self._reset_step()
 
     def _reset_step(self) -> None:
-        self.passes = 0  # backward passes quantized this step
+        self.passes = 0  # backward passes taken this step
         self.missing = [len(m) for m in self.buckets]  # members not yet ready in the last pass
-        self.requests: list = []  # started bucket allreduces, in bucket order
-        self.written = [False] * len(self.order)  # acc holds this step's values (else stale)
-        # each parameter's gradient of the last pass, when the result can be written into it
-        self.spare: list[torch.Tensor | None] = [None] * len(self.order)
-        self.local_max = [-1.0] * len(self.order)
+        self.requests: list = []  # started bucket collectives, in bucket order
+        self.written = [False] * len(self.order)  # this rank had a gradient this step
 
     def quantum(self, i: int) -> float:
         """The grid step of parameter ``i`` this step."""
         return math.ldexp(1.0, self.top[i] - self.bits)
+
+    def scaling(self, i: int) -> tuple[float, float, float]:
+        """(scale, bound, divisor) of parameter ``i`` this step: values ``|g| < bound`` are
+        kept as ``round(g * scale)`` (a power of two: exact in float64), and the int64 sum
+        ``s`` becomes ``s / divisor`` (``q`` or ``q / M``: the sum or the average)."""
+        q = self.quantum(i)
+        return (
+            1 / q,
+            math.ldexp(1.0, self.top[i]),
+            self.micro_batches / q if self.average else 1 / q,
+        )
 
     def grid(self) -> dict[str, tuple[int, float]]:
         """name -> (T: this step's grid covers |g| < 2**T, the quantum q)."""
@@ -137,28 +162,15 @@ class ExactGradientSum:
 
     # ---- during backward ------------------------------------------------------------
     def add(self, i: int, last_pass: bool) -> None:
-        """Quantize parameter ``i``'s gradient of this backward pass into its accumulator and
-        take it off the parameter (kept, when it can be, as the memory of the step's result);
-        in the step's last pass, start the buckets that are complete."""
+        """Take parameter ``i``'s gradient of this backward pass off the parameter; in the
+        step's last pass, start the buckets that are complete."""
         p = self.order[i]
-        g = p.grad
-        if g is not None:
-            keep = (
-                not g.requires_grad  # (before detach, which clears it)
-                and g.dtype == p.dtype
-                and g.shape == p.shape
-                and g.device.type == "cpu"
-                and g.is_contiguous()
-            )
-            g = g.detach()
-            mx = self._quantize_into(i, g)
-            self.spare[i] = g if keep else None
-            if not mx <= self.local_max[i]:  # also NaN
-                self.local_max[i] = mx
+        if p.grad is not None:
+            self._take(i, p.grad)
+            self.written[i] = True
             p.grad = None
         if last_pass:
-            b = self.bucket_of[i]
-            self.missing[b] -= 1
+            self.missing[self.bucket_of[i]] -= 1
             self._start_ready()
 
     def end_pass(self, last_pass: bool) -> None:
@@ -174,41 +186,34 @@ class ExactGradientSum:
         while len(self.requests) < len(self.buckets) and self.missing[len(self.requests)] <= 0:
             self._start(len(self.requests))
 
-    def _quantize_into(self, i: int, g: torch.Tensor) -> float:
-        """acc[i] (+)= round(g * 2**(P - T)) in one pass of the compiled kernel, which
-        returns the largest |g| (NaN for a NaN). The product is exact in float64 (a power of
-        two) and the rounding is to nearest, ties to even. Elements at or beyond 2**T (or not
-        finite) add 0: the step then raises or writes NaN, and never reads these sums."""
-        mx = C.exact_quantize(
-            g.cpu(),
-            self.acc[i],
-            math.ldexp(1.0, self.bits - self.top[i]),
-            math.ldexp(1.0, self.top[i]),
-            self.written[i],
-        )
-        self.written[i] = True
-        return mx
+    def _take(self, i: int, g: torch.Tensor) -> None:
+        raise NotImplementedError
 
     def _start(self, b: int) -> None:
-        for i in self.buckets[b]:  # no gradient this step on this rank: adds nothing
-            if not self.written[i]:
-                self.acc[i].zero_()
-        self.requests.append(Iallreduce(self.flats[b], "sum", group=self.group))
+        raise NotImplementedError
+
+    def _complete(self) -> list[float]:
+        raise NotImplementedError
+
+    def _result(self, i: int) -> torch.Tensor:
+        raise NotImplementedError
 
     # ---- at step() -------------------------------------------------------------------
     def finish(self, extra: Sequence[float] = ()) -> list[float]:
-        """Wait for the sums, agree on the maxima (one MAX allreduce, which also carries
-        ``extra``: returned, maxed over the ranks), check and write every ``p.grad``."""
+        """Finish the sums, agree on the maxima and on which parameters had a gradient (one
+        MAX allreduce, which also carries ``extra``: returned, maxed over the ranks), check
+        and write every ``p.grad``."""
         while len(self.requests) < len(self.buckets):  # no last pass ran on this rank
             self._start(len(self.requests))
-        for r in self.requests:
-            r.wait()
+        n = len(self.order)
+        # a NaN travels as inf (a MAX reduction may drop a NaN; both make the result NaN)
+        maxima = [math.inf if math.isnan(m) else m for m in self._complete()]
         agreed = torch.tensor(
-            [*self.local_max, self.passes, -self.passes, *extra], dtype=torch.float64
+            [*maxima, *map(float, self.written), self.passes, -self.passes, *extra],
+            dtype=torch.float64,
         )
         allreduce_(agreed, "max", group=self.group)
-        n = len(self.order)
-        most, fewest = int(agreed[n]), -int(agreed[n + 1])
+        most, fewest = int(agreed[2 * n]), -int(agreed[2 * n + 1])
         if most != self.k or fewest != self.k:
             self._reset_step()
             raise mark_raised_on_every_rank(
@@ -220,7 +225,7 @@ class ExactGradientSum:
             )
         over = []
         for i, p in enumerate(self.order):
-            gm = float(agreed[i])
+            gm = float(agreed[i]) if agreed[n + i] > 0 else -1.0
             if gm < 0:  # no gradient on any rank
                 p.grad = None
             elif not math.isfinite(gm):
@@ -228,17 +233,7 @@ class ExactGradientSum:
             elif gm >= math.ldexp(1.0, self.top[i]):
                 over.append((self.names[i], gm, self.top[i]))
             else:
-                # acc * q (/ M) in float64, rounded once to p's dtype: q is a power of two, so
-                # dividing by M / q (exact) rounds as times q, then / M would
-                q = self.quantum(i)
-                # into the last pass's gradient (a fresh tensor costs its page faults)
-                g = self.spare[i]
-                if g is None:
-                    g = torch.empty(p.shape, dtype=p.dtype)
-                C.exact_dequantize(
-                    self.acc[i], g, self.micro_batches / q if self.average else 1 / q
-                )
-                p.grad = g.to(p.device)
+                p.grad = self._result(i).to(p.device)
             if gm > 0 and math.isfinite(gm):
                 self.top[i] = math.frexp(gm)[1] + HEADROOM_BITS  # gm < 2**frexp exponent
         self._reset_step()
@@ -254,105 +249,88 @@ class ExactGradientSum:
                     "run the step again"
                 )
             )
-        return agreed[n + 2 :].tolist()
+        return agreed[2 * n + 2 :].tolist()
 
 
-_BN = torch.nn.modules.batchnorm._BatchNorm
+class ExactGradientSum(ExactSum):
+    """The int64 path, for any number of passes a step: each pass quantizes into one int64
+    accumulator per parameter (a flat one per bucket), buckets are allreduced as int64 during
+    the last pass, and ``step()`` converts back."""
 
+    def __init__(
+        self,
+        order: Sequence[torch.Tensor],
+        names: Sequence[str],
+        *,
+        passes_per_step: int,
+        world: int,
+        average: bool,
+        cap_bytes: int,
+        group,
+    ):
+        buckets = plan_buckets(order, cap_bytes, lambda p: 8)
+        super().__init__(
+            order, names, buckets,
+            passes_per_step=passes_per_step, world=world, average=average, group=group,
+        )  # fmt: skip
+        self.flats = []
+        self.acc: list[torch.Tensor] = [torch.empty(0)] * len(self.order)
+        for members in self.buckets:
+            flat = torch.zeros(sum(self.order[i].numel() for i in members), dtype=torch.int64)
+            self.flats.append(flat)
+            at = 0
+            for i in members:
+                n = self.order[i].numel()
+                self.acc[i] = flat[at : at + n].view(self.order[i].shape)
+                at += n
 
-def _stats(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A tracking BatchNorm's running_mean, running_var and num_batches_tracked."""
-    return cast(
-        tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        (m.running_mean, m.running_var, m.num_batches_tracked),
-    )
+    def _reset_step(self) -> None:
+        super()._reset_step()
+        self.local_max = [-1.0] * len(self.order)  # this step's largest |g|; -1: none yet
+        # each parameter's gradient of the last pass, when the result can be written into it
+        self.spare: list[torch.Tensor | None] = [None] * len(self.order)
 
-
-class BatchNormFold:
-    """BatchNorm running statistics that do not depend on the world size.
-
-    During a training forward each BatchNorm updates copies of its running statistics with
-    momentum 1, which makes them that micro-batch's own statistics, and records them; the
-    running statistics themselves stay the step's until ``step()``. At ``step()`` the ranks gather every micro-batch's
-    statistics in rank order, which is the step's global micro-batch order (each rank holds
-    contiguous micro-batches), and every rank folds them into the running statistics in that
-    order, as one process running the micro-batches one after another would:
-    ``r = (1 - f) * r + f * b_i`` in float64 with ``f`` the momentum (or ``1 / (n + i + 1)``
-    for ``momentum=None``), then rounded once to the buffer's dtype; ``num_batches_tracked``
-    grows by the number of micro-batches. The same inputs in the same order: the same bits.
-    """
-
-    def __init__(self, module: torch.nn.Module, group):
-        self.group = group
-        self.mods = [
-            m
-            for m in module.modules()
-            if isinstance(m, _BN) and m.track_running_stats and m.running_mean is not None
-        ]
-        self.records: dict[int, list[torch.Tensor]] = {id(m): [] for m in self.mods}
-        self._saved: dict[int, tuple] = {}
-        self.handles = []
-        for m in self.mods:
-            self.handles.append(m.register_forward_pre_hook(self._before))
-            self.handles.append(m.register_forward_hook(self._after))
-
-    def forwards(self) -> tuple[int, int]:
-        """(fewest, most) training forwards recorded this step by one BatchNorm."""
-        counts = [len(r) for r in self.records.values()] or [0]
-        return min(counts), max(counts)
-
-    def _before(self, m, _inputs) -> None:
-        if not m.training:
-            return
-        # The forward updates (and autograd keeps) copies; the step's statistics stay as
-        # they are, untouched until step() folds the records into them.
-        self._saved[id(m)] = (m.momentum, m.running_mean, m.running_var, m.num_batches_tracked)
-        m.running_mean = m.running_mean.clone()
-        m.running_var = m.running_var.clone()
-        m.num_batches_tracked = m.num_batches_tracked.clone()
-        m.momentum = 1.0  # the copies become this micro-batch's own statistics
-
-    def _after(self, m, _inputs, _output) -> None:
-        saved = self._saved.pop(id(m), None)
-        if saved is None:
-            return
-        self.records[id(m)].append(
-            torch.cat([m.running_mean.to(torch.float64), m.running_var.to(torch.float64)])
+    def _take(self, i: int, g: torch.Tensor) -> None:
+        """Quantize the gradient into its accumulator and keep it, when it can be, as the
+        memory of the step's result."""
+        p = self.order[i]
+        keep = (
+            not g.requires_grad  # (before detach, which clears it)
+            and g.dtype == p.dtype
+            and g.shape == p.shape
+            and g.device.type == "cpu"
+            and g.is_contiguous()
         )
-        m.momentum, m.running_mean, m.running_var, m.num_batches_tracked = saved
+        g = g.detach()
+        self.local_max[i] = larger(self.local_max[i], self._quantize_into(i, g))
+        self.spare[i] = g if keep else None
 
-    def finish(self, micro_batches: int) -> None:
-        """Gather the step's statistics (every BatchNorm recorded the same number of
-        forwards on every rank: the caller checked) and fold them (a collective)."""
-        if not self.mods:
-            return
-        local = torch.cat(
-            [
-                torch.stack(self.records[id(m)])
-                if self.records[id(m)]
-                else torch.zeros(0, 2 * _stats(m)[0].numel(), dtype=torch.float64)
-                for m in self.mods
-            ],
-            dim=1,
-        )
-        self.records = {id(m): [] for m in self.mods}
-        rows = allgather(local, group=self.group)  # rank order: the global micro-batch order
-        at = 0
-        for m in self.mods:
-            running_mean, running_var, tracked = _stats(m)
-            c = running_mean.numel()
-            mean, var = rows[:, at : at + c], rows[:, at + c : at + 2 * c]
-            at += 2 * c
-            r_mean, r_var = running_mean.to(torch.float64), running_var.to(torch.float64)
-            n0 = int(tracked)
-            for i in range(micro_batches):
-                f = m.momentum if m.momentum is not None else 1.0 / (n0 + i + 1)
-                r_mean = (1.0 - f) * r_mean + f * mean[i]
-                r_var = (1.0 - f) * r_var + f * var[i]
-            running_mean.copy_(r_mean)
-            running_var.copy_(r_var)
-            tracked.fill_(n0 + micro_batches)
+    def _quantize_into(self, i: int, g: torch.Tensor) -> float:
+        """acc[i] (+)= round(g * 2**(P - T)) in one pass of the compiled kernel, which
+        returns the largest |g| (NaN for a NaN). The product is exact in float64 (a power of
+        two) and the rounding is to nearest, ties to even. Elements at or beyond 2**T (or not
+        finite) add 0: the step then raises or writes NaN, and never reads these sums."""
+        scale, bound, _ = self.scaling(i)
+        return C.exact_quantize(g.cpu(), self.acc[i], scale, bound, self.written[i])
 
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+    def _start(self, b: int) -> None:
+        for i in self.buckets[b]:  # no gradient this step on this rank: adds nothing
+            if not self.written[i]:
+                self.acc[i].zero_()
+        self.requests.append(Iallreduce(self.flats[b], "sum", group=self.group))
+
+    def _complete(self) -> list[float]:
+        for r in self.requests:
+            r.wait()
+        return self.local_max
+
+    def _result(self, i: int) -> torch.Tensor:
+        # acc * q (/ M) in float64, rounded once to p's dtype: q is a power of two, so
+        # dividing by M / q (exact) rounds as times q, then / M would; into the last pass's
+        # gradient (a fresh tensor costs its page faults)
+        p = self.order[i]
+        g = self.spare[i]
+        if g is None:
+            g = torch.empty(p.shape, dtype=p.dtype)
+        C.exact_dequantize(self.acc[i], g, self.scaling(i)[2])
+        return g

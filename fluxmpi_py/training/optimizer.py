@@ -20,11 +20,12 @@ from .._core import C
 from ..collectives.inplace import allreduce_
 from ..runtime.agreement import mark_raised_on_every_rank, raise_together, user_call
 from ..runtime.groups import on_group
+from ._batchnorm_fold import BatchNormFold
+from ._exact_shards import exact_sum_for
 from ._optimizer_args import check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from .buffers import BufferSync, watch_unsynced_buffers
 from .consistency import _check as _check_consistency
-from .exact_sum import BatchNormFold, ExactGradientSum
 from .join import Joinable, grad_scale, round_
 
 __all__ = ["DistributedOptimizer"]
@@ -201,11 +202,10 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
             if deterministic:
                 planned = [(n, p) for n, p in self._named() if p.requires_grad][::-1]
-                self._exact = ExactGradientSum(
+                self._exact = exact_sum_for(
                     [p for _, p in planned],
                     [n for n, _ in planned],
                     passes_per_step=backward_passes_per_step,
-                    world=C.size() if group is None else group.size,
                     average=self._op == "average",
                     cap_bytes=self._cap_bytes,
                     group=group,

@@ -1,0 +1,127 @@
+"""DistributedOptimizer(deterministic=True) at one backward pass a step: the sharded float
+path (fluxmpi_py/training/_exact_shards.py) gives the same bits as the int64 path
+(training/exact_sum.py), and as one process running the ranks' micro-batches in turn (a group
+of one rank, W passes a step, through the int64 path). Run at 1, 2 and 3 ranks
+(tests/test_reproducible.py): gradients spread over many exponents, exact ties on the grid,
+four dtypes, buckets small enough that shards cross parameters, parameters without a gradient
+on some or all ranks, a NaN, and an overflow that raises on every rank.
+"""
+
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import raises, run_cases  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py.training import _exact_shards  # noqa: E402
+
+# (numel, dtype): odd sizes, one value, sizes below the world size, dtype changes
+SHAPES = [(37, torch.float32), (1, torch.float32), (300, torch.float64), (2, torch.float16),
+          (129, torch.bfloat16), (61, torch.float32), (5, torch.float64), (400, torch.float32)]  # fmt: skip
+UNUSED_ON_ONE_RANK, UNUSED_EVERYWHERE = 1, 5  # indexes into SHAPES
+
+
+def gradient(numel, dtype, rank, step, top):
+    """A rank's gradient of one step: many exponents below 2**top, and at the first step
+    exact ties of the grid's rounding (odd multiples of half the quantum)."""
+    gen = torch.Generator().manual_seed(1000 * step + 10 * rank + numel)
+    exps = torch.randint(top - 30, top, (numel,), generator=gen)
+    g = (torch.rand(numel, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pow(2.0, exps)
+    g[0] = math.ldexp(-1.5 if rank % 2 else 1.5, top - 1)  # the largest |g|: the next grid
+    if step == 0:  # q = 2**(16 - P) at the first step, P = 62 - bit_length(W - 1)
+        bits = 62 - (fm.total_workers() - 1).bit_length()
+        ties = torch.randint(-50, 50, (numel,), generator=gen).double() * 2 + 1
+        g[1::3] = (ties * math.ldexp(1.0, 16 - bits - 1))[1::3]
+    return g.to(dtype)
+
+
+def build(shards, group=None, passes=1):
+    _exact_shards.SHARDS_AT_ONE_PASS = shards
+    try:
+        params = [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in SHAPES]
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.0),
+            named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+            deterministic=True,
+            backward_passes_per_step=passes,
+            bucket_cap_mb=700 / 2**20,  # 700 bytes: several buckets, shards across parameters
+            check_every=0,
+            group=group,
+        )
+    finally:
+        _exact_shards.SHARDS_AT_ONE_PASS = True
+    return params, opt
+
+
+def backward(params, rank, step, top, poison=None):
+    """loss = sum of p * g over the parameters (but those left out on this rank), backward;
+    ``poison``: {parameter: value} put in the first element of its g."""
+    loss = torch.zeros((), dtype=torch.float64)
+    for i, p in enumerate(params):
+        if i == UNUSED_EVERYWHERE or (i == UNUSED_ON_ONE_RANK and rank == 0):
+            continue
+        g = gradient(p.numel(), p.dtype, rank, step, top)
+        if poison and i in poison:
+            g[0] = poison[i]
+        loss = loss + (p * g).sum().double()  # d loss / d p = g, exactly
+    loss.backward()
+
+
+def case_sharded_int64_and_one_process_give_the_same_bits():
+    rank, world = fm.local_rank(), fm.total_workers()
+    solo = [fm.new_group([r]) for r in range(world)]
+    sharded, int64 = build(True), build(False)
+    one = build(False, group=solo[rank], passes=world)  # all ranks' micro-batches, in turn
+    assert type(sharded[1]._exact).__name__ == "ShardedExactSum"
+    assert type(int64[1]._exact).__name__ == "ExactGradientSum"
+    assert len(sharded[1]._exact.buckets) >= 4
+    for step, top in enumerate((3, 3, 12, -2, 9)):  # T grows 16 bits a step at most
+        for params, opt in (sharded, int64):
+            backward(params, rank, step, top)
+            opt.synchronize()
+        for r in range(world):
+            backward(one[0], r, step, top)
+        one[1].synchronize()
+        assert sharded[1].exact_grid() == int64[1].exact_grid() == one[1].exact_grid()
+        for i, (a, b, c) in enumerate(zip(sharded[0], int64[0], one[0])):
+            if i == UNUSED_EVERYWHERE or (i == UNUSED_ON_ONE_RANK and world == 1):
+                assert a.grad is None and b.grad is None and c.grad is None
+                continue
+            assert a.grad is not None and b.grad is not None and c.grad is not None
+            assert torch.equal(a.grad, b.grad), (step, i, (a.grad != b.grad).sum())
+            assert torch.equal(a.grad, c.grad), (step, i, (a.grad != c.grad).sum())
+        for _, opt in (sharded, int64, one):
+            with opt.skip_synchronize():
+                opt.step()
+
+
+def case_nan_and_overflow_on_one_rank():
+    rank, world = fm.local_rank(), fm.total_workers()
+    last = world - 1
+    for shards in (False, True):
+        params, opt = build(shards)
+        # a NaN on the first rank and on the last: a MAX reduction may drop a NaN
+        poison = {7: math.nan} if rank == 0 else {}
+        backward(params, rank, 1, 3, poison=poison | ({2: math.nan} if rank == last else {}))
+        opt.synchronize()
+        for i in (2, 7):
+            assert bool(params[i].grad.isnan().all()), (shards, i, params[i].grad)
+        assert not bool(params[0].grad.isnan().any())
+        with opt.skip_synchronize():
+            opt.step()
+        top = opt.exact_grid()["p0"][0]
+        backward(params, rank, 2, 3, poison={0: 1e6} if rank == last else None)
+        raises(fm.GridOverflowError, opt.step, "p0", "|g| = 1e+06", f"2**{top}")
+        backward(params, rank, 2, 3, poison={0: 1e6} if rank == last else None)
+        opt.synchronize()  # the grid now covers it
+        assert opt.exact_grid()["p0"][0] == 20 + 16 and float(params[0].grad.abs().max()) > 1e5
+        with opt.skip_synchronize():
+            opt.step()
+
+
+if __name__ == "__main__":
+    run_cases(globals())

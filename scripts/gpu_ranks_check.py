@@ -192,6 +192,22 @@ def side_streams(dev, rank, world, check) -> None:
             ok = bool((t == want).all())  # read on s, after the wait
         check(f"{name} of a tensor filled on a side stream after a sleep", ok)
 
+    # The async row collectives: the results are made on the engine's stream and read here, on
+    # s, after wait(); rank r's rows hold r + 1.
+    rows_want = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(1 << 20)
+    row_cases = {
+        "Iallgather(...).wait()": lambda t: fm.Iallgather(t).wait(),
+        "allgather(..., async_op=True).wait()": lambda t: fm.allgather(t, async_op=True).wait(),
+        "grouped_allgather([...], async_op=True).wait()": lambda t: fm.grouped_allgather(
+            [t], async_op=True
+        ).wait()[0],
+    }
+    for name, call in row_cases.items():
+        with on_s():
+            got = call(filled_late())
+            ok = bool(torch.equal(got.cpu(), rows_want))  # read on s, after the wait
+        check(f"{name} of a tensor filled on a side stream after a sleep", ok)
+
     def net():
         torch.manual_seed(3)
         return torch.nn.Sequential(

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace fluxmpi {
@@ -46,8 +47,8 @@ class CommStreamScope {
   std::optional<c10::StreamGuard> guard_;
 };
 
-// The ordering of device tensors handed to the engine thread (Iallreduce, Ibcast, the c10d
-// backend's calls), as ProcessGroupNCCL keeps it: made on the submitting thread, it records
+// The ordering of device tensors handed to the engine thread (Iallreduce, Ibcast, the async
+// row collectives, the c10d backend's calls), as ProcessGroupNCCL keeps it: made on the submitting thread, it records
 // that thread's current stream (the producer's) for the first non-host tensor's device; run()
 // on the engine makes the stream the work runs on wait for it, runs the work, records the end
 // and marks every tensor as used on that stream (recordStream, so the caching allocator does
@@ -56,9 +57,15 @@ class CommStreamScope {
 class StreamHandOff {
  public:
   explicit StreamHandOff(std::vector<at::Tensor> tensors);
+  // Whether `tensors` hold one on a device with streams: else a hand-off would do nothing,
+  // and a caller on a hot host path can skip making one (and copying the list).
+  static bool needed(const std::vector<at::Tensor>& tensors);
   void run(const std::function<void()>& work) const;
   void consume() const;
-  bool on_device() const { return produced_ != nullptr; }
+  // consume(), and marks `outputs` (tensors the work made on the engine's stream, such as a
+  // row collective's results) as used on the waiter's current stream, so that the caching
+  // allocator does not hand their memory to later engine work while the waiter reads them.
+  void consume(const std::vector<at::Tensor>& outputs) const;
 
  private:
   std::vector<at::Tensor> tensors_;
@@ -66,5 +73,15 @@ class StreamHandOff {
   std::shared_ptr<StreamMark> produced_;
   std::shared_ptr<StreamMark> done_;
 };
+
+class Work;
+
+// Queue `fn` on the engine, ordered against the caller's streams when `inputs` hold a device
+// tensor (the StreamHandOff above): the engine's stream waits for the caller's current stream
+// now, and the Work's wait() makes the waiter's current stream wait for the end and marks
+// `*outputs` (filled by `fn`, when given) as used on it. Host tensors: a plain submit.
+std::shared_ptr<Work> submit_ordered(std::string what, const std::vector<at::Tensor>& inputs,
+                                     std::function<void()> fn,
+                                     std::shared_ptr<const std::vector<at::Tensor>> outputs = {});
 
 }  // namespace fluxmpi

@@ -86,18 +86,6 @@ void bind_ring_options(py::module_& m) {
         "(for tests)");
 }
 
-// Queue a one-tensor call on the engine, ordered against the caller's streams when `x` lives
-// on a device (ops/stream_order.h): the engine's stream waits for the caller's current stream
-// at submission, and wait() makes the waiter's current stream wait for the call's end.
-std::shared_ptr<Work> submit_ordered(const char* what, const at::Tensor& x,
-                                     std::function<void()> fn) {
-  auto order = std::make_shared<StreamHandOff>(std::vector<at::Tensor>{x});
-  if (!order->on_device()) return Engine::get().submit(what, std::move(fn));
-  auto work = Engine::get().submit(what, [order, fn = std::move(fn)] { order->run(fn); });
-  work->set_after_wait([order] { order->consume(); });
-  return work;
-}
-
 }  // namespace
 
 void bind_collectives(py::module_& m) {
@@ -145,7 +133,7 @@ void bind_collectives(py::module_& m) {
         env();
         UserCall named("Iallreduce()");
         at::Tensor x = t.value_or(at::Tensor());
-        return submit_ordered("Iallreduce", x, [x, op, err] { allreduce_checked(x, op, err); });
+        return submit_ordered("Iallreduce", {x}, [x, op, err] { allreduce_checked(x, op, err); });
       },
       py::arg("tensor"), py::arg("op"), py::arg("local_error") = "",
       py::call_guard<py::gil_scoped_release>());  // a synchronous engine runs it right here
@@ -155,7 +143,7 @@ void bind_collectives(py::module_& m) {
         env();
         UserCall named("Ibcast()");
         at::Tensor x = t.value_or(at::Tensor());
-        return submit_ordered("Ibcast", x, [x, root, err] { broadcast_checked(x, root, err); });
+        return submit_ordered("Ibcast", {x}, [x, root, err] { broadcast_checked(x, root, err); });
       },
       py::arg("tensor"), py::arg("root_rank"), py::arg("local_error") = "",
       py::call_guard<py::gil_scoped_release>());

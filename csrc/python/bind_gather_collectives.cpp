@@ -9,6 +9,7 @@
 #include "ops/consensus.h"
 #include "ops/gather_collectives.h"
 #include "ops/object_collectives.h"
+#include "ops/stream_order.h"
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
@@ -87,8 +88,12 @@ at::Tensor now(const char* call, Fn fn) {
   return out;
 }
 
-// Run `body` under the user call's name: inline (blocking), or queued on the engine.
-PendingTensors start(const std::string& call, bool async_op, Body body) {
+// Run `body` under the user call's name: inline (blocking), or queued on the engine. Queued
+// with device `inputs`, it is ordered against the caller's streams as Iallreduce is
+// (ops/stream_order.h): the engine's stream waits for the caller's current stream at the
+// call, and wait() makes the waiter's stream wait for the end and marks the results as used
+// there.
+PendingTensors start(const std::string& call, bool async_op, const Tensors& inputs, Body body) {
   env();
   const char* name = intern_call_name(call);
   UserCall named(name);
@@ -96,7 +101,7 @@ PendingTensors start(const std::string& call, bool async_op, Body body) {
   auto out = p.tensors;
   auto rec = p.received;
   if (async_op) {
-    p.work = Engine::get().submit(call, [out, rec, body] { body(*out, *rec); });
+    p.work = submit_ordered(call, inputs, [out, rec, body] { body(*out, *rec); }, out);
     return p;
   }
   Engine::get().run_inline([&] { body(*out, *rec); });
@@ -131,7 +136,7 @@ void bind_gather_collectives(py::module_& m) {
   m.def(
       "allgather",
       [](Tensors ts, const std::string& call, bool async_op, const std::string& err, bool grad) {
-        return start(call, async_op, [ts, err, grad](Tensors& out, Splits& rows) {
+        return start(call, async_op, ts, [ts, err, grad](Tensors& out, Splits& rows) {
           out = allgather_checked(ts, err, &rows, grad ? 1 : 0, grad_text(grad));
         });
       },
@@ -141,7 +146,7 @@ void bind_gather_collectives(py::module_& m) {
       "gather",
       [](Tensors ts, std::int64_t root, const std::string& call, bool async_op,
          const std::string& err, bool grad) {
-        return start(call, async_op, [ts, root, err, grad](Tensors& out, Splits& rows) {
+        return start(call, async_op, ts, [ts, root, err, grad](Tensors& out, Splits& rows) {
           out = gather_checked(ts, root, err, &rows, grad ? 1 : 0, grad_text(grad));
         });
       },
@@ -151,7 +156,7 @@ void bind_gather_collectives(py::module_& m) {
       "scatter",
       [](Tensors ts, Splits splits, std::int64_t root, const std::string& call, bool async_op,
          const std::string& err, bool grad) {
-        return start(call, async_op, [ts, splits, root, err, grad](Tensors& out, Splits&) {
+        return start(call, async_op, ts, [ts, splits, root, err, grad](Tensors& out, Splits&) {
           out = scatter_checked(ts, splits, root, err, grad ? 1 : 0, grad_text(grad));
         });
       },
@@ -161,7 +166,7 @@ void bind_gather_collectives(py::module_& m) {
       "reduce_scatter",
       [](Tensors ts, const std::string& op, Splits splits, const std::string& call, bool async_op,
          const std::string& err, bool grad) {
-        return start(call, async_op, [ts, op, splits, err, grad](Tensors& out, Splits&) {
+        return start(call, async_op, ts, [ts, op, splits, err, grad](Tensors& out, Splits&) {
           out = reduce_scatter_checked(ts, op, splits, err, grad ? 1 : 0, grad_text(grad));
         });
       },
@@ -171,7 +176,7 @@ void bind_gather_collectives(py::module_& m) {
       "alltoall",
       [](Tensors ts, Splits splits, const std::string& call, bool async_op, const std::string& err,
          bool grad) {
-        return start(call, async_op, [ts, splits, err, grad](Tensors& out, Splits& received) {
+        return start(call, async_op, ts, [ts, splits, err, grad](Tensors& out, Splits& received) {
           out = alltoall_checked(ts, splits, &received, err, grad ? 1 : 0, grad_text(grad));
         });
       },
@@ -189,7 +194,7 @@ void bind_gather_collectives(py::module_& m) {
         auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        auto p = start(call, async_op, [ts, op, err](Tensors&, Splits&) {
+        auto p = start(call, async_op, *ts, [ts, op, err](Tensors&, Splits&) {
           grouped_allreduce_checked(*ts, op, err);
         });
         p.inputs = ts;
@@ -205,7 +210,7 @@ void bind_gather_collectives(py::module_& m) {
         auto ts = std::make_shared<const Tensors>(tensor_list(tensors, err));  // as above
         err = joined(local_error, err);
         py::gil_scoped_release no_gil;
-        auto p = start(call, async_op, [ts, root, err](Tensors&, Splits&) {
+        auto p = start(call, async_op, *ts, [ts, root, err](Tensors&, Splits&) {
           grouped_broadcast_checked(*ts, root, err);
         });
         p.inputs = ts;

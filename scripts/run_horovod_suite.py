@@ -46,6 +46,7 @@ KNOWN_CLASHES: dict[str, tuple[tuple[int, ...] | None, str]] = {
     "test_broadcast_state": (None, _MUON + " optimizer over a model with biases"),
     "test_broadcast_state_options": (None, _MUON + " optimizer over a model with biases"),
     "test_force_allreduce": (None, _MUON + " optimizer over a model with biases"),
+    "test_horovod_allreduce_prescale": ((3,), _HALF3),
     "test_horovod_reducescatter_prescale": ((3,), _HALF3),
     "test_horovod_grouped_reducescatter_prescale": ((3,), _HALF3),
 }

@@ -279,6 +279,15 @@ def exact_dequantize(sum: torch.Tensor, out: torch.Tensor, divisor: float) -> No
 def exact_sum_rows(
     rows: torch.Tensor, out: torch.Tensor, scale: float, bound: float, divisor: float
 ) -> float: ...
+def exact_shard_bucket(
+    index: int,
+    plan: int,
+    flat: torch.Tensor,
+    rows: torch.Tensor,
+    most: torch.Tensor,
+    segments: Sequence[tuple[int, int, float, float, float]],
+    label: str,
+) -> Work: ...
 def plan_buckets(
     tensors: Sequence[torch.Tensor], options: PlanOptions, devices: Sequence[str] | None = None
 ) -> list[dict[str, Any]]: ...

@@ -37,6 +37,7 @@ const char* kind_name(CallKind k) {
     case CallKind::ObjectAllgather: return "allgather_object";
     case CallKind::NewGroup: return "new_group";
     case CallKind::JoinRound: return "join round";
+    case CallKind::ExactShardBucket: return "deterministic gradient bucket";
   }
   return "unknown collective";
 }

@@ -41,6 +41,9 @@ enum class CallKind : std::int64_t {
   ObjectAllgather = 17,
   NewGroup = 18,   // runtime/group.h; `numel` is the number of ranks, `detail` hashes them
   JoinRound = 19,  // ops/join.h: a join's per-step round (the optimizer's index in `soft`)
+  // ops/exact_shards.h: one bucket of DistributedOptimizer(deterministic=True), its index in
+  // `detail`
+  ExactShardBucket = 20,
 };
 
 const char* kind_name(CallKind k);

@@ -1,16 +1,19 @@
 // Python face of the gradient reducer (ops/gradient_reducer.h), of the bucket planner
 // (fusion/bucket_plan.h), which tests call without Init, and of the exact sums' element kernels
-// (ops/exact_sum.h).
+// (ops/exact_sum.h) and its sharded bucket (ops/exact_shards.h).
 #include <pybind11/stl.h>
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fusion/bucket_plan.h"
+#include "ops/exact_shards.h"
 #include "ops/exact_sum.h"
 #include "ops/gradient_reducer.h"
 #include "python/bindings.h"
+#include "runtime/environment.h"
 
 namespace py = pybind11;
 
@@ -157,6 +160,24 @@ void bind_gradients(py::module_& m) {
         "out = out.dtype(float64(sum over the rows of round(rows * scale)) / divisor), the sum "
         "in int64, values at or beyond bound adding 0; returns the largest |rows| (NaN for a "
         "NaN). The sharded exact sum's owner pass (no Init)");
+  m.def(
+      "exact_shard_bucket",
+      [](std::int64_t index, std::int64_t plan, const at::Tensor& flat, const at::Tensor& rows,
+         const at::Tensor& most,
+         const std::vector<std::tuple<std::int64_t, std::int64_t, double, double, double>>& segs,
+         std::string label) {
+        env();
+        std::vector<ShardSegment> segments;
+        segments.reserve(segs.size());
+        for (const auto& [start, end, scale, bound, divisor] : segs)
+          segments.push_back({start, end, scale, bound, divisor});
+        return start_exact_shard_bucket(index, plan, flat, rows, most, std::move(segments),
+                                        std::move(label));
+      },
+      py::arg("index"), py::arg("plan"), py::arg("flat"), py::arg("rows"), py::arg("most"),
+      py::arg("segments"), py::arg("label"),
+      "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): segments "
+      "are (start, end, scale, bound, divisor) in this rank's shard; returns its Work");
 }
 
 }  // namespace fluxmpi

@@ -5,22 +5,27 @@ float allreduce's traffic.
 
 Each bucket is one flat buffer of its parameters' dtype, padded to a multiple of the world
 size W and cut into W equal shards; rank r owns shard r. During backward each gradient is
-copied into its place; a complete bucket starts an alltoall that gives every owner all W
-ranks' values of its shard. At ``step()`` the owner runs one compiled pass per (parameter,
-shard) segment, with that parameter's grid: each rank's value rounded onto the grid as the
-int64 path rounds it, the W integers added (exact: any order gives the same sum), converted
-back once as the int64 path converts its sum, and the largest |g| read. An allgather of the
-owners' results gives every rank the whole bucket, and each ``p.grad`` is a view of it.
+copied into its place; a complete bucket is queued on the engine thread as one item of work
+(``C.exact_shard_bucket``): an alltoall gives every owner all W ranks' values of its shard;
+the owner runs one compiled pass per (parameter, shard) segment, with that parameter's grid:
+each rank's value rounded onto the grid as the int64 path rounds it, the W integers added
+(exact: any order gives the same sum), converted back once as the int64 path converts its
+sum, and the largest |g| read; an allgather of the owners' results brings the whole bucket
+back into the flat buffer, and at ``step()`` each ``p.grad`` is a view of it. So the owner's
+pass and the allgather of a bucket run while backward computes the next ones; the engine
+runs its work in submission order, and buckets start in bucket order, so every rank issues
+the same collectives in the same order. The buffers are made once and reused every step.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import torch
 
 from .._core import C
-from ..collectives.rows import Iallgather, Ialltoall
+from ..runtime.groups import on_group
 from .exact_sum import ExactGradientSum, ExactSum, larger, plan_buckets
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
@@ -52,8 +57,8 @@ def exact_sum_for(
 
 
 class ShardedExactSum(ExactSum):
-    """One pass a step: buckets of floats, alltoall to the shards' owners, one fused pass
-    there (``C.exact_sum_rows``), allgather back."""
+    """One pass a step: buckets of floats, each one alltoall to the shards' owners, one fused
+    pass there (``C.exact_sum_rows``) and an allgather back, as one item of engine work."""
 
     def __init__(
         self,
@@ -70,9 +75,10 @@ class ShardedExactSum(ExactSum):
         super().__init__(
             order, names, buckets, passes_per_step=1, world=world, average=average, group=group
         )
-        self.world, self.rank = world, rank
-        self.flats: list[torch.Tensor] = []  # per bucket, padded to shards of `shard` values
-        self.shard: list[int] = []
+        self.flats: list[torch.Tensor] = []  # per bucket, W shards; the result after step()
+        self.rows: list[torch.Tensor] = []  # per bucket, the ranks' values of this rank's shard
+        self.most: list[torch.Tensor] = []  # per bucket, float64: each segment's largest |g|
+        self.plans: list[int] = []  # per bucket, the hash of its shapes the ranks compare
         self.at = [0] * len(self.order)  # parameter i's offset in its bucket
         # per bucket: (parameter, start, end) of the segments of this rank's shard, in shard
         # coordinates
@@ -80,8 +86,9 @@ class ShardedExactSum(ExactSum):
         for members in self.buckets:
             numel = sum(self.order[i].numel() for i in members)
             shard = -(-numel // world)
-            self.flats.append(torch.zeros(shard * world, dtype=self.order[members[0]].dtype))
-            self.shard.append(shard)
+            dtype = self.order[members[0]].dtype
+            self.flats.append(torch.zeros(shard * world, dtype=dtype))
+            self.rows.append(torch.empty(shard * world, dtype=dtype))
             lo, hi = rank * shard, (rank + 1) * shard
             at, mine = 0, []
             for i in members:
@@ -91,7 +98,9 @@ class ShardedExactSum(ExactSum):
                     mine.append((i, max(at, lo) - lo, min(end, hi) - lo))
                 at = end
             self.segments.append(mine)
-        self.gathered: list[torch.Tensor] = []
+            self.most.append(torch.empty(len(mine), dtype=torch.float64))
+            shapes = f"{len(self.plans)}:{dtype}:{[tuple(self.order[i].shape) for i in members]}"
+            self.plans.append(zlib.crc32(shapes.encode()))
 
     def _view(self, i: int) -> torch.Tensor:
         b, at = self.bucket_of[i], self.at[i]
@@ -104,31 +113,32 @@ class ShardedExactSum(ExactSum):
         for i in self.buckets[b]:  # no gradient this step on this rank: adds nothing
             if not self.written[i]:
                 self._view(i).zero_()
-        self.requests.append(Ialltoall(self.flats[b], group=self.group))
+        segments = [(lo, hi, *self.scaling(i)) for i, lo, hi in self.segments[b]]
+        label = f"deterministic gradient bucket {b + 1} of {len(self.buckets)}"
+        with on_group(self.group, "DistributedOptimizer(deterministic=True)"):
+            self.requests.append(
+                C.exact_shard_bucket(
+                    b, self.plans[b], self.flats[b], self.rows[b], self.most[b], segments, label
+                )
+            )
 
     def _complete(self) -> list[float]:
-        """Each bucket: wait for its shard, sum it (the result over this rank's own row of
-        the received values), start its allgather; then wait for all. Returns the largest
-        |g| of each parameter over the values this rank summed (-1: none)."""
+        """Wait for every bucket; returns the largest |g| of each parameter over the values
+        this rank summed (-1: none)."""
         most = [-1.0] * len(self.order)
-        gathers = []
-        for b, request in enumerate(self.requests):
-            rows = request.wait().view(self.world, self.shard[b])
-            for i, lo, hi in self.segments[b]:
-                scale, bound, divisor = self.scaling(i)
-                found = C.exact_sum_rows(
-                    rows[:, lo:hi], rows[self.rank, lo:hi], scale, bound, divisor
-                )
+        failed = []
+        for work in self.requests:  # all of them: none may still use the buffers next step
+            try:
+                work.wait()
+            except Exception as e:  # a disagreement: raised on every rank
+                failed.append(e)
+        if failed:
+            self._reset_step()
+            raise failed[0]
+        for b in range(len(self.buckets)):
+            for (i, _, _), found in zip(self.segments[b], self.most[b].tolist()):
                 most[i] = larger(most[i], found)
-            gathers.append(Iallgather(rows[self.rank], group=self.group))
-        self.gathered = [g.wait() for g in gathers]
         return most
 
     def _result(self, i: int) -> torch.Tensor:
-        b, at = self.bucket_of[i], self.at[i]
-        p = self.order[i]
-        return self.gathered[b][at : at + p.numel()].view(p.shape)
-
-    def _reset_step(self) -> None:
-        super()._reset_step()
-        self.gathered = []
+        return self._view(i).view(self.order[i].shape)

@@ -4,7 +4,8 @@ path (fluxmpi_py/training/_exact_shards.py) gives the same bits as the int64 pat
 of one rank, W passes a step, through the int64 path). Run at 1, 2 and 3 ranks
 (tests/test_reproducible.py): gradients spread over many exponents, exact ties on the grid,
 four dtypes, buckets small enough that shards cross parameters, parameters without a gradient
-on some or all ranks, a NaN, and an overflow that raises on every rank.
+on some or all ranks, a NaN, and an overflow that raises on every rank; so does a rank
+in another collective.
 """
 
 import math
@@ -121,6 +122,21 @@ def case_nan_and_overflow_on_one_rank():
         assert opt.exact_grid()["p0"][0] == 20 + 16 and float(params[0].grad.abs().max()) > 1e5
         with opt.skip_synchronize():
             opt.step()
+
+
+def case_a_rank_in_another_collective_raises_on_every_rank():
+    """The ranks agree on each bucket before its data moves: where the first rank calls
+    another collective meanwhile, every rank raises, none waits."""
+    if fm.total_workers() == 1:
+        return
+    p = torch.nn.Parameter(torch.zeros(5))
+    opt = fm.DistributedOptimizer(torch.optim.SGD([p], lr=0.0), deterministic=True, check_every=0)
+    if fm.local_rank() == 0:
+        call = lambda: fm.allreduce_(torch.zeros(3))  # noqa: E731
+    else:
+        p.sum().backward()
+        call = opt.step
+    raises(RuntimeError, call, "different calls", "allreduce_()", "deterministic=True) (bucket 1")
 
 
 if __name__ == "__main__":

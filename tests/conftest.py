@@ -120,8 +120,10 @@ def pytest_runtest_makereport(item, call):
         if timeline:  # one line a test: worker, start and end (wall clock), CPU seconds, id
             start = item.stash[_WALL_START]
             with open(timeline, "a") as f:
-                f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.2f} "
-                        f"{time.time():.2f} {cpu:.2f} {item.nodeid}\n")
+                f.write(
+                    f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.2f} "
+                    f"{time.time():.2f} {cpu:.2f} {item.nodeid}\n"
+                )
 
 
 def pytest_runtest_logreport(report):

@@ -84,8 +84,8 @@ std::shared_ptr<Work> submit_ordered(std::string what, const std::vector<at::Ten
                                      std::shared_ptr<const std::vector<at::Tensor>> outputs) {
   if (!StreamHandOff::needed(inputs)) return Engine::get().submit(std::move(what), std::move(fn));
   auto order = std::make_shared<StreamHandOff>(inputs);
-  auto work = Engine::get().submit(std::move(what),
-                                   [order, fn = std::move(fn)] { order->run(fn); });
+  auto work =
+      Engine::get().submit(std::move(what), [order, fn = std::move(fn)] { order->run(fn); });
   work->set_after_wait([order, outputs = std::move(outputs)] {
     if (outputs) {
       order->consume(*outputs);

@@ -48,11 +48,11 @@ class CommStreamScope {
 };
 
 // The ordering of device tensors handed to the engine thread (Iallreduce, Ibcast, the async
-// row collectives, the c10d backend's calls), as ProcessGroupNCCL keeps it: made on the submitting thread, it records
-// that thread's current stream (the producer's) for the first non-host tensor's device; run()
-// on the engine makes the stream the work runs on wait for it, runs the work, records the end
-// and marks every tensor as used on that stream (recordStream, so the caching allocator does
-// not hand its memory out while the collective may still touch it); consume(), on the thread
+// row collectives, the c10d backend's calls), as ProcessGroupNCCL keeps it: made on the submitting
+// thread, it records that thread's current stream (the producer's) for the first non-host tensor's
+// device; run() on the engine makes the stream the work runs on wait for it, runs the work, records
+// the end and marks every tensor as used on that stream (recordStream, so the caching allocator
+// does not hand its memory out while the collective may still touch it); consume(), on the thread
 // that waited for the work, makes its current stream wait for that end. Host tensors: no-ops.
 class StreamHandOff {
  public:

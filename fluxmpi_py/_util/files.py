@@ -95,21 +95,39 @@ def is_temporary(name: str) -> bool:
     return _TEMPORARY.fullmatch(name) is not None
 
 
-def _alive(pid: int) -> bool:
+def _writing(pid: int, file: str) -> bool:
+    """Whether process ``pid`` may still be writing ``file``. A writer holds its temporary
+    file open from its creation to its rename (:func:`write_atomic` renames before closing),
+    so a live process that does not hold it is another process that was given the dead
+    writer's pid. Where ``/proc`` cannot tell (another system, someone else's process), a
+    live process counts as the writer."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # EPERM: someone else's live process
         return True
-    return True
+    fds = f"/proc/{pid}/fd"
+    try:
+        links = os.listdir(fds)
+    except OSError:
+        return True
+    for fd in links:
+        try:
+            if os.readlink(os.path.join(fds, fd)) == file:
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
 
 
 def remove_stale_temporaries(path: str) -> list[str]:
     """Remove the temporary files that writers of ``path`` killed mid-write left beside it:
     names ``.<name>.tmp<pid>.<this host>`` (or ``.<name>.tmp<pid>``, written before the host
-    was part of the name) whose process is gone. Files of any other name, of another host,
-    of this process or of a live process are kept. Returns the removed paths.
+    was part of the name) whose writer is gone: no process of that pid, or one that does not
+    hold the file open (the pid given to another process). Files of any other name, of
+    another host, of this process or of a writer still at work are kept. Returns the removed
+    paths.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp(); p = os.path.join(d, "x.pt")
@@ -128,12 +146,12 @@ def remove_stale_temporaries(path: str) -> list[str]:
         m = pattern.fullmatch(name)
         if m is None or m.group(2) not in (None, _HOST):
             continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or _alive(pid):
+        pid, file = int(m.group(1)), os.path.join(directory, name)
+        if pid == os.getpid() or _writing(pid, file):
             continue
         try:
-            os.unlink(os.path.join(directory, name))
-            removed.append(os.path.join(directory, name))
+            os.unlink(file)
+            removed.append(file)
         except OSError:
             pass  # gone already, or not ours to remove: leave it
     return removed
@@ -183,10 +201,12 @@ def write_atomic(
                 recording.write(data)
             if hasher is not None and digest is not None:
                 f.write(_trailer(digest, hasher.hexdigest(), recording.written))
+            f.flush()  # all of it in the file before a reader can open it by its name
             if durable:
-                f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+            # renamed while still open: a temporary name that exists is held open by its
+            # writer, which tells it from a live process that got a dead writer's pid
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)

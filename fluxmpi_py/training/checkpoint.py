@@ -111,7 +111,7 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     every rank; store your own generator state under another name (``rng_state=...``).
     The file ends with a digest of its bytes (crc32), which ``load_checkpoint`` checks.
     Temporary files that a killed save of ``path`` left beside it (``.<name>.tmp<pid>...``,
-    their process gone) are removed.
+    no live process of that pid holding them open) are removed.
     For a DataLoader in the loop, give it a generator of its own
     (``generator=torch.Generator().manual_seed(s)``): creating its iterator then draws from
     that, not from the global generator, whose state would otherwise depend on where the run

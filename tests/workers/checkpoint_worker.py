@@ -396,14 +396,22 @@ def case_stale_temporaries_removed_at_the_next_save():
 
     path = path_of("stale.pt")
     d = os.path.dirname(path)
-    live, names = None, None
+    live, other, names = None, None, None
     if fm.local_rank() == 0:  # rank 0 saves, so the processes are on its host
-        live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        # `live` holds its two files open, as a save in progress does; `other` is alive but
+        # holds nothing, as a process that got a killed writer's pid
+        hold = "import sys, time; fs = [open(p, 'ab') for p in sys.argv[1:]]; print('open')"
+        hold += "; sys.stdout.flush(); time.sleep(60)"
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         dead, host = _dead_pid(), _files._HOST
-        stale = [f".stale.pt.tmp{dead}", f".stale.pt.tmp{dead}.{host}"]
+        writing = [".stale.pt.tmp{}", ".stale.pt.tmp{}." + host]
+        stale = [
+            f".stale.pt.tmp{dead}",
+            f".stale.pt.tmp{dead}.{host}",
+            f".stale.pt.tmp{other.pid}",  # pids given to another process
+            f".stale.pt.tmp{other.pid}.{host}",
+        ]
         kept = [
-            f".stale.pt.tmp{live.pid}",  # saves in progress
-            f".stale.pt.tmp{live.pid}.{host}",
             f".stale.pt.tmp{dead}.other-host",  # another host's: cannot tell
             f".stale.pt.tmp{dead}x",  # other patterns
             f"stale.pt.tmp{dead}",
@@ -413,6 +421,17 @@ def case_stale_temporaries_removed_at_the_next_save():
         for name in stale + kept:
             with open(os.path.join(d, name), "wb") as f:
                 f.write(b"partial")
+        # a writer's names carry its pid, known once it runs: it opens placeholder names,
+        # which are then renamed to its pid (an open descriptor follows its file)
+        live = subprocess.Popen(
+            [sys.executable, "-c", hold, *(os.path.join(d, n.format("X")) for n in writing)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert live.stdout.readline().strip() == "open"
+        for n in writing:
+            os.rename(os.path.join(d, n.format("X")), os.path.join(d, n.format(live.pid)))
+        kept += [n.format(live.pid) for n in writing]  # saves in progress
         names = (stale, kept)
     stale, kept = fm.broadcast_object(names)
     try:
@@ -421,9 +440,10 @@ def case_stale_temporaries_removed_at_the_next_save():
         assert not present & set(stale), sorted(present & set(stale))
         assert set(kept) <= present, sorted(set(kept) - present)
     finally:
-        if live is not None:
-            live.kill()
-            live.wait()
+        for p in (live, other):
+            if p is not None:
+                p.kill()
+                p.wait()
     fm.barrier()
 
 

@@ -43,6 +43,7 @@ the pass that reads the values (the quantizing rank, or the shard's owner).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 import torch
@@ -100,7 +101,7 @@ def plan_buckets(
     return buckets
 
 
-class ExactSum:
+class ExactSum(ABC):
     """What both exact sums share, for the parameters ``order`` (backward order): the grid,
     the backward passes' bookkeeping, the buckets' start order, and ``step()``'s agreement and
     checks. A subclass takes each pass's gradient (``_take``), starts a bucket's collective
@@ -188,17 +189,21 @@ class ExactSum:
         while len(self.requests) < len(self.buckets) and self.missing[len(self.requests)] <= 0:
             self._start(len(self.requests))
 
+    @abstractmethod
     def _take(self, i: int, g: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Take this pass's gradient ``g`` of parameter ``i``."""
 
+    @abstractmethod
     def _start(self, b: int) -> None:
-        raise NotImplementedError
+        """Start bucket ``b``'s collective, appending its request to ``requests``."""
 
+    @abstractmethod
     def _complete(self) -> list[float]:
-        raise NotImplementedError
+        """Finish every bucket; this rank's largest |g| per parameter (-1: none)."""
 
+    @abstractmethod
     def _result(self, i: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Parameter ``i``'s reduced gradient, once :meth:`_complete` returned."""
 
     # ---- at step() -------------------------------------------------------------------
     def finish(self, extra: Sequence[float] = ()) -> list[float]:

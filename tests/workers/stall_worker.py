@@ -8,7 +8,8 @@ misbehaves at step 3 while the others wait for it in the gradient allreduce.
     timeout     the same, 120 s; FLUXMPI_STALL_WARNING / FLUXMPI_TIMEOUT from the test
     sigkill     the staller sends itself SIGKILL
     sigterm     the staller sends itself SIGTERM
-    train       every rank trains for 120 s, printing "training" (the test interrupts mpiexec)
+    train       every rank trains until interrupted (at most 600 s), printing "training" after
+                its first step; the test interrupts mpiexec, so "done" must never come
     loader      the staller's DataLoader worker raises
 """
 
@@ -97,7 +98,8 @@ def main(mode):
     data = fm.DistributedDataContainer(Failing()) if mode == "loader" else None
     loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=1) if data else None
     batches = iter(loader) if loader else None
-    t_end = time.monotonic() + 120
+    t_start = time.monotonic()
+    t_end = t_start + 600  # a safety bound only: the test ends the job long before
     step = 0
     while step < 6 or (mode == "train" and time.monotonic() < t_end):
         if r == staller and step == 3:
@@ -114,7 +116,7 @@ def main(mode):
         if mode == "train" and step == 0:
             print(f"rank {r} training", flush=True)
         step += 1
-    print(f"rank {r} done", flush=True)
+    print(f"rank {r} done: {step} steps in {time.monotonic() - t_start:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@
 #               stream (FLUXMPI_NCCL_HOST_WAIT=1 FLUXMPI_NCCL_COMM_STREAM=0)
 #   nccl-2-cs-hw  as nccl-2, on the communication stream with the host waiting
 #   nccl-2-groups as nccl-2, group= on CUDA over NCCL (FLUXMPI_NCCL_GROUPS=1; never run yet)
+#   nowait-control  as nccl-2, the side-stream checks only, with the library's stream waits
+#               turned off (gpu_ranks_check.py --no-stream-waits): they must fail, which shows
+#               that the probe can see a missing wait (never run yet)
 #   kill        (run last, with stop and stall-gpu) scripts/gpu_kill_check.py: rank 1 kills
 #               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s
@@ -169,6 +172,15 @@ nccl_mode nccl-2-cs-hw nccl_cs_host_wait.log "on a stream of their own, the host
   --host-wait
 nccl_mode nccl-2-groups nccl_groups.log "group= on NCCL communicators of the groups' own" \
   --nccl-groups
+
+# The side-stream probe's negative control: with the stream waits off, it must fail.
+if want nowait-control; then
+if run2 "${TWO_HOSTS[@]}" -- --route nccl --no-stream-waits > "$LOGS/nowait.log" 2>&1; then
+  summary nowait-control ok "$(grep -h 'side-stream checks failed' "$LOGS/nowait.log" | head -n 1)"
+else
+  summary nowait-control FAIL "the side-stream probe passed without the stream waits, or the run failed ($LOGS/nowait.log)"
+fi
+fi
 
 
 if want bench; then

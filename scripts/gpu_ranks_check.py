@@ -290,6 +290,12 @@ def main() -> int:
     ap.add_argument("--host-wait", action="store_true", help="the host waits for each NCCL call")
     ap.add_argument("--nccl-groups", action="store_true", help="group= on CUDA over NCCL")
     ap.add_argument("--cpu", action="store_true", help="the same checks on CPU tensors (a dry run)")
+    ap.add_argument(
+        "--no-stream-waits",
+        action="store_true",
+        help="a negative control: the side-stream checks only, with the library's stream waits "
+        "off; exits 0 only if some of them fail (the probe sees a missing wait)",
+    )
     args = ap.parse_args()
     fm.Init()
     import fluxmpi_py._C as C
@@ -305,6 +311,13 @@ def main() -> int:
         print(f"rank {rank}: {'ok' if ok else 'FAIL'}: {name}", flush=True)
         if not ok:
             failed.append(name)
+
+    if args.no_stream_waits:
+        C.set_stream_waits(False)
+        side_streams(dev, rank, world, check)
+        C.set_stream_waits(True)
+        print(f"rank {rank}: without the stream waits, {len(failed)} side-stream checks failed")
+        return 0 if failed else 1
 
     route = fm.build_info()["cuda_collectives"]
     if args.route:

@@ -19,6 +19,13 @@
 
 namespace fluxmpi {
 
+// A negative control for the GPU checks only (scripts/gpu_ranks_check.py --no-stream-waits, the
+// nowait-control step of scripts/gpu_check.sh): off, every make_current_stream_wait below does
+// nothing, so that work on another stream is read before it is written, and the side-stream
+// probe must see wrong values. On by default; nothing in the library turns it off.
+void set_stream_waits(bool on);
+bool stream_waits();
+
 class StreamMark {
  public:
   explicit StreamMark(c10::Device device);

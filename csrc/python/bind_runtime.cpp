@@ -5,6 +5,7 @@
 #include "backend/select.h"
 #include "backend/staged_backend.h"
 #include "ops/collectives.h"
+#include "ops/stream_order.h"
 #include "python/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
@@ -70,6 +71,8 @@ void bind_runtime(py::module_& m) {
   m.def("nccl_comm_stream", &nccl_comm_stream);
   m.def("set_nccl_host_wait", &set_nccl_host_wait, py::arg("on"));
   m.def("nccl_host_wait", &nccl_host_wait);
+  m.def("set_stream_waits", &set_stream_waits, py::arg("on"));
+  m.def("stream_waits", &stream_waits);
   m.def("set_nccl_groups", &set_nccl_groups, py::arg("on"));
   m.def("nccl_groups", &nccl_groups);
   m.def("set_stage_host", &set_stage_host, py::arg("on"));

@@ -205,8 +205,9 @@ def _round(group, waiting: _Handle | None = None, polling: bool = False) -> None
     names = [h.name[1] for h in lane]
     call = _call_of(waiting, polling)
     with on_group(group, call), user_call(call):
-        # the lane's hash, whether blocked, and -1 (a joined rank gives 0 to each)
-        (low, high), (calm, _), (_, joined) = span(
+        # the lane's hash, whether blocked, and -1 (a joined rank gives 0 to each): the
+        # least "blocked" is 1 when every rank is
+        (low, high), (all_blocked, _), (_, joined) = span(
             [hash64(repr(names)), int(waiting is not None), -1]
         )
         if joined == 0 or low == high:  # the same names everywhere (or a rank joined)
@@ -215,7 +216,7 @@ def _round(group, waiting: _Handle | None = None, polling: bool = False) -> None
             every = _fm.allgather_object(names)
             common = [n for n in every[0] if all(n in other for other in every[1:])]
             ready = [h for n in common for h in lane if h.name[1] == n]  # names are unique
-            if not ready and calm == 1:  # every rank blocked, nothing can start
+            if not ready and all_blocked == 1:  # every rank blocked, nothing can start
                 ranks = list(range(len(every))) if group is None else list(group.ranks)
                 raise _blocked(waiting, call, ranks, every)
     for h in ready:

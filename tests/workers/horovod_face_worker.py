@@ -553,7 +553,8 @@ def case_a_name_in_flight_is_horovods_duplicate_name_error():
     h = hvd.allreduce_async(t, name="grad.w", op=hvd.Sum)
     taken = "name 'grad.w' is taken"
     # Horovod keeps one table of names per process set, across ops and sync calls
-    raises(ValueError, lambda: hvd.allreduce_async(t, name="grad.w"), taken, "rank 0")
+    # an async call raises on its own rank only (it starts later, when every rank made one)
+    raises(ValueError, lambda: hvd.allreduce_async(t, name="grad.w"), taken, f"rank {r}")
     raises(ValueError, lambda: hvd.allgather_async(t, name="grad.w"), taken)
     raises(ValueError, lambda: hvd.broadcast(t, 0, name="grad.w"), taken)
     raises(ValueError, lambda: hvd.grouped_allreduce([t], name="grad.w"), taken)
@@ -584,6 +585,52 @@ def case_a_name_in_flight_is_horovods_duplicate_name_error():
             assert isinstance(e, ValueError) == (r == 0), type(e)
         hvd.synchronize(h)
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # in step again
+
+
+def case_named_async_calls_pair_by_name_as_horovods():
+    n, r = hvd.size(), hvd.rank()
+    # Each rank makes the named calls in another order, with values of its own, and waits on
+    # them in yet another: Horovod pairs them by name (by call order, a would meet b: the
+    # same shape, so only the sums would tell)
+    names = ["a", "b", "c"]
+    order = names[r % 3 :] + names[: r % 3]
+    scale = {"a": 1.0, "b": 10.0, "c": 100.0}
+    handles = {
+        k: hvd.allreduce_async(torch.full((2,), scale[k] * (r + 1)), name=k, op=hvd.Sum)
+        for k in order
+    }
+    for k in sorted(order, reverse=r % 2 == 1):
+        assert hvd.synchronize(handles[k]).tolist() == [scale[k] * n * (n + 1) / 2] * 2, k
+    # Horovod's duplicate-name tests: rank 0 makes its call before a barrier, the others
+    # after it; a name reused while in flight raises on the rank that reused it only
+    t = torch.ones(3)
+    h = None
+    if r == 0:
+        h = hvd.allgather_async(t, name="dup")
+        raises(ValueError, lambda: hvd.allgather_async(t, name="dup"), "name 'dup' is taken")
+    hvd.barrier()
+    if r > 0:
+        h = hvd.allgather_async(t, name="dup")
+        raises(ValueError, lambda: hvd.allgather_async(t, name="dup"), "'dup' is taken")
+    while not hvd.poll(h):  # poll starts it too, once every rank has made it
+        pass
+    assert hvd.synchronize(h).shape == (3 * n,)
+    # grouped and broadcast calls pair by name as well; a name only some ranks made waits
+    late = hvd.broadcast_async(torch.full((1,), float(r)), n - 1, name="late") if r else None
+    g = hvd.grouped_allreduce_async([torch.ones(2), torch.ones(1)], name="g", op=hvd.Sum)
+    assert [o.tolist() for o in hvd.synchronize(g)] == [[n] * 2, [n]]
+    if r == 0:
+        late = hvd.broadcast_async(torch.full((1,), float(r)), n - 1, name="late")
+    assert hvd.synchronize(late).tolist() == [n - 1.0]
+    if n > 1:
+        # every rank waits on a name no other rank made: all raise, naming what waits where
+        h = hvd.allreduce_async(torch.ones(1), name=f"only{r}")
+        msg = raises(RuntimeError, lambda: hvd.synchronize(h), "every rank waits")
+        assert all(f"rank {q}: ['only{q}']" in msg for q in range(n)), msg
+        raises(RuntimeError, lambda: hvd.synchronize(h), "every rank waits")  # kept
+        assert hvd.allreduce(torch.ones(1), name="only0", op=hvd.Sum).item() == n  # freed
+    # blocking calls start at once and pair by call order, beside the waiting ones
+    assert hvd.allreduce(torch.ones(1), name="now", op=hvd.Sum).item() == n
 
 
 def case_forgotten_broadcast_parameters_warns_at_the_first_step():

@@ -148,5 +148,26 @@ def case_names_are_per_process_set():
     hvd.remove_process_set(ps)
 
 
+def case_named_async_calls_pair_by_name_on_a_set():
+    # each set has a lane of its own: the set's members pair its names in any order, while a
+    # world call made before them waits for the world's other ranks
+    n, r = hvd.size(), hvd.rank()
+    ps, ranks, member = _edge_set()
+    world = hvd.allreduce_async(torch.ones(1), name="w", op=hvd.Sum)
+    if member:
+        scale = {"x": 1.0, "y": 10.0}
+        order = ["x", "y"] if r == 0 else ["y", "x"]
+        hs = {
+            k: hvd.allreduce_async(
+                torch.full((1,), (r + 1.0) * scale[k]), name=k, op=hvd.Sum, process_set=ps
+            )
+            for k in order
+        }
+        total = sum(q + 1.0 for q in ranks)
+        assert [hvd.synchronize(hs[k]).item() for k in "xy"] == [total, 10 * total]
+    assert hvd.synchronize(world).tolist() == [float(n)]
+    hvd.remove_process_set(ps)  # as found: a later worker of the launch may add these ranks
+
+
 if __name__ == "__main__":
     run_cases(globals())

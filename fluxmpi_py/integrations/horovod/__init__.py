@@ -26,14 +26,16 @@ from . import (
     _join,
     _optimizer,
     _process_sets,
+    _reducescatter,
     _topology,
 )
 from ._collectives import *  # noqa: F403
 from ._extras import *  # noqa: F403
-from ._handles import _Handle, _in_set, named
+from ._handles import _in_set, named, start_async
 from ._ops import Adasum, Average, Max, Min, Product, Sum, _integer_average, _op, _root, _scale_
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
+from ._reducescatter import *  # noqa: F403
 from ._topology import *  # noqa: F403
 
 SyncBatchNorm = _fm.SyncBatchNorm
@@ -41,7 +43,7 @@ SyncBatchNorm = _fm.SyncBatchNorm
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
 __test__ = {
     n: getattr(m, n)
-    for m in (_collectives, _extras, _optimizer, _process_sets, _topology)
+    for m in (_collectives, _extras, _optimizer, _process_sets, _reducescatter, _topology)
     for n in m.__all__
     if callable(getattr(m, n)) and n != "elastic"  # not hvd.global_process_set
 }
@@ -78,6 +80,7 @@ __all__ = [
     *_extras.__all__,
     *_optimizer.__all__,
     *_process_sets.__all__,
+    *_reducescatter.__all__,
     *_topology.__all__,
 ]
 
@@ -208,10 +211,13 @@ def allreduce(
 
 
 def barrier(process_set=None) -> None:
-    """Wait until every rank of ``process_set`` (default: the world) gets here.
+    """Wait until every rank of ``process_set`` (default: the world) gets here. Named
+    ``_async`` calls of the set that wait to start (see :func:`synchronize`) and that every
+    rank has made start first, so that ranks may make them on different sides of a barrier.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.barrier()
     """
+    _handles.round_on(process_set, "hvd.barrier()")  # named async calls on both sides meet
     with _in_set(process_set, "hvd.barrier()"):
         _fm.barrier()
     _handles.settled()
@@ -321,10 +327,14 @@ def allreduce_async_(
     [1.0, 1.0]
     """
     call = "hvd.allreduce_async_()"
-    with named(name, process_set, call) as key, _in_set(process_set, call):
-        op, postscale_factor = _integer_average(_op(average, op), [tensor], postscale_factor)
-        req = _fm.Iallreduce(_scale_(tensor, prescale_factor), op)
-        return _Handle(req, lambda t: _scale_(t, postscale_factor), key)
+    op = _op(average, op)  # Horovod's argument errors raise here, not at the start
+
+    def start():
+        reduce, post = _integer_average(op, [tensor], postscale_factor)
+        req = _fm.Iallreduce(_scale_(tensor, prescale_factor), reduce)
+        return req, lambda t: _scale_(t, post)
+
+    return start_async(name, process_set, call, start)
 
 
 def allreduce_async(
@@ -348,26 +358,27 @@ def allreduce_async(
 
 
 def poll(handle) -> bool:
-    """Whether the collective behind ``handle`` is done (never blocks).
+    """Whether the collective behind ``handle`` is done. It never waits for the collective;
+    a named ``_async`` call that has not started yet runs one round with the other ranks of
+    its process set (a small collective: they poll or synchronize too) and starts there when
+    every rank has made a call of that name.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h).shape, hvd.poll(h)
     (torch.Size([2]), True)
     """
-    return handle.request.test()  # the name stays taken until synchronize (see _collectives)
+    return _handles.poll_started(handle)
 
 
 def synchronize(handle):
-    """Wait for the collective behind ``handle`` and return its result.
+    """Wait for the collective behind ``handle`` and return its result. A named ``_async``
+    call that has not started yet starts when every rank of its process set has made one of
+    that name (Horovod's matching by name): until then this runs rounds with the set's other
+    ranks (each a small collective), and raises on every rank when all of them wait on names
+    that the others never made.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.synchronize(hvd.allreduce_async(torch.ones(1))).tolist()
     [1.0]
     """
-    try:
-        out = handle.request.wait()
-    finally:
-        handle.release_name()
-        _handles.settled()
-    finish, handle.finish = handle.finish, None  # a second synchronize must not rescale
-    return finish(out) if finish is not None else out
+    return _handles.synchronize_now(handle)

@@ -1,5 +1,6 @@
-"""Horovod's alltoall, reducescatter and grouped collectives on fluxmpi_py's row collectives
-(one fused data collective per grouped call), with their ``_async`` forms.
+"""Horovod's alltoall, grouped allreduce and allgather on fluxmpi_py's row collectives (one
+fused data collective per grouped call), with their ``_async`` forms and those of allgather and
+broadcast (reducescatter: :mod:`._reducescatter`).
 
 Handles are :class:`._handles._Handle` objects, finished by ``hvd.synchronize``.
 ``process_set=`` runs a call on that set's group (:mod:`._process_sets`).
@@ -14,58 +15,23 @@ from ...collectives import rows as _gc
 from ...collectives.inplace import Ibcast
 from ...runtime.groups import current_group, on_group
 from . import _gradients
-from ._handles import _Handle, _in_set, named, synchronize_now
+from ._handles import _in_set, named, start_async, started_at_once, synchronize_now
 from ._ops import _integer_average, _op, _root, _scale_
 from ._process_sets import group_of
 
 __all__ = [
     "alltoall",
     "alltoall_async",
-    "reducescatter",
-    "reducescatter_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "grouped_allgather",
     "grouped_allgather_async",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
     "allgather_async",
     "broadcast_async",
     "broadcast_async_",
 ]
-
-
-def _reducescatter_op(op) -> str:
-    """Horovod's reducescatter op as the fluxmpi_py reduction: "sum" or "average"."""
-    op = _op(None, op)
-    if op not in ("sum", "average"):
-        raise ValueError(f"hvd: reducescatter takes op=hvd.Sum or hvd.Average, got {op!r}")
-    return op
-
-
-def _scale_op(op, prescale_factor, postscale_factor, tensors):
-    """Horovod's op as the fluxmpi_py reduction, prescaling ``tensors`` in place; returns
-    (op, finish) where finish applies the postscale to the result. Call inside the group."""
-    op, postscale_factor = _integer_average(_reducescatter_op(op), tensors, postscale_factor)
-    for t in tensors:
-        _scale_(t, prescale_factor)  # integer tensors in float64, as Horovod
-
-    def finish(out):
-        for t in out if isinstance(out, list) else [out]:
-            _scale_(t, postscale_factor)
-        return out
-
-    return op, finish
-
-
-def _horovod_splits(tensor: torch.Tensor) -> list[int]:
-    """Horovod's reducescatter parts: dim 0 in as many parts as the (current group's) ranks,
-    the first ranks one row more when it does not divide."""
-    n = current_group().size
-    q, rem = divmod(tensor.shape[0] if tensor.dim() else 0, n)
-    return [q + (1 if r < rem else 0) for r in range(n)]
 
 
 class _AlltoallWithSplits(torch.autograd.Function):
@@ -158,113 +124,14 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     True
     """
     call = "hvd.alltoall_async()"
-    with named(name, process_set, call) as key, _in_set(process_set, call):
+
+    def start():
         p = rows.start(
             "alltoall", tensor, grouped=False, async_op=True, call=call, splits=splits
         )  # fmt: skip
-        done = rows.first if splits is None else _with_received
-        return _Handle(rows.finish(p, True, done), name=key)
+        return rows.finish(p, True, rows.first if splits is None else _with_received), None
 
-
-def reducescatter(
-    tensor, name=None, compression=None, op=None, process_set=None,
-    prescale_factor=1.0, postscale_factor=1.0,
-):  # fmt: skip
-    """Rank r's part (dim 0 in world-size parts, the first ranks one row more when it does
-    not divide) of the reduction of ``tensor`` over every rank; ``op``: ``hvd.Average``
-    (default) or ``hvd.Sum``. ``compression`` is accepted and ignored (full precision).
-
-    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
-    >>> hvd.reducescatter(torch.ones(n, 2), op=hvd.Sum).tolist() == [[float(n)] * 2]
-    True
-
-    Differentiable, as Horovod's: the gradient is the allgather of the output's, times the
-    size for ``hvd.Sum``, and times both scale factors.
-    """
-    if _gradients.needs_grad([tensor]):
-        call = "hvd.reducescatter()"
-        return _differentiable_reducescatter(
-            [tensor], name, op, process_set, prescale_factor, postscale_factor, call
-        )[0]
-    return synchronize_now(
-        reducescatter_async(
-            tensor, name, compression, op, process_set, prescale_factor, postscale_factor
-        )
-    )
-
-
-def reducescatter_async(
-    tensor, name=None, compression=None, op=None, process_set=None,
-    prescale_factor=1.0, postscale_factor=1.0,
-):  # fmt: skip
-    """Start :func:`reducescatter`; ``hvd.synchronize`` returns the part.
-
-    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
-    >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(n))).tolist()
-    [1.0]
-    """
-    call = "hvd.reducescatter_async()"
-    with named(name, process_set, call) as key, _in_set(process_set, call):
-        tensor = tensor.detach().clone() if prescale_factor != 1.0 else tensor
-        op, finish = _scale_op(op, prescale_factor, postscale_factor, [tensor])
-        req = _gc.reduce_scatter(tensor, op, _horovod_splits(tensor), async_op=True)
-        return _Handle(req, finish, key)
-
-
-def grouped_reducescatter(
-    tensors, name=None, compression=None, op=None, process_set=None,
-    prescale_factor=1.0, postscale_factor=1.0,
-):  # fmt: skip
-    """:func:`reducescatter` of each tensor of a list, one data collective per dtype.
-
-    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
-    >>> [t.tolist() for t in hvd.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)])]
-    [[1.0], [1.0, 1.0]]
-
-    Differentiable, as :func:`reducescatter`.
-    """
-    tensors = list(tensors)
-    if _gradients.needs_grad(tensors):
-        call = "hvd.grouped_reducescatter()"
-        return _differentiable_reducescatter(
-            tensors, name, op, process_set, prescale_factor, postscale_factor, call
-        )
-    return synchronize_now(
-        grouped_reducescatter_async(
-            tensors, name, compression, op, process_set, prescale_factor, postscale_factor
-        )
-    )
-
-
-def _differentiable_reducescatter(tensors, name, op, process_set, prescale, postscale, call):
-    with named(name, process_set, call, hold=False), _in_set(process_set, call):
-        op = _reducescatter_op(op)
-        splits = [_horovod_splits(t) for t in tensors]
-        outs = _gradients.GroupedReducescatter.apply(
-            call, op, splits, prescale, postscale, *tensors
-        )
-        return list(outs)
-
-
-def grouped_reducescatter_async(
-    tensors, name=None, compression=None, op=None, process_set=None,
-    prescale_factor=1.0, postscale_factor=1.0,
-):  # fmt: skip
-    """Start :func:`grouped_reducescatter`; ``hvd.synchronize`` returns the list.
-
-    >>> import torch, fluxmpi_py.horovod as hvd; hvd.init(); n = hvd.size()
-    >>> len(hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(n)])))
-    1
-    """
-    call = "hvd.grouped_reducescatter_async()"
-    with named(name, process_set, call) as key, _in_set(process_set, call):
-        tensors = list(tensors)
-        if prescale_factor != 1.0:
-            tensors = [t.detach().clone() for t in tensors]
-        op, finish = _scale_op(op, prescale_factor, postscale_factor, tensors)
-        splits = [_horovod_splits(t) for t in tensors]
-        req = _gc.grouped_reduce_scatter(tensors, op, splits, async_op=True)
-        return _Handle(req, finish, key)
+    return start_async(name, process_set, call, start)
 
 
 def grouped_allreduce_async_(
@@ -279,15 +146,18 @@ def grouped_allreduce_async_(
     """
 
     call = "hvd.grouped_allreduce_async_()"
-    with named(name, process_set, call) as key, _in_set(process_set, call):
-        tensors = list(tensors)
-        op, postscale_factor = _integer_average(_op(average, op), tensors, postscale_factor)
+    tensors = list(tensors)
+    op = _op(average, op)
+
+    def start():
+        reduce, post = _integer_average(op, tensors, postscale_factor)
         if prescale_factor != 1.0:
-            tensors = [_scale_(t, prescale_factor) for t in tensors]
-        req = _gc.grouped_allreduce_(tensors, op, async_op=True)
-        if postscale_factor == 1.0:
-            return _Handle(req, None, key)
-        return _Handle(req, lambda out: [_scale_(t, postscale_factor) for t in out], key)
+            for t in tensors:
+                _scale_(t, prescale_factor)
+        req = _gc.grouped_allreduce_(tensors, reduce, async_op=True)
+        return req, None if post == 1.0 else lambda out: [_scale_(t, post) for t in out]
+
+    return start_async(name, process_set, call, start)
 
 
 def grouped_allreduce_async(
@@ -354,11 +224,11 @@ def grouped_allreduce(
                 xs = [t * prescale_factor if prescale_factor != 1.0 else t for t in tensors]
                 outs = _GroupedAllreduce.apply(op, *xs)
                 return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
-    return synchronize_now(
-        grouped_allreduce_async(
+    with started_at_once():
+        handle = grouped_allreduce_async(
             tensors, average, name, op, prescale_factor, postscale_factor, process_set
         )
-    )
+    return synchronize_now(handle)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -387,9 +257,10 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     1
     """
     call = "hvd.grouped_allgather_async()"
-    with named(name, process_set, call) as key:
-        group = group_of(process_set, call)
-        return _Handle(_gc.grouped_allgather(list(tensors), async_op=True, group=group), name=key)
+    tensors = list(tensors)
+    return start_async(
+        name, process_set, call, lambda: (_gc.grouped_allgather(tensors, async_op=True), None)
+    )
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -400,9 +271,9 @@ def allgather_async(tensor, name=None, process_set=None):
     True
     """
     call = "hvd.allgather_async()"
-    with named(name, process_set, call) as key:
-        group = group_of(process_set, call)
-        return _Handle(_gc.allgather(tensor, async_op=True, group=group), name=key)
+    return start_async(
+        name, process_set, call, lambda: (_gc.allgather(tensor, async_op=True), None)
+    )
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
@@ -414,9 +285,12 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """
 
     call = "hvd.broadcast_async_()"
-    with named(name, process_set, call) as key:
+
+    def start():
         group, root = _root(process_set, root_rank, call, tensor)
-        return _Handle(Ibcast(tensor, root, group=group), name=key)
+        return Ibcast(tensor, root, group=group), None
+
+    return start_async(name, process_set, call, start)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):

@@ -158,8 +158,15 @@ void bind_gradients(py::module_& m) {
   m.def("exact_sum_rows", &exact_sum_rows, py::arg("rows"), py::arg("out"), py::arg("scale"),
         py::arg("bound"), py::arg("divisor"), py::call_guard<py::gil_scoped_release>(),
         "out = out.dtype(float64(sum over the rows of round(rows * scale)) / divisor), the sum "
-        "in int64, values at or beyond bound adding 0; returns the largest |rows| (NaN for a "
-        "NaN). The sharded exact sum's owner pass (no Init)");
+        "exact (float64 where that is exact, else int64), values at or beyond bound adding 0; "
+        "returns the largest |rows| (NaN for a NaN). The sharded exact sum's owner pass (no "
+        "Init)");
+  m.def("set_exact_float64_pass", &set_exact_float64_pass, py::arg("on"),
+        "Turns the owner pass's float64 blocks off (every block summed in int64) or on; returns "
+        "the previous setting (for tests; no Init)");
+  m.def("exact_sum_block_counts", &exact_sum_block_counts,
+        "(float64 blocks, int64 blocks) the owner passes of this process have summed (for "
+        "tests)");
   m.def(
       "exact_shard_bucket",
       [](std::int64_t index, std::int64_t plan, const at::Tensor& flat, const at::Tensor& rows,

@@ -169,8 +169,8 @@ void bind_gradients(py::module_& m) {
         "tests)");
   m.def(
       "exact_shard_bucket",
-      [](std::int64_t index, std::int64_t plan, const at::Tensor& flat, const at::Tensor& rows,
-         const at::Tensor& most,
+      [](std::int64_t index, std::int64_t plan, std::vector<at::Tensor> pieces,
+         const at::Tensor& flat, const at::Tensor& rows, const at::Tensor& most,
          const std::vector<std::tuple<std::int64_t, std::int64_t, double, double, double>>& segs,
          std::string label) {
         env();
@@ -178,13 +178,14 @@ void bind_gradients(py::module_& m) {
         segments.reserve(segs.size());
         for (const auto& [start, end, scale, bound, divisor] : segs)
           segments.push_back({start, end, scale, bound, divisor});
-        return start_exact_shard_bucket(index, plan, flat, rows, most, std::move(segments),
-                                        std::move(label));
+        return start_exact_shard_bucket(index, plan, std::move(pieces), flat, rows, most,
+                                        std::move(segments), std::move(label));
       },
-      py::arg("index"), py::arg("plan"), py::arg("flat"), py::arg("rows"), py::arg("most"),
-      py::arg("segments"), py::arg("label"),
-      "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): segments "
-      "are (start, end, scale, bound, divisor) in this rank's shard; returns its Work");
+      py::arg("index"), py::arg("plan"), py::arg("pieces"), py::arg("flat"), py::arg("rows"),
+      py::arg("most"), py::arg("segments"), py::arg("label"),
+      "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): pieces are "
+      "the bucket's gradients in order (reduced in place), segments (start, end, scale, bound, "
+      "divisor) in this rank's shard; returns its Work");
 }
 
 }  // namespace fluxmpi

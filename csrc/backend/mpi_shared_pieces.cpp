@@ -152,7 +152,10 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
 void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem,
                  const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
   const SharedWindow& w = window_of(comm, p);
-  const std::int64_t cap = kSharedWindowBytes / p / elem * elem;
+  // Slots of a multiple of 64 bytes (of any element size): never past the slots that
+  // round() and scatter_reduce() lay out for any dtype, so writing into them cannot reach a
+  // finished chunk of a call that a slower rank is still copying out.
+  const std::int64_t cap = kSharedWindowBytes / p / 64 * 64;
   auto slot = [&](int owner, int s) { return w.base[owner] + s * cap; };
   std::vector<const void*> rows(static_cast<std::size_t>(p));
   for (std::int64_t b = 0; b < part_bytes; b += cap) {
@@ -189,7 +192,7 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
                         std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
                         int size) {
-  TORCH_INTERNAL_ASSERT(elem > 0 && part_bytes % elem == 0 && size > 1);
+  TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1);
   std::int64_t total = 0;
   for (const auto& piece : pieces) {
     TORCH_INTERNAL_ASSERT(piece.bytes % elem == 0);

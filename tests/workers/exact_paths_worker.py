@@ -7,7 +7,8 @@ four dtypes, buckets small enough that shards cross parameters, parameters witho
 on some or all ranks, a NaN, and an overflow that raises on every rank; so does a rank
 in another collective. The sharded path's two ways between ranks (a shared-memory window on
 one host, else an alltoall and an allgather) and its owner's two passes (float64 blocks where
-they are exact, else int64) give the same bits too.
+they are exact, else int64) give the same bits too, and backward's own gradient tensors are
+reduced where they lie.
 """
 
 import contextlib
@@ -166,6 +167,40 @@ def case_the_window_the_alltoall_and_both_owner_passes_give_the_same_bits():
         for _, opt in (*runs.values(), int64):
             with opt.skip_synchronize():
                 opt.step()
+
+
+def case_the_gradients_are_reduced_where_they_lie():
+    """backward's own gradient tensors are the bucket's pieces: p.grad after synchronize() is
+    the tensor backward made (outside the bucket's flat buffer), reduced in place; a gradient
+    that is a view of a larger tensor is copied into the bucket instead."""
+    rank = fm.local_rank()
+    params, opt = build(True)
+    made = {}  # where backward's gradients lie (holding them would make AccumulateGrad copy)
+    for i, p in enumerate(params):
+        p.register_hook(lambda g, i=i: made.__setitem__(i, g.data_ptr()))
+    backward(params, rank, 1, 3)
+    opt.synchronize()
+    flats = opt._exact.flats
+    inside = lambda t: any(  # noqa: E731
+        f.data_ptr() <= t.data_ptr() < f.data_ptr() + f.numel() * f.element_size() for f in flats
+    )
+    for i, p in enumerate(params):
+        if p.grad is None:
+            continue
+        if i not in made:  # none on this rank: the bucket's zeros, reduced there
+            assert inside(p.grad) and rank == 0 and i == UNUSED_ON_ONE_RANK, i
+            continue
+        assert not inside(p.grad), i
+        assert p.grad.data_ptr() == made[i], i
+    with opt.skip_synchronize():
+        opt.step()
+    exact = opt._exact
+    at = next(k for k, q in enumerate(exact.order) if q is params[0])  # p0, in backward order
+    wide = torch.ones(2 * SHAPES[0][0])  # every other value of a larger tensor
+    exact._take(at, wide[::2])
+    assert exact.kept[at] is None and inside(exact._view(at))
+    assert torch.equal(exact._view(at), wide[::2])
+    exact._reset_step()
 
 
 def case_nan_and_overflow_on_one_rank():

@@ -249,6 +249,54 @@ def test_exact_sum_rows_is_quantize_then_dequantize_bit_for_bit(dtype, ranks):
     )
 
 
+def int64_sum_rows(rows, scale, bound, divisor):
+    """The int64 path's kernels over the rows (one accumulator, then back): (out, most)."""
+    C = fm._core.C
+    acc = torch.zeros(rows.shape[1], dtype=torch.int64)
+    most = max(C.exact_quantize(row, acc, scale, bound, r > 0) for r, row in enumerate(rows))
+    out = torch.empty(rows.shape[1], dtype=rows.dtype)
+    C.exact_dequantize(acc, out, divisor)
+    return out, most
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_sum_rows_float64_blocks_and_their_int64_fallback(dtype):
+    # The owner's pass adds a block (2048 elements) in float64 where that is exact (every
+    # |x * scale| below 2**51, the rows' sum below 2**52), else in int64: the same bits as the
+    # int64 kernels either way. Block 0 is small values (float64); in block 1 one column's
+    # 8 values sum to 2**53 + 2 on the grid, which a float64 sum in row order would round to
+    # 2**53 (each + 1 a tie to even), so it must fall back; block 2 has a value beyond the
+    # bound (int64, adding 0).
+    C = fm._core.C
+    scale, bound = 2.0**40, 2.0**12
+    rows = torch.stack([grid_data(dtype, 3 * 2048, 2, 40, seed) for seed in range(8)])
+    trap = [1.75, 1.75, 1.5, 1.5, 1.5, 2.0**-50, 2.0**-50, 0.0]  # times 2**50 on the grid
+    rows[:, 2048 + 5] = torch.tensor(trap, dtype=torch.float64).mul(2.0**10).to(dtype)
+    on_grid = [float(x) * scale for x in rows[:, 2048 + 5].double()]
+    if dtype != torch.float16:  # float16 flushes 2**-40 to 0: no trap there
+        assert math.fsum(on_grid) == 2.0**53 + 2 and sum(on_grid) == 2.0**53
+    rows[3, 4096 + 7] = 6144.0  # beyond the bound
+    for divisor in (scale, 3 * scale):  # the sum, an average
+        want, want_most = int64_sum_rows(rows, scale, bound, divisor)
+        assert want_most == 6144.0
+        for float64 in (True, False):
+            previous = C.set_exact_float64_pass(float64)
+            before = C.exact_sum_block_counts()
+            try:
+                out = torch.empty(3 * 2048, dtype=dtype)
+                most = C.exact_sum_rows(rows, out, scale, bound, divisor)
+            finally:
+                C.set_exact_float64_pass(previous)
+            blocks = tuple(a - b for a, b in zip(C.exact_sum_block_counts(), before))
+            assert torch.equal(out, want), (float64, int((out != want).sum()))
+            assert most == want_most
+            assert blocks == ((1, 2) if float64 else (0, 3)), (float64, blocks)
+    rows[5, 100] = math.nan  # a NaN in a float64 block: NaN comes back, int64 sums that block
+    before = C.exact_sum_block_counts()
+    assert math.isnan(C.exact_sum_rows(rows, torch.empty(3 * 2048, dtype=dtype), scale, bound, 1))
+    assert tuple(a - b for a, b in zip(C.exact_sum_block_counts(), before)) == (0, 3)
+
+
 def test_exact_kernels_refuse_bad_tensors():
     C = fm._core.C
     g, acc = torch.ones(4), torch.zeros(4, dtype=torch.int64)

@@ -7,12 +7,19 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/reduce_op.h"
 
 namespace fluxmpi {
+
+// The owner's part of Backend::reduce_parts_by_owner: `rows[j]` points at rank j's values of
+// elements [at, at + count) of this rank's part; the result of those elements goes to `out`,
+// which may be one of the rows. Must not throw (the other ranks would wait for this one).
+using OwnerPass = std::function<void(const std::vector<const void*>& rows, void* out,
+                                     std::int64_t at, std::int64_t count)>;
 
 // One contiguous run of a buffer made of several (a tensor of a grouped call): `bytes` bytes
 // at `ptr`.
@@ -73,6 +80,19 @@ class Backend {
     unsupported("allgather");
   }
   virtual void barrier() { unsupported("barrier"); }
+  // `pieces` hold, in order, `size` parts of `part_count` elements of `dtype` (a piece's
+  // bytes a multiple of the element's; pieces must not overlap), part r rank r's to reduce:
+  // rank r's `pass` gets every rank's values of part r (in rounds of a few MiB, split at its
+  // pieces' edges, each element once) and writes their reduction, which then lands in part r
+  // of every rank's pieces. What an alltoall, the pass and an allgather do, without their
+  // copies. Returns false, having moved nothing, where this backend has no memory that all
+  // the ranks share (the caller takes that path); it decides from its kind and the ranks'
+  // hosts alone, so every rank of an agreed call decides alike.
+  virtual bool reduce_parts_by_owner(const std::vector<BufferPiece>& pieces,
+                                     std::int64_t part_count, c10::ScalarType dtype,
+                                     const OwnerPass& pass) {
+    return false;
+  }
 
   // The variable-size collectives below move bytes (any dtype); counts are per rank, in bytes,
   // and each rank's part lies at the sum of the counts before it (rank order).

@@ -388,6 +388,16 @@ class MpiBackend final : public Backend {
               "MPI_Reduce_scatter");
   }
 
+  bool reduce_parts_by_owner(const std::vector<BufferPiece>& pieces, std::int64_t part_count,
+                             c10::ScalarType dt, const OwnerPass& pass) override {
+    const CommView v = c();
+    if (v.size < 2 || !ring_options().list_shared_memory || layout().nodes != 1) return false;
+    const auto elem = static_cast<std::int64_t>(c10::elementSize(dt));
+    BlockingCall guard("reduce_scatter", v.group, part_count * elem * v.size);
+    shared_owner_parts(pieces, part_count * elem, elem, pass, v.comm, v.rank, v.size);
+    return true;
+  }
+
   void barrier() override {
     const CommView v = c();
     BlockingCall guard("barrier", v.group, 0);

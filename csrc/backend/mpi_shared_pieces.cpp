@@ -14,6 +14,7 @@ namespace {
 
 std::atomic<std::int64_t> g_calls{0};
 std::atomic<std::int64_t> g_scatter_calls{0};
+std::atomic<std::int64_t> g_owner_calls{0};
 
 // A communicator's window and every rank's part of it, mapped here. Cached on the
 // communicator as an attribute, so that it is freed with it (MPI_Comm_free is collective, as
@@ -146,7 +147,63 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
   }
 }
 
+// Rounds of at most `cap` bytes of each part; slot s of rank c's window holds rank
+// (c + s + 1) % p's values of part c, slot p - 1 the owner's result, as in round() above.
+void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem,
+                 const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
+  const SharedWindow& w = window_of(comm, p);
+  // Slots of a multiple of 64 bytes (of any element size): never past the slots that
+  // round() and scatter_reduce() lay out for any dtype, so writing into them cannot reach a
+  // finished chunk of a call that a slower rank is still copying out.
+  const std::int64_t cap = kSharedWindowBytes / p / 64 * 64;
+  auto slot = [&](int owner, int s) { return w.base[owner] + s * cap; };
+  std::vector<const void*> rows(static_cast<std::size_t>(p));
+  for (std::int64_t b = 0; b < part_bytes; b += cap) {
+    const std::int64_t k = std::min(cap, part_bytes - b);
+    for (int c = 0; c < p; ++c) {  // my values of the others' parts, into their windows
+      if (c == rank) continue;
+      char* dst = slot(c, (rank - c - 1 + p) % p);
+      v.runs(c * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
+        std::memcpy(dst + pos, at, static_cast<std::size_t>(n));
+      });
+    }
+    meet(w, comm);
+    // every rank's values of my part (mine where they lie), a run of my pieces at a time
+    v.runs(rank * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
+      for (int j = 0; j < p; ++j)
+        rows[j] = j == rank ? at : slot(rank, (j - rank - 1 + p) % p) + pos;
+      pass(rows, slot(rank, p - 1) + pos, (b + pos) / elem, n / elem);
+    });
+    meet(w, comm);
+    for (int c = 0; c < p; ++c) {  // every owner's result, into my pieces
+      const char* src = slot(c, p - 1);
+      v.runs(c * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
+        std::memcpy(at, src + pos, static_cast<std::size_t>(n));
+      });
+    }
+  }
+  // The next call may lay the window out otherwise (another dtype's slots): it writes only
+  // once every rank has copied its results out.
+  meet(w, comm);
+}
+
 }  // namespace
+
+void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
+                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
+                        int size) {
+  TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1);
+  std::int64_t total = 0;
+  for (const auto& piece : pieces) {
+    TORCH_INTERNAL_ASSERT(piece.bytes % elem == 0);
+    total += piece.bytes;
+  }
+  TORCH_INTERNAL_ASSERT(total == part_bytes * size);
+  ++g_owner_calls;
+  owner_parts(PieceView<char>(pieces), part_bytes, elem, pass, comm, rank, size);
+}
+
+std::int64_t shared_owner_parts_calls() { return g_owner_calls.load(); }
 
 void shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                            c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {

@@ -54,4 +54,19 @@ constexpr std::int64_t kSharedReduceScatterMinBytes = std::int64_t(128) << 10;
 // How many shared_reduce_scatter calls this process has made (for tests).
 std::int64_t shared_reduce_scatter_calls();
 
+// Backend::reduce_parts_by_owner through the same window: `pieces` hold `size` parts of
+// `part_bytes` bytes, part r rank r's. In rounds of at most kSharedWindowBytes / size bytes of
+// each part, each rank writes its values of the others' parts into their owners' windows;
+// after a meeting each owner runs `pass` over every rank's values (its own read where they
+// lie) and writes the result into its window; after a second meeting every rank copies every
+// owner's result into its pieces. One copy in and one out per element, where an alltoall and
+// an allgather cost two each way here. `elem` is the element size in bytes. Same
+// requirements as shared_allreduce_pieces.
+void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
+                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
+                        int size);
+
+// How many shared_owner_parts calls this process has made (for tests).
+std::int64_t shared_owner_parts_calls();
+
 }  // namespace fluxmpi

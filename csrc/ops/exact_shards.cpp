@@ -2,8 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <utility>
+#include <vector>
 
+#include "backend/backend.h"
 #include "backend/select.h"
 #include "ops/consensus.h"
 #include "ops/exact_sum.h"
@@ -12,7 +17,8 @@
 namespace fluxmpi {
 
 std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t plan,
-                                               at::Tensor flat, at::Tensor rows, at::Tensor most,
+                                               std::vector<at::Tensor> pieces, at::Tensor flat,
+                                               at::Tensor rows, at::Tensor most,
                                                std::vector<ShardSegment> segments,
                                                std::string label) {
   const int world = current_group().size();
@@ -27,7 +33,15 @@ std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t 
   const std::int64_t shard = flat.numel() / world;
   for (const auto& s : segments)
     TORCH_INTERNAL_ASSERT(0 <= s.start && s.start < s.end && s.end <= shard);
-  auto fn = [index, plan, flat, rows, most, segments = std::move(segments), world, rank, shard] {
+  std::int64_t total = 0;
+  for (const auto& t : pieces) {
+    TORCH_INTERNAL_ASSERT(t.device().is_cpu() && t.is_contiguous() &&
+                          t.scalar_type() == flat.scalar_type());
+    total += t.numel();
+  }
+  TORCH_INTERNAL_ASSERT(total == flat.numel());
+  auto fn = [index, plan, pieces = std::move(pieces), flat, rows, most,
+             segments = std::move(segments), world, rank, shard] {
     Signature sig;
     sig.kind = CallKind::ExactShardBucket;
     sig.dtype = static_cast<std::int64_t>(flat.scalar_type());
@@ -38,17 +52,61 @@ std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t 
              std::string(c10::toString(flat.scalar_type())) + " values";
     });
     Backend& b = backend_for(flat);
-    const auto bytes = static_cast<std::int64_t>(flat.element_size()) * shard;
-    b.alltoall_equal(flat.const_data_ptr(), rows.data_ptr(), bytes, world);
-    const at::Tensor all = rows.view({world, shard});
-    const at::Tensor mine = all[rank];
+    const auto dtype = flat.scalar_type();
+    const auto elem = static_cast<std::int64_t>(flat.element_size());
     double* out = most.data_ptr<double>();
-    for (std::size_t k = 0; k < segments.size(); ++k) {
-      const auto& s = segments[k];
-      out[k] = exact_sum_rows(all.slice(1, s.start, s.end), mine.slice(0, s.start, s.end), s.scale,
-                              s.bound, s.divisor);
+    std::fill(out, out + segments.size(), 0.0);
+    // Elements [at, at + count) of this rank's shard: each segment's part of them summed on
+    // its grid; the padding after the last segment (no parameter's) set to 0.
+    auto pass = [&](const std::vector<const void*>& parts, void* sum, std::int64_t at,
+                    std::int64_t count) {
+      std::vector<const void*> from(parts.size());
+      std::int64_t covered = at;
+      for (std::size_t k = 0; k < segments.size(); ++k) {
+        const auto& s = segments[k];
+        const std::int64_t lo = std::max(s.start, at), hi = std::min(s.end, at + count);
+        if (lo >= hi) continue;
+        const std::int64_t skip = (lo - at) * elem;
+        for (std::size_t j = 0; j < parts.size(); ++j)
+          from[j] = static_cast<const char*>(parts[j]) + skip;
+        const double found = exact_sum_parts(from, static_cast<char*>(sum) + skip, hi - lo, dtype,
+                                             s.scale, s.bound, s.divisor);
+        if (!std::isnan(out[k]) && (std::isnan(found) || found > out[k])) out[k] = found;
+        covered = hi;
+      }
+      if (covered < at + count) {
+        std::memset(static_cast<char*>(sum) + (covered - at) * elem, 0,
+                    static_cast<std::size_t>((at + count - covered) * elem));
+      }
+    };
+    std::vector<BufferPiece> parts_of_bucket;  // the gradients where they lie, in order
+    for (const auto& t : pieces) {
+      if (t.numel() > 0) parts_of_bucket.push_back({t.data_ptr(), t.numel() * elem});
     }
-    b.allgather(mine.const_data_ptr(), flat.data_ptr(), shard, flat.scalar_type());
+    if (b.reduce_parts_by_owner(parts_of_bucket, shard, dtype, pass)) return;
+    // No memory that all the ranks share: the same pass between an alltoall and an allgather,
+    // through `flat` (the pieces that are not views of it copied in, and the results out).
+    auto* base = static_cast<char*>(flat.data_ptr());
+    auto each_apart = [&](auto f) {
+      std::int64_t at = 0;
+      for (const auto& p : parts_of_bucket) {
+        if (p.ptr != base + at) f(base + at, static_cast<char*>(p.ptr), p.bytes);
+        at += p.bytes;
+      }
+    };
+    each_apart([](char* in_flat, char* piece, std::int64_t n) {
+      std::memcpy(in_flat, piece, static_cast<std::size_t>(n));
+    });
+    b.alltoall_equal(base, rows.data_ptr(), elem * shard, world);
+    std::vector<const void*> parts;
+    for (int j = 0; j < world; ++j)
+      parts.push_back(static_cast<const char*>(rows.const_data_ptr()) + j * shard * elem);
+    void* mine = static_cast<char*>(rows.data_ptr()) + rank * shard * elem;
+    pass(parts, mine, 0, shard);
+    b.allgather(mine, base, shard, dtype);
+    each_apart([](char* in_flat, char* piece, std::int64_t n) {
+      std::memcpy(piece, in_flat, static_cast<std::size_t>(n));
+    });
   };
   return Engine::get().submit(std::move(label), std::move(fn));
 }

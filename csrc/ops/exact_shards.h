@@ -1,9 +1,12 @@
 // One bucket of the sharded exact sum (training/_exact_shards.py), as one item of engine work:
-// the ranks agree on the bucket, an alltoall gives each rank every rank's values of its shard,
-// the owner sums them exactly (exact_sum_rows, per parameter segment) and an allgather brings
-// every owner's result back into the bucket. Queued as soon as the bucket's gradients are in,
-// so the owner's pass and the allgather run during the rest of backward; the engine runs its
-// work in submission order, so every rank moves the buckets in the same order.
+// the ranks agree on the bucket, then each shard's owner gets every rank's values of it, sums
+// them exactly (exact_sum_parts, per parameter segment) and every rank gets every owner's
+// result back into the bucket. On one host that goes through a shared-memory window
+// (Backend::reduce_parts_by_owner: one copy in, one out); elsewhere an alltoall brings the
+// values and an allgather the results, with the same owner's pass, hence the same bits.
+// Queued as soon as the bucket's gradients are in, so it runs during the rest of backward;
+// the engine runs its work in submission order, so every rank moves the buckets in the same
+// order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,15 +30,20 @@ struct ShardSegment {
   double divisor;
 };
 
-// Start bucket `index` on the current group (its world size W, this rank r): `flat` holds this
-// rank's gradients, W shards of `flat.numel() / W` values; `rows`, of flat's size and dtype,
-// receives the ranks' values of shard r (row j from rank j); the owner's result goes to row r,
-// then into every rank's `flat`. `most[k]` (float64) receives the largest |x| that segment k
-// read (NaN for a NaN). All three stay untouched by the caller until the Work is done. The
-// ranks first agree on the bucket's dtype, size and `plan` (the caller's hash of the bucket's
-// index and parameter shapes): a mismatch raises on every rank from wait().
+// Start bucket `index` on the current group (its world size W, this rank r): `pieces` (CPU,
+// contiguous, of flat's dtype, not overlapping) hold this rank's gradients in order, W shards
+// of `flat.numel() / W` values in all, and are reduced where they lie; `flat`, of that size,
+// may hold some of them (a piece that is a view of flat at its place) and carries the others
+// where no shared memory is used; `rows`, of flat's size and dtype,
+// receives the ranks' values of shard r (row j from rank j) where no shared memory is used;
+// every owner's result goes into every rank's pieces (the padding after the last segment: 0).
+// `most[k]` (float64) receives the largest |x| that segment k read (NaN for a NaN). All of
+// them stay untouched by the caller until the Work is done. The ranks first agree on the bucket's
+// dtype, size and `plan` (the caller's hash of the bucket's index and parameter shapes): a
+// mismatch raises on every rank from wait().
 std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t plan,
-                                               at::Tensor flat, at::Tensor rows, at::Tensor most,
+                                               std::vector<at::Tensor> pieces, at::Tensor flat,
+                                               at::Tensor rows, at::Tensor most,
                                                std::vector<ShardSegment> segments,
                                                std::string label);
 

@@ -81,6 +81,9 @@ void bind_ring_options(py::module_& m) {
         "How many sums this process has added in gloo's order (for tests)");
   m.def("shared_reduce_scatter_calls", &shared_reduce_scatter_calls,
         "How many reduce-scatters this process has sent through shared memory (for tests)");
+  m.def("shared_owner_parts_calls", &shared_owner_parts_calls,
+        "How many owner reductions (the deterministic optimizer's buckets) this process has "
+        "sent through shared memory (for tests)");
   m.def("alltoall_block_calls", &alltoall_block_calls,
         "How many alltoalls this process has sent as MPI_Alltoall, every part one length "
         "(for tests)");

@@ -158,12 +158,19 @@ void bind_gradients(py::module_& m) {
   m.def("exact_sum_rows", &exact_sum_rows, py::arg("rows"), py::arg("out"), py::arg("scale"),
         py::arg("bound"), py::arg("divisor"), py::call_guard<py::gil_scoped_release>(),
         "out = out.dtype(float64(sum over the rows of round(rows * scale)) / divisor), the sum "
-        "in int64, values at or beyond bound adding 0; returns the largest |rows| (NaN for a "
-        "NaN). The sharded exact sum's owner pass (no Init)");
+        "exact (float64 where that is exact, else int64), values at or beyond bound adding 0; "
+        "returns the largest |rows| (NaN for a NaN). The sharded exact sum's owner pass (no "
+        "Init)");
+  m.def("set_exact_float64_pass", &set_exact_float64_pass, py::arg("on"),
+        "Turns the owner pass's float64 blocks off (every block summed in int64) or on; returns "
+        "the previous setting (for tests; no Init)");
+  m.def("exact_sum_block_counts", &exact_sum_block_counts,
+        "(float64 blocks, int64 blocks) the owner passes of this process have summed (for "
+        "tests)");
   m.def(
       "exact_shard_bucket",
-      [](std::int64_t index, std::int64_t plan, const at::Tensor& flat, const at::Tensor& rows,
-         const at::Tensor& most,
+      [](std::int64_t index, std::int64_t plan, std::vector<at::Tensor> pieces,
+         const at::Tensor& flat, const at::Tensor& rows, const at::Tensor& most,
          const std::vector<std::tuple<std::int64_t, std::int64_t, double, double, double>>& segs,
          std::string label) {
         env();
@@ -171,13 +178,14 @@ void bind_gradients(py::module_& m) {
         segments.reserve(segs.size());
         for (const auto& [start, end, scale, bound, divisor] : segs)
           segments.push_back({start, end, scale, bound, divisor});
-        return start_exact_shard_bucket(index, plan, flat, rows, most, std::move(segments),
-                                        std::move(label));
+        return start_exact_shard_bucket(index, plan, std::move(pieces), flat, rows, most,
+                                        std::move(segments), std::move(label));
       },
-      py::arg("index"), py::arg("plan"), py::arg("flat"), py::arg("rows"), py::arg("most"),
-      py::arg("segments"), py::arg("label"),
-      "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): segments "
-      "are (start, end, scale, bound, divisor) in this rank's shard; returns its Work");
+      py::arg("index"), py::arg("plan"), py::arg("pieces"), py::arg("flat"), py::arg("rows"),
+      py::arg("most"), py::arg("segments"), py::arg("label"),
+      "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): pieces are "
+      "the bucket's gradients in order (reduced in place), segments (start, end, scale, bound, "
+      "divisor) in this rank's shard; returns its Work");
 }
 
 }  // namespace fluxmpi

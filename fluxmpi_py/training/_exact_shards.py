@@ -6,15 +6,18 @@ float allreduce's traffic.
 Each bucket is one flat buffer of its parameters' dtype, padded to a multiple of the world
 size W and cut into W equal shards; rank r owns shard r. During backward each gradient is
 copied into its place; a complete bucket is queued on the engine thread as one item of work
-(``C.exact_shard_bucket``): an alltoall gives every owner all W ranks' values of its shard;
-the owner runs one compiled pass per (parameter, shard) segment, with that parameter's grid:
-each rank's value rounded onto the grid as the int64 path rounds it, the W integers added
-(exact: any order gives the same sum), converted back once as the int64 path converts its
-sum, and the largest |g| read; an allgather of the owners' results brings the whole bucket
-back into the flat buffer, and at ``step()`` each ``p.grad`` is a view of it. So the owner's
-pass and the allgather of a bucket run while backward computes the next ones; the engine
-runs its work in submission order, and buckets start in bucket order, so every rank issues
-the same collectives in the same order. The buffers are made once and reused every step.
+(``C.exact_shard_bucket``): every owner gets all W ranks' values of its shard (on one host
+straight from a shared-memory window that each rank writes its bucket into, elsewhere by an
+alltoall) and runs one compiled pass per (parameter, shard) segment, with that parameter's
+grid: each rank's value rounded onto the grid as the int64 path rounds it, the W integers
+added (exact: any order gives the same sum; in float64 where every partial sum is an integer
+below 2**53, else in int64), converted back once as the int64 path converts its sum, and the
+largest |g| read; every rank then copies the owners' results back into the flat buffer (from
+the window, or by an allgather), and at ``step()`` each ``p.grad`` is a view of it. So the
+owner's pass and the copies back of a bucket run while backward computes the next ones; the
+engine runs its work in submission order, and buckets start in bucket order, so every rank
+issues the same collectives in the same order. The buffers are made once and reused every
+step.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ def exact_sum_for(
 
 
 class ShardedExactSum(ExactSum):
-    """One pass a step: buckets of floats, each one alltoall to the shards' owners, one fused
-    pass there (``C.exact_sum_rows``) and an allgather back, as one item of engine work."""
+    """One pass a step: buckets of floats, each moved to the shards' owners, summed there in
+    one fused pass (``C.exact_sum_rows``'s) and moved back, as one item of engine work."""
 
     def __init__(
         self,
@@ -76,7 +79,9 @@ class ShardedExactSum(ExactSum):
             order, names, buckets, passes_per_step=1, world=world, average=average, group=group
         )
         self.flats: list[torch.Tensor] = []  # per bucket, W shards; the result after step()
-        self.rows: list[torch.Tensor] = []  # per bucket, the ranks' values of this rank's shard
+        # per bucket, the ranks' values of this rank's shard (without shared memory; untouched,
+        # hence never paged in, with it)
+        self.rows: list[torch.Tensor] = []
         self.most: list[torch.Tensor] = []  # per bucket, float64: each segment's largest |g|
         self.plans: list[int] = []  # per bucket, the hash of its shapes the ranks compare
         self.at = [0] * len(self.order)  # parameter i's offset in its bucket
@@ -102,23 +107,64 @@ class ShardedExactSum(ExactSum):
             shapes = f"{len(self.plans)}:{dtype}:{[tuple(self.order[i].shape) for i in members]}"
             self.plans.append(zlib.crc32(shapes.encode()))
 
+    def _reset_step(self) -> None:
+        super()._reset_step()
+        # per parameter, this step's gradient when it is reduced where it lies (else None: it
+        # was copied into the bucket's flat buffer)
+        self.kept: list[torch.Tensor | None] = [None] * len(self.order)
+        self.kept_at: set[int] = set()  # their data pointers: no two pieces may overlap
+
     def _view(self, i: int) -> torch.Tensor:
         b, at = self.bucket_of[i], self.at[i]
         return self.flats[b][at : at + self.order[i].numel()]
 
     def _take(self, i: int, g: torch.Tensor) -> None:
-        self._view(i).copy_(g.detach().reshape(-1))
+        """Keep the gradient as its own piece of the bucket, reduced in place (no copy), when
+        it is a plain tensor of its own: contiguous, of p's dtype and shape, on the CPU, the
+        whole of its storage and no other piece's; else copy it into the flat buffer."""
+        p = self.order[i]
+        own = (
+            not g.requires_grad  # (before detach, which clears it)
+            and g.dtype == p.dtype
+            and g.shape == p.shape
+            and g.device.type == "cpu"
+            and g.is_contiguous()
+            and g.storage_offset() == 0
+            and g.untyped_storage().nbytes() == g.numel() * g.element_size()
+            and g.data_ptr() not in self.kept_at
+        )
+        g = g.detach()
+        old = self.kept[i]
+        if old is not None:  # a second pass before step() (which then raises)
+            self.kept_at.discard(old.data_ptr())
+        if own and g.numel() > 0:
+            self.kept[i] = g.view(-1)
+            self.kept_at.add(g.data_ptr())
+        else:
+            self.kept[i] = None
+            self._view(i).copy_(g.reshape(-1))
 
     def _start(self, b: int) -> None:
-        for i in self.buckets[b]:  # no gradient this step on this rank: adds nothing
-            if not self.written[i]:
-                self._view(i).zero_()
+        pieces = []
+        for i in self.buckets[b]:
+            kept = self.kept[i]
+            if kept is None:
+                view = self._view(i)
+                if not self.written[i]:  # no gradient this step on this rank: adds nothing
+                    view.zero_()
+                pieces.append(view)
+            else:
+                pieces.append(kept)
+        flat = self.flats[b]
+        used = sum(self.order[i].numel() for i in self.buckets[b])
+        if used < flat.numel():
+            pieces.append(flat[used:])  # the padding (zeros)
         segments = [(lo, hi, *self.scaling(i)) for i, lo, hi in self.segments[b]]
         label = f"deterministic gradient bucket {b + 1} of {len(self.buckets)}"
         with on_group(self.group, "DistributedOptimizer(deterministic=True)"):
             self.requests.append(
                 C.exact_shard_bucket(
-                    b, self.plans[b], self.flats[b], self.rows[b], self.most[b], segments, label
+                    b, self.plans[b], pieces, flat, self.rows[b], self.most[b], segments, label
                 )
             )
 
@@ -141,4 +187,5 @@ class ShardedExactSum(ExactSum):
         return most
 
     def _result(self, i: int) -> torch.Tensor:
-        return self._view(i).view(self.order[i].shape)
+        kept = self.kept[i]
+        return (self._view(i) if kept is None else kept).view(self.order[i].shape)

@@ -18,11 +18,12 @@ Two ways to the same integers, and the same bits (``tests/workers/exact_paths_wo
 
 - one backward pass a step (``backward_passes_per_step=1``, :mod:`._exact_shards`): the
   gradients travel as floats of their dtype. Each bucket is split into one equal shard per
-  rank; once its gradients are in, an alltoall gives each rank every rank's values of its
-  shard, which one compiled pass quantizes, adds as int64 and converts back
-  (``exact_sum_rows``), and an allgather hands the results to every rank, all as one item of
-  engine work during backward (``C.exact_shard_bucket``). No int64 array is written; the
-  traffic is a float allreduce's.
+  rank; once its gradients are in, each rank gets every rank's values of its shard (through
+  a shared-memory window on one host, else an alltoall), which one compiled pass quantizes,
+  adds exactly (in float64 where that is exact, else int64) and converts back
+  (``exact_sum_rows``), and every rank gets the results back (from the window, or an
+  allgather), all as one item of engine work during backward (``C.exact_shard_bucket``). No
+  int64 array is written; the traffic is a float allreduce's.
 - k passes a step (:class:`ExactGradientSum`): each pass quantizes into an int64 accumulator
   per parameter (``exact_quantize``), the buckets are allreduced as int64 and ``step()``
   converts back (``exact_dequantize``).

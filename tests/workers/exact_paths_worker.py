@@ -5,9 +5,13 @@ of one rank, W passes a step, through the int64 path). Run at 1, 2 and 3 ranks
 (tests/test_reproducible.py): gradients spread over many exponents, exact ties on the grid,
 four dtypes, buckets small enough that shards cross parameters, parameters without a gradient
 on some or all ranks, a NaN, and an overflow that raises on every rank; so does a rank
-in another collective.
+in another collective. The sharded path's two ways between ranks (a shared-memory window on
+one host, else an alltoall and an allgather) and its owner's two passes (float64 blocks where
+they are exact, else int64) give the same bits too, and backward's own gradient tensors are
+reduced where they lie.
 """
 
+import contextlib
 import math
 import os
 import sys
@@ -18,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py._core import C  # noqa: E402
 from fluxmpi_py.training import _exact_shards  # noqa: E402
 
 # (numel, dtype): odd sizes, one value, sizes below the world size, dtype changes
@@ -40,10 +45,31 @@ def gradient(numel, dtype, rank, step, top):
     return g.to(dtype)
 
 
-def build(shards, group=None, passes=1):
+@contextlib.contextmanager
+def sharded_way(shared=True, float64=True):
+    """The owner's reduction through the shared-memory window (shared) or an alltoall and an
+    allgather; the owner's blocks in float64 where exact (float64) or all in int64. Set alike
+    on every rank. Yields the calls through the window and the blocks summed in float64 and in
+    int64 while inside: a list filled at the exit."""
+    saved, o = C.ring_options(), C.ring_options()
+    o.list_shared_memory = shared
+    C.set_ring_options(o)
+    was = C.set_exact_float64_pass(float64)
+    before = (C.shared_owner_parts_calls(), *C.exact_sum_block_counts())
+    counts: list[int] = []
+    try:
+        yield counts
+    finally:
+        C.set_ring_options(saved)
+        C.set_exact_float64_pass(was)
+        after = (C.shared_owner_parts_calls(), *C.exact_sum_block_counts())
+        counts.extend(a - b for a, b in zip(after, before))
+
+
+def build(shards, group=None, passes=1, shapes=SHAPES):
     _exact_shards.SHARDS_AT_ONE_PASS = shards
     try:
-        params = [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in SHAPES]
+        params = [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in shapes]
         opt = fm.DistributedOptimizer(
             torch.optim.SGD(params, lr=0.0),
             named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
@@ -80,10 +106,14 @@ def case_sharded_int64_and_one_process_give_the_same_bits():
     assert type(sharded[1]._exact).__name__ == "ShardedExactSum"
     assert type(int64[1]._exact).__name__ == "ExactGradientSum"
     assert len(sharded[1]._exact.buckets) >= 4
+    counts = [0, 0, 0]  # calls through the window, float64 blocks, int64 blocks
     for step, top in enumerate((3, 3, 12, -2, 9)):  # T grows 16 bits a step at most
         for params, opt in (sharded, int64):
-            backward(params, rank, step, top)
-            opt.synchronize()
+            with sharded_way() as moved:
+                backward(params, rank, step, top)
+                opt.synchronize()
+            if opt is sharded[1]:
+                counts = [a + b for a, b in zip(counts, moved)]
         for r in range(world):
             backward(one[0], r, step, top)
         one[1].synchronize()
@@ -98,25 +128,101 @@ def case_sharded_int64_and_one_process_give_the_same_bits():
         for _, opt in (sharded, int64, one):
             with opt.skip_synchronize():
                 opt.step()
+    # one window call a bucket a step on one host; step 2's values reach 2**54 on the grid
+    # (T was 3 + 16, the values are near 2**12): the owner's int64 blocks, float64 elsewhere
+    assert counts[0] == (5 * len(sharded[1]._exact.buckets) if world > 1 else 0), counts
+    assert counts[1] > 0 and counts[2] > 0, counts
+
+
+# BIG's bucket (3 M float32 values, its own: past the cap of 700 bytes) takes several rounds
+# of the window (4 MiB a rank), and its shards' segments cross the rounds' edges
+BIG = (3_000_001, torch.float32)
+
+
+def case_the_window_the_alltoall_and_both_owner_passes_give_the_same_bits():
+    rank, world = fm.local_rank(), fm.total_workers()
+    shapes = [*SHAPES, BIG]
+    ways = {
+        "window": {},
+        "alltoall": {"shared": False},
+        "window, int64 only": {"float64": False},
+        "alltoall, int64 only": {"shared": False, "float64": False},
+    }
+    runs = {way: build(True, shapes=shapes) for way in ways}
+    int64 = build(False, shapes=shapes)
+    for step, top in enumerate((3, 3, 12, -2, 9)):
+        backward(int64[0], rank, step, top)
+        int64[1].synchronize()
+        for way, (params, opt) in runs.items():
+            with sharded_way(**ways[way]) as moved:
+                backward(params, rank, step, top)
+                opt.synchronize()
+            window = world > 1 and "alltoall" not in way
+            assert (moved[0] > 0) == window, (way, moved)
+            assert (moved[1] > 0) == ("int64" not in way), (way, moved)
+            for i, (a, b) in enumerate(zip(params, int64[0])):
+                assert (a.grad is None) == (b.grad is None), (way, step, i)
+                if a.grad is not None:
+                    assert torch.equal(a.grad, b.grad), (way, step, i, (a.grad != b.grad).sum())
+        for _, opt in (*runs.values(), int64):
+            with opt.skip_synchronize():
+                opt.step()
+
+
+def case_the_gradients_are_reduced_where_they_lie():
+    """backward's own gradient tensors are the bucket's pieces: p.grad after synchronize() is
+    the tensor backward made (outside the bucket's flat buffer), reduced in place; a gradient
+    that is a view of a larger tensor is copied into the bucket instead."""
+    rank = fm.local_rank()
+    params, opt = build(True)
+    made = {}  # where backward's gradients lie (holding them would make AccumulateGrad copy)
+    for i, p in enumerate(params):
+        p.register_hook(lambda g, i=i: made.__setitem__(i, g.data_ptr()))
+    backward(params, rank, 1, 3)
+    opt.synchronize()
+    flats = opt._exact.flats
+    inside = lambda t: any(  # noqa: E731
+        f.data_ptr() <= t.data_ptr() < f.data_ptr() + f.numel() * f.element_size() for f in flats
+    )
+    for i, p in enumerate(params):
+        if p.grad is None:
+            continue
+        if i not in made:  # none on this rank: the bucket's zeros, reduced there
+            assert inside(p.grad) and rank == 0 and i == UNUSED_ON_ONE_RANK, i
+            continue
+        assert not inside(p.grad), i
+        assert p.grad.data_ptr() == made[i], i
+    with opt.skip_synchronize():
+        opt.step()
+    exact = opt._exact
+    at = next(k for k, q in enumerate(exact.order) if q is params[0])  # p0, in backward order
+    wide = torch.ones(2 * SHAPES[0][0])  # every other value of a larger tensor
+    exact._take(at, wide[::2])
+    assert exact.kept[at] is None and inside(exact._view(at))
+    assert torch.equal(exact._view(at), wide[::2])
+    exact._reset_step()
 
 
 def case_nan_and_overflow_on_one_rank():
     rank, world = fm.local_rank(), fm.total_workers()
     last = world - 1
-    for shards in (False, True):
+    ways = ((False, {}), (True, {}), (True, {"shared": False}), (True, {"float64": False}))
+    for shards, way in ways:
         params, opt = build(shards)
         # a NaN on the first rank and on the last: a MAX reduction may drop a NaN
         poison = {7: math.nan} if rank == 0 else {}
-        backward(params, rank, 1, 3, poison=poison | ({2: math.nan} if rank == last else {}))
-        opt.synchronize()
+        with sharded_way(**way):
+            backward(params, rank, 1, 3, poison=poison | ({2: math.nan} if rank == last else {}))
+            opt.synchronize()
         for i in (2, 7):
             assert bool(params[i].grad.isnan().all()), (shards, i, params[i].grad)
         assert not bool(params[0].grad.isnan().any())
         with opt.skip_synchronize():
             opt.step()
         top = opt.exact_grid()["p0"][0]
-        backward(params, rank, 2, 3, poison={0: 1e6} if rank == last else None)
-        raises(fm.GridOverflowError, opt.step, "p0", "|g| = 1e+06", f"2**{top}")
+        with sharded_way(**way):
+            backward(params, rank, 2, 3, poison={0: 1e6} if rank == last else None)
+            raises(fm.GridOverflowError, opt.step, "p0", "|g| = 1e+06", f"2**{top}")
         backward(params, rank, 2, 3, poison={0: 1e6} if rank == last else None)
         opt.synchronize()  # the grid now covers it
         assert opt.exact_grid()["p0"][0] == 20 + 16 and float(params[0].grad.abs().max()) > 1e5

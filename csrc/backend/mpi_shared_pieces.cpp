@@ -61,6 +61,14 @@ SharedWindow& window_of(MPI_Comm comm, int size) {
   return *w.release();
 }
 
+// The bytes of one slot of a window shared by p ranks, the same for every dtype and every
+// call (round, scatter_reduce, owner_parts): the finished chunk, slot p - 1, then starts at the
+// same byte for all of them. A call's first writes (into slots 0 to p - 2, with no meeting
+// before them) so never reach the finished chunk of the call before it, which a slower rank
+// may still be copying out. (Slots of `bytes / p / sizeof(T)` elements differed by dtype: at 3
+// ranks a float32 call's slot 1 ended 8 bytes into a float64 call's finished chunk.)
+std::int64_t slot_bytes(int p) { return kSharedWindowBytes / p / 64 * 64; }
+
 // Every rank's writes to the windows are visible to every rank after this.
 void meet(const SharedWindow& w, MPI_Comm comm) {
   mpi_check(MPI_Win_sync(w.win), "MPI_Win_sync");
@@ -105,7 +113,7 @@ void reduce(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp
             MPI_Comm comm, int rank, int size) {
   const SharedWindow& w = window_of(comm, size);
   const PieceView<T> v(pieces);
-  const std::int64_t cap = kSharedWindowBytes / static_cast<std::int64_t>(sizeof(T)) / size;
+  const std::int64_t cap = slot_bytes(size) / static_cast<std::int64_t>(sizeof(T));
   const std::int64_t per_round = cap * size;  // every chunk of a round fits its `cap`
   for (std::int64_t b = 0; b < count; b += per_round) {
     round(v, b, std::min(per_round, count - b), cap, op, divisor, w, comm, rank, size);
@@ -119,7 +127,7 @@ template <typename T>
 void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& counts, ReduceOp op,
                     MPI_Comm comm, int rank, int p) {
   const SharedWindow& w = window_of(comm, p);
-  const std::int64_t cap = kSharedWindowBytes / static_cast<std::int64_t>(sizeof(T)) / p;
+  const std::int64_t cap = slot_bytes(p) / static_cast<std::int64_t>(sizeof(T));
   std::vector<std::int64_t> off(p + 1, 0);
   for (int c = 0; c < p; ++c) off[c + 1] = off[c] + counts[c];
   const std::int64_t longest = *std::max_element(counts.begin(), counts.end());
@@ -152,10 +160,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
 void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem,
                  const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
   const SharedWindow& w = window_of(comm, p);
-  // Slots of a multiple of 64 bytes (of any element size): never past the slots that
-  // round() and scatter_reduce() lay out for any dtype, so writing into them cannot reach a
-  // finished chunk of a call that a slower rank is still copying out.
-  const std::int64_t cap = kSharedWindowBytes / p / 64 * 64;
+  const std::int64_t cap = slot_bytes(p);
   auto slot = [&](int owner, int s) { return w.base[owner] + s * cap; };
   std::vector<const void*> rows(static_cast<std::size_t>(p));
   for (std::int64_t b = 0; b < part_bytes; b += cap) {

@@ -36,6 +36,23 @@ def case_allreduce_is_one_agreement_while_nobody_joined():
     assert hvd.allreduce(t, op=hvd.Sum).tolist() == [float(n)] * 4
 
 
+def case_named_async_call_made_before_join_takes_part():
+    # A named _async call waits to be matched by name; a rank that joins with it still waiting
+    # starts it first, as Horovod's had already been submitted: the sum holds every rank's
+    # value, and the synchronize after join returns it.
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    t = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async(t, name="before_join", op=hvd.Sum)
+    if r == 0:
+        hvd.join()
+        out = hvd.synchronize(h)
+    else:
+        out = hvd.synchronize(h)
+        hvd.join()
+    assert out.tolist() == [n * (n + 1) / 2] * 3, (r, out)
+
+
 def case_last_to_join_is_the_latest_not_the_highest():
     # Rank 1 (or 0 alone) makes one allreduce more than the others: it joins last, also when
     # a higher rank exists.

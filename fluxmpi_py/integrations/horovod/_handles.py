@@ -247,6 +247,15 @@ def round_on(process_set, call: str) -> None:
     _round(group_of(process_set, call))
 
 
+def start_waiting() -> None:
+    """``hvd.join``: this rank's named calls still waiting in their lanes start first, in
+    rounds (as in ``hvd.synchronize``), so that they take part as Horovod's, which its ranks
+    submit when made, do; a joined rank would only shadow the others' calls with zeros."""
+    for group, lane in list(_LANES.items()):
+        while lane:
+            _round(group, waiting=lane[0])
+
+
 def poll_started(handle: _Handle) -> bool:
     """``hvd.poll``: whether ``handle``'s collective is done. One still waiting in its lane
     runs a round first (a collective of its set, so every rank of the set must poll or

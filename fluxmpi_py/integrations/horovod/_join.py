@@ -36,12 +36,15 @@ from __future__ import annotations
 
 from ...runtime.world import build_info
 from ...training.join import JoinState, wait_for_all
+from ._handles import start_waiting
 from ._optimizer import JOIN, SET_JOINS, join_state
 from ._process_sets import member_groups
 
 
 def join() -> int:
-    """Wait as a joined rank until every rank has joined; return the last one to join."""
+    """Wait as a joined rank until every rank has joined; return the last one to join. This
+    rank's named async calls still waiting to be matched by name start first."""
+    start_waiting()
     return wait_for_all(JOIN, "hvd.join", sets=_sets())
 
 

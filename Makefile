@@ -70,7 +70,7 @@ build: mpi $(VENV)/.built
 
 # The suite less the tests that compile the whole extension again elsewhere (test-builds).
 test: build
-	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests  # 3 workers on 2 cores, since the tests wait for a third of the time (docs/DEVELOPING.md; tests/conftest.py groups them); the slowest and costliest 20 last
+	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests  # 2 workers (tests/conftest.py groups them; docs/DEVELOPING.md on -n 3); the slowest and costliest 20 last
 
 # The install paths that need a build of their own from scratch: Open MPI from PyPI in a venv
 # without root (tests/test_pip_mpi.py, 10-12 minutes on 2 cores). CI runs it after make test.

@@ -73,7 +73,17 @@ def xdist_group(item):
     for value in params.values():
         if isinstance(value, mpi_util.WorkerCase) and value.bundle:
             return f"bundle-np{value.np}"
-    return os.path.basename(str(item.fspath))
+    name = os.path.basename(str(item.fspath))
+    return SAME_WORKER.get(name, name)
+
+
+# Files whose tests must not run at the same time as another file's, so they share its group.
+# test_runtime's singleton Init (test_disable_cudampi_support_is_persisted) and test_stalls'
+# interrupted mpiexec (test_sigint_to_mpiexec_ends_the_job), running at once, both stalled for
+# 125 s in the parked CI run of 2026-11-27 and for about 230 s in a fresh clone on 2026-11-28
+# (the first then timed out): the cause, somewhere between the two Open MPI launches, is not
+# found yet.
+SAME_WORKER = {"test_runtime.py": "test_stalls.py"}
 
 
 @pytest.fixture(scope="session")

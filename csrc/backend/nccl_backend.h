@@ -43,4 +43,8 @@ std::string nccl_version_string();
 // unloading. A later collective creates new ones.
 void nccl_shutdown();
 
+// Test-only: abort this rank's NCCL communicators in place (see nccl::abort_all_comms); how
+// many were aborted.
+int nccl_abort_all_for_test();
+
 }  // namespace fluxmpi

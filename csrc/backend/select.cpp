@@ -96,6 +96,14 @@ bool compiled_with_cuda() {
 #endif
 }
 
+int abort_nccl_comms_for_test() {
+#ifdef FLUXMPI_WITH_CUDA
+  return nccl_abort_all_for_test();
+#else
+  return 0;
+#endif
+}
+
 std::string nccl_version() {
 #ifdef FLUXMPI_WITH_CUDA
   return nccl_version_string();

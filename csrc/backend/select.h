@@ -69,4 +69,9 @@ std::optional<c10::Stream> comm_stream_of(c10::Device device);
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 
+// Test-only (scripts/gpu_kill_check.py --mode nccl-abort): abort this rank's NCCL
+// communicators in place, as if its connections broke, so that its peers meet NCCL's
+// asynchronous error. How many were aborted; 0 in a build without CUDA.
+int abort_nccl_comms_for_test();
+
 }  // namespace fluxmpi

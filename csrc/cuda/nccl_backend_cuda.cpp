@@ -417,6 +417,8 @@ c10::Stream nccl_comm_stream_for(int device) { return comm_stream_for(device).un
 
 void nccl_shutdown() { nccl::destroy_all_comms(); }
 
+int nccl_abort_all_for_test() { return nccl::abort_all_comms(); }
+
 namespace {
 
 // The runtime's shutdown() tears the communicators down on every rank alike; registered when

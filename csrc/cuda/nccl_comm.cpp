@@ -164,6 +164,15 @@ void destroy_all_comms() {
   r.comms.clear();
 }
 
+int abort_all_comms() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  const int n = static_cast<int>(r.comms.size());
+  for (auto& kv : r.comms) kv.second->abort();
+  r.comms.clear();
+  return n;
+}
+
 void wait_for(const char* what, ncclComm_t comm, int device, const c10::cuda::CUDAStream& stream,
               int group) {
   DoneEvent done;

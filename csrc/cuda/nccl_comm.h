@@ -18,6 +18,11 @@ ncclComm_t comm_for(int device, const Group& group);
 // Destroy every communicator (see nccl_shutdown in backend/nccl_backend.h).
 void destroy_all_comms();
 
+// Abort every communicator of this rank (ncclCommAbort: local, waits for no peer) and forget
+// them; how many. Test-only: the peers then meet NCCL's asynchronous error, as when a rank's
+// connections break (scripts/gpu_kill_check.py --mode nccl-abort).
+int abort_all_comms();
+
 // Block the host until everything enqueued so far on `stream` has completed, inside a
 // BlockingCall named `what` (so a peer that exits ends the job instead of hanging it). While
 // waiting, NCCL's asynchronous errors on `comm` are polled: on one, the communicator is

@@ -6,9 +6,9 @@ an allreduce costs while one has.
 
 Per size, in one launch, repetitions alternating between the variants so that a change in
 machine load hits all alike: ``hvd`` (``hvd.allreduce``, average, a new tensor: join support
-included), ``plain`` (``fluxmpi_py.allreduce_`` of a clone, average: the same work without
-the hvd face) and, where the build still has the per-call join round's switch
-(``fluxmpi_py.integrations.horovod._join.ENABLED``), ``hvd_no_join`` (``hvd.allreduce`` with it off).
+included) and ``plain`` (``fluxmpi_py.allreduce_`` of a clone, average: the same work without
+the hvd face). (The per-call join round and its switch are gone: a joined rank answers
+inside the agreement every collective starts with; docs/measurements.md has the before.)
 Each repetition times a loop of calls between barriers and takes the slowest rank's time.
 Then ``joined``: the highest rank has joined (``hvd.join()``) and the others run
 ``hvd.allreduce``, which the joined rank shadows with zeros. Reported: medians over
@@ -29,7 +29,6 @@ from common import emit, set_threads  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 import fluxmpi_py.horovod as hvd  # noqa: E402
-from fluxmpi_py.integrations.horovod import _join  # noqa: E402
 
 
 def timed(fn, iters):
@@ -42,21 +41,10 @@ def timed(fn, iters):
 
 
 def variants(t):
-    out = {
+    return {
         "hvd": lambda: hvd.allreduce(t),
         "plain": lambda: fm.allreduce_(t.clone(), "average"),
     }
-    if hasattr(_join, "ENABLED"):
-
-        def no_join():
-            _join.ENABLED = False
-            try:
-                hvd.allreduce(t)
-            finally:
-                _join.ENABLED = True
-
-        out["hvd_no_join"] = no_join
-    return out
 
 
 def joined_time(t, iters, reps):

@@ -29,7 +29,7 @@ import torch
 
 from .._core import C
 from ..runtime.groups import on_group
-from .exact_sum import ExactGradientSum, ExactSum, larger, plan_buckets
+from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, plan_buckets
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDS_AT_ONE_PASS = True
@@ -122,13 +122,8 @@ class ShardedExactSum(ExactSum):
         """Keep the gradient as its own piece of the bucket, reduced in place (no copy), when
         it is a plain tensor of its own: contiguous, of p's dtype and shape, on the CPU, the
         whole of its storage and no other piece's; else copy it into the flat buffer."""
-        p = self.order[i]
         own = (
-            not g.requires_grad  # (before detach, which clears it)
-            and g.dtype == p.dtype
-            and g.shape == p.shape
-            and g.device.type == "cpu"
-            and g.is_contiguous()
+            plain_gradient_of(g, self.order[i])
             and g.storage_offset() == 0
             and g.untyped_storage().nbytes() == g.numel() * g.element_size()
             and g.data_ptr() not in self.kept_at

@@ -85,6 +85,19 @@ def larger(a: float, b: float) -> float:
     return a if math.isnan(a) or b <= a else b
 
 
+def plain_gradient_of(g: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether ``g`` is a plain gradient of ``p`` that the reduction may keep and write into:
+    no autograd history (before detach, which clears it), ``p``'s dtype and shape, contiguous,
+    on the CPU."""
+    return (
+        not g.requires_grad
+        and g.dtype == p.dtype
+        and g.shape == p.shape
+        and g.device.type == "cpu"
+        and g.is_contiguous()
+    )
+
+
 def plan_buckets(
     order: Sequence[torch.Tensor], cap_bytes: int, element_bytes: Callable[[torch.Tensor], int]
 ) -> list[list[int]]:
@@ -301,14 +314,7 @@ class ExactGradientSum(ExactSum):
     def _take(self, i: int, g: torch.Tensor) -> None:
         """Quantize the gradient into its accumulator and keep it, when it can be, as the
         memory of the step's result."""
-        p = self.order[i]
-        keep = (
-            not g.requires_grad  # (before detach, which clears it)
-            and g.dtype == p.dtype
-            and g.shape == p.shape
-            and g.device.type == "cpu"
-            and g.is_contiguous()
-        )
+        keep = plain_gradient_of(g, self.order[i])
         g = g.detach()
         self.local_max[i] = larger(self.local_max[i], self._quantize_into(i, g))
         self.spare[i] = g if keep else None

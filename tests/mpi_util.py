@@ -121,18 +121,37 @@ def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True, cwd=ROOT):
 # --- harness workers: one pytest item per case ---------------------------------------------------
 
 
-def worker_cases(script):
+ANY_SIZE = "any"
+
+
+def worker_cases(script, np=ANY_SIZE):
     """The names of a worker's top-level ``case_*`` functions, in the order the harness runs
-    them (definition order), read from its source without running it."""
+    them (definition order), read from its source without running it. With ``np``, only those
+    that run at that world size (``None``, no mpiexec: 1): a case decorated ``@only_at(2, 3)``
+    (harness.py) runs at 2 and 3 ranks only."""
     path = worker_path(script)
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     names = [
         n.name
         for n in tree.body
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("case_")
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.name.startswith("case_")
+        and (np == ANY_SIZE or (np or 1) in _only_at(n, (np or 1,)))
     ]
     return list(dict.fromkeys(names))  # a redefinition keeps its first place, as in globals()
+
+
+def _only_at(fn, default):
+    """The world sizes of a case's ``@only_at(...)`` decorator (literal integers), else
+    ``default``."""
+    for d in fn.decorator_list:
+        if (
+            isinstance(d, ast.Call)
+            and getattr(d.func, "id", getattr(d.func, "attr", "")) == "only_at"
+        ):
+            return tuple(a.value for a in d.args)
+    return default
 
 
 CLEAN_EXIT = "clean_exit"
@@ -177,11 +196,10 @@ def worker_params(script, world_sizes, timeout=180, bundle=True):
     """pytest parameters: every case of `script` at every world size (None: without mpiexec),
     then a clean-exit check per world size, with ids like ``np=2-case_x``. `bundle=False`: the
     worker gets a launch of its own (one that changes process-wide state for good)."""
-    names = worker_cases(script)
     params = []
     for np in world_sizes:
         prefix = "" if np is None else f"np={np}-"
-        for name in names + [CLEAN_EXIT]:
+        for name in worker_cases(script, np) + [CLEAN_EXIT]:
             case = WorkerCase(script, np, name, timeout, bundle)
             params.append(pytest.param(case, id=prefix + name))
     return params
@@ -204,7 +222,7 @@ def select_cases(worker_cases_selected):
             chosen.setdefault((c.script, c.np), set()).add(c.name)
     _SELECTED.clear()
     for key, names in chosen.items():
-        every = worker_cases(key[0])
+        every = worker_cases(key[0], key[1])
         if set(every) - names:
             _SELECTED[key] = tuple(n for n in every if n in names)
     _BUNDLES.clear()
@@ -283,6 +301,12 @@ def _read_records(directory):
                     records.append(json.loads(line))
                 except ValueError:  # a line cut short by a kill
                     pass
+    cases_log = os.environ.get("FLUXMPI_TEST_CASES")
+    if cases_log:  # every case's seconds on each rank, one JSON line each (where time goes)
+        with open(cases_log, "a", encoding="utf-8") as f:
+            for r in records:
+                if r.get("seconds") is not None:
+                    f.write(json.dumps(r) + "\n")
     return records
 
 

@@ -27,6 +27,18 @@ RESULTS_ENV = "HARNESS_RESULTS"
 CASES_ENV = "HARNESS_CASES"
 
 
+def only_at(*world_sizes):
+    """A case that runs only at these world sizes (a world of one without mpiexec counts as 1):
+    for a costly case whose point one size already makes (torch.compile's hooks, say).
+    tests/mpi_util.py reads the decorator from the source and makes no test of the others."""
+
+    def mark(fn):
+        fn.world_sizes = tuple(world_sizes)
+        return fn
+
+    return mark
+
+
 def raises(exc_type, fn, *needles):
     """Call fn; it must raise exc_type with every needle in its message. Returns the message."""
     try:
@@ -110,6 +122,11 @@ def run_scripts(scripts):
     results = _Results(os.environ.get(RESULTS_ENV))
     total = 0
     for script, cases in scripts:
+        cases = [
+            (k, v)
+            for k, v in cases
+            if fm.total_workers() in getattr(v, "world_sizes", [fm.total_workers()])
+        ]
         results.script = script
         results.write("begin", cases=[k for k, _ in cases])
         for name, fn in cases:

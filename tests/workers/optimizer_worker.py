@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import labelled, raises, run_cases  # noqa: E402
+from harness import labelled, only_at, raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 
@@ -124,6 +124,7 @@ def case_small_buckets_and_direct_paths():
     check_equivalent(ADAMW, wrap=dict(bucket_cap_mb=1000, direct_min_bytes=1 << 40))
 
 
+@only_at(2)  # inductor's compile costs ~6 s a launch; 2 ranks make the point
 def case_torch_compile_matches_one_process():
     # A torch.compile'd model (inductor, the default backend): its backward still fires the
     # parameters' post-accumulate hooks, so N ranks equal one process with the whole batch.

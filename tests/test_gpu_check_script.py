@@ -23,3 +23,14 @@ def test_every_step_runs_under_a_timeout_of_at_most_120_s():
         m = re.search(r"timeout (\"\$STEP_S\"|\d+)", line)
         assert m, f"no timeout: {line.strip()}"
         assert m.group(1) == '"$STEP_S"' or int(m.group(1)) <= 120, line.strip()
+
+
+def test_the_default_steps_are_steps_of_the_script():
+    # A misspelt name in DEFAULT_STEPS would silently skip a check in a GPU lease.
+    text = open(SCRIPT).read()
+    (default,) = re.findall(r'^DEFAULT_STEPS="([^"]+)"', text, re.M)
+    defined = set(re.findall(r"\bwant ([\w-]+)", text))
+    defined |= set(re.findall(r"^(?:nccl_mode|kill_step|bench_step) ([\w-]+)", text, re.M))
+    assert "nccl-2" in defined and "bench-step-unbound" in defined, sorted(defined)
+    unknown = [s for s in default.split() if s not in defined]
+    assert not unknown, f"DEFAULT_STEPS names no step: {unknown}"

@@ -38,10 +38,11 @@
 #   nccl-2-hw   as nccl-2, the old way: the host waiting for each NCCL call, on the caller's
 #               stream (FLUXMPI_NCCL_HOST_WAIT=1 FLUXMPI_NCCL_COMM_STREAM=0)
 #   nccl-2-cs-hw  as nccl-2, on the communication stream with the host waiting
-#   nccl-2-groups as nccl-2, group= on CUDA over NCCL (FLUXMPI_NCCL_GROUPS=1; never run yet)
+#   nccl-2-groups as nccl-2, group= on CUDA over NCCL (the default since 2026-11-28, after its
+#               first run passed on an H200; the other NCCL steps stage group= over MPI)
 #   nowait-control  as nccl-2, the side-stream checks only, with the library's stream waits
 #               turned off (gpu_ranks_check.py --no-stream-waits): they must fail, which shows
-#               that the probe can see a missing wait (never run yet)
+#               that the probe can see a missing wait (7 of 8 checks failed on an H200)
 #   kill        (run last, with stop and stall-gpu) scripts/gpu_kill_check.py: rank 1 kills
 #               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s

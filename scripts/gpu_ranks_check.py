@@ -14,8 +14,9 @@ the checks themselves.
 --route: fail unless CUDA collectives take that route (build_info()["cuda_collectives"]).
 --caller-stream: NCCL calls on the caller's stream (FLUXMPI_NCCL_COMM_STREAM=0), not their own.
 --host-wait: the host waits for each NCCL call (FLUXMPI_NCCL_HOST_WAIT=1).
---nccl-groups: group= on CUDA tensors over NCCL communicators of the groups' members
-(FLUXMPI_NCCL_GROUPS=1), not over MPI.
+--nccl-groups: group= on CUDA tensors over NCCL communicators of the groups' members (Init's
+default, FLUXMPI_NCCL_GROUPS=1); without it this script stages group= over MPI (=0), so that
+both routes keep a check.
 --expect-refusal: ranks share a GPU with FLUXMPI_CUDA_OVER_MPI=0; a CUDA allreduce_ must raise
 a ValueError naming the sharing on every rank, and a CPU one must still work.
 """

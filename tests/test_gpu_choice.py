@@ -181,6 +181,7 @@ try:
     fm.Init()
     line = f"rank {fm.local_rank()} over_mpi={C.cuda_over_mpi()} refusal={C.cuda_refusal()!r}"
     line += f" comm_stream={C.nccl_comm_stream()} host_wait={C.nccl_host_wait()}"
+    line += f" groups={C.nccl_groups()}"
 except Exception as e:
     line = f"rank {os.environ['OMPI_COMM_WORLD_RANK']} raised {type(e).__name__}: {e}"
 os.write(1, (line + "\\n").encode())  # one write: the ranks' lines do not interleave
@@ -199,8 +200,8 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
     lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
     if rank1_value == "1":
         assert lines == [
-            "rank 0 over_mpi=True refusal='' comm_stream=True host_wait=False",
-            "rank 1 over_mpi=True refusal='' comm_stream=True host_wait=False",
+            "rank 0 over_mpi=True refusal='' comm_stream=True host_wait=False groups=True",
+            "rank 1 over_mpi=True refusal='' comm_stream=True host_wait=False groups=True",
         ], out
     else:
         assert lines == [
@@ -215,11 +216,14 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
 
 @pytest.mark.parametrize(
     "name, value",
-    [("FLUXMPI_NCCL_HOST_WAIT", "1"), ("FLUXMPI_NCCL_COMM_STREAM", "yes")],
-)
+    [("FLUXMPI_NCCL_HOST_WAIT", "1"), ("FLUXMPI_NCCL_COMM_STREAM", "yes"),
+     ("FLUXMPI_NCCL_GROUPS", "0")],
+)  # fmt: skip
 def test_nccl_switches(tmp_path, name, value):
     """The NCCL switches on rank 1 alone: 0 or 1 sets that rank's mode (the defaults, seen on
-    rank 0: NCCL on its own stream, no host wait); another value raises on both ranks."""
+    rank 0: NCCL on its own stream, no host wait, group= on NCCL); another value raises on both
+    ranks. FLUXMPI_NCCL_GROUPS picks a route, which the ranks must share: 0 on rank 1 alone
+    stages group= over MPI on every rank."""
     from mpi_util import run_mpi
 
     script = tmp_path / "switch.py"
@@ -228,8 +232,13 @@ def test_nccl_switches(tmp_path, name, value):
     lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
     if value == "1":
         assert lines == [
-            "rank 0 over_mpi=False refusal='' comm_stream=True host_wait=False",
-            "rank 1 over_mpi=False refusal='' comm_stream=True host_wait=True",
+            "rank 0 over_mpi=False refusal='' comm_stream=True host_wait=False groups=True",
+            "rank 1 over_mpi=False refusal='' comm_stream=True host_wait=True groups=True",
+        ], out
+    elif value == "0":  # a route: off on rank 1 alone turns it off on every rank
+        assert lines == [
+            "rank 0 over_mpi=False refusal='' comm_stream=True host_wait=False groups=False",
+            "rank 1 over_mpi=False refusal='' comm_stream=True host_wait=False groups=False",
         ], out
     else:
         message = f"fluxmpi_py.Init(): {name} is 'yes' on rank 1: expected 1 or 0"

@@ -21,7 +21,7 @@ std::atomic<bool> g_cuda_mpi_allowed{true};
 std::atomic<bool> g_cuda_over_mpi{false};
 std::atomic<bool> g_nccl_comm_stream{true};
 std::atomic<bool> g_nccl_host_wait{false};
-std::atomic<bool> g_nccl_groups{false};
+std::atomic<bool> g_nccl_groups{true};
 
 }  // namespace
 

@@ -160,8 +160,6 @@ def Init(
         # (docs/measurements.md); FLUXMPI_NCCL_COMM_STREAM=0 and FLUXMPI_NCCL_HOST_WAIT=1 undo them.
         C.set_nccl_comm_stream(os.environ.get("FLUXMPI_NCCL_COMM_STREAM", "1") == "1")
         C.set_nccl_host_wait(os.environ.get("FLUXMPI_NCCL_HOST_WAIT", "0") == "1")
-        # An experiment, not yet run on a GPU: group= on CUDA over NCCL, not MPI.
-        C.set_nccl_groups(os.environ.get("FLUXMPI_NCCL_GROUPS", "0") == "1")
         # NCCL allows one rank per GPU. Where ranks of a node share one, CUDA collectives go
         # over MPI instead (staged through pinned host memory), unless NCCL is told to share
         # (NCCL_HOSTID / NCCL_MULTI_RANK_GPU_ENABLE; see scripts/gpu_check.sh) or
@@ -169,9 +167,14 @@ def Init(
         # over MPI always.
         if C.size() > 1:
             choice = _shared_by_identity(choice)
-        over_mpi, why = _cuda_route(choice)
+        over_mpi, why, nccl_groups = _cuda_route(choice)
         C.set_cuda_over_mpi(over_mpi)
         C.set_cuda_refusal(why)
+        # group= on CUDA over an NCCL communicator of the group's members, not MPI (every check
+        # of scripts/gpu_ranks_check.py passed so on an H200, 2026-11-28); FLUXMPI_NCCL_GROUPS=0
+        # on any rank stages every group's CUDA tensors through host memory over its MPI
+        # communicator instead, on every rank (a route the ranks must agree on).
+        C.set_nccl_groups(nccl_groups)
         quiet = os.environ.get("FLUXMPI_CUDA_OVER_MPI") == "1"
         if over_mpi and choice.shared and not quiet and C.node_rank() == 0:
             warnings.warn(
@@ -299,16 +302,22 @@ def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | Non
     return forced == "1" or (forced == "" and shared and not nccl_told)
 
 
-def _cuda_route(choice) -> tuple[bool, str]:
-    """(CUDA collectives over MPI?, why NCCL must refuse them or "") for this rank's GPU choice
-    and the environment. Collective: every rank takes MPI if any rank does (a rank on NCCL and
-    a rank on MPI would never meet), and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
+def _cuda_route(choice) -> tuple[bool, str, bool]:
+    """(CUDA collectives over MPI?, why NCCL must refuse them or "", group= on NCCL?) for this
+    rank's GPU choice and the environment. Collective: every rank takes MPI if any rank does (a
+    rank on NCCL and a rank on MPI would never meet), every rank stages group= over MPI if any
+    rank's FLUXMPI_NCCL_GROUPS is 0, and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
     nccl_told = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
     forced = os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
     wanted = _cuda_route_wanted(bool(choice.shared), nccl_told, forced)
-    # [any rank over MPI, 1 + the highest rank with a bad value (0: none)]
-    votes = torch.tensor([int(bool(wanted)), 0 if wanted is not None else C.rank() + 1])
+    groups_off = os.environ.get("FLUXMPI_NCCL_GROUPS", "1") == "0"
+    # [any rank over MPI, 1 + the highest rank with a bad value (0: none), any rank's groups
+    # off MPI refused]
+    votes = torch.tensor(
+        [int(bool(wanted)), 0 if wanted is not None else C.rank() + 1, int(groups_off)]
+    )
     C.allreduce_(votes, "max")
+    nccl_groups = not bool(votes[2])
     if votes[1] > 0:
         bad = int(votes[1]) - 1
         value = f" is {forced!r}" if bad == C.rank() else ""
@@ -320,15 +329,19 @@ def _cuda_route(choice) -> tuple[bool, str]:
             )
         )
     if votes[0]:
-        return True, ""
+        return True, "", nccl_groups
     if choice.shared and not nccl_told:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
-        return False, (
-            choice.sharing_message() + "; NCCL allows one rank per GPU and "
-            "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "
-            "GPU, choose distinct GPUs with Init(gpu_devices=[...]), or unset "
-            "FLUXMPI_CUDA_OVER_MPI to share the GPU over MPI"
+        return (
+            False,
+            (
+                choice.sharing_message() + "; NCCL allows one rank per GPU and "
+                "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "
+                "GPU, choose distinct GPUs with Init(gpu_devices=[...]), or unset "
+                "FLUXMPI_CUDA_OVER_MPI to share the GPU over MPI"
+            ),
+            nccl_groups,
         )
-    return False, ""
+    return False, "", nccl_groups
 
 
 def Initialized() -> bool:

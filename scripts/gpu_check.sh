@@ -42,7 +42,9 @@
 #               first run passed on an H200; the other NCCL steps stage group= over MPI)
 #   nowait-control  as nccl-2, the side-stream checks only, with the library's stream waits
 #               turned off (gpu_ranks_check.py --no-stream-waits): they must fail, which shows
-#               that the probe can see a missing wait (7 of 8 checks failed on an H200)
+#               that the probe can see a missing wait (7 of 8 checks failed on an H200; the
+#               8th, the blocking allreduce_, kept the NCCL backend's own wait, which the
+#               control has turned off too since: all 8 should fail)
 #   kill        (run last, with stop and stall-gpu) scripts/gpu_kill_check.py: rank 1 kills
 #               itself after 20 CUDA collectives; the
 #               job must end with an error within 45 s

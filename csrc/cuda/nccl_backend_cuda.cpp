@@ -148,7 +148,9 @@ struct Call {
         stream(nccl_comm_stream() ? comm_stream_for(device) : caller),
         on_stream(stream) {
     CudaStreams dev;
-    enter_stream(dev, caller, stream);  // the communication stream waits for the caller's
+    // the communication stream waits for the caller's (left out only by the GPU checks'
+    // negative control, set_stream_waits(false))
+    if (stream_waits()) enter_stream(dev, caller, stream);
   }
 
   // The current group's communicator on this device (the world's, or with nccl_groups() a

@@ -2,8 +2,6 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <atomic>
-
 #include "backend/select.h"
 #include "runtime/engine.h"
 
@@ -15,20 +13,14 @@ c10::Stream current_stream(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
-std::atomic<bool> g_stream_waits{true};
-
 }  // namespace
-
-void set_stream_waits(bool on) { g_stream_waits = on; }
-
-bool stream_waits() { return g_stream_waits; }
 
 StreamMark::StreamMark(c10::Device device) : device_(device), event_(device.type()) {}
 
 void StreamMark::record_on_current_stream() { event_.record(current_stream(device_)); }
 
 void StreamMark::make_current_stream_wait() const {
-  if (g_stream_waits) event_.block(current_stream(device_));
+  if (stream_waits()) event_.block(current_stream(device_));
 }
 
 std::shared_ptr<StreamMark> stream_mark_for(c10::Device device) {

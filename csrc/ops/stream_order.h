@@ -17,14 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm_stream_order.h"
+
 namespace fluxmpi {
 
-// A negative control for the GPU checks only (scripts/gpu_ranks_check.py --no-stream-waits, the
-// nowait-control step of scripts/gpu_check.sh): off, every make_current_stream_wait below does
-// nothing, so that work on another stream is read before it is written, and the side-stream
-// probe must see wrong values. On by default; nothing in the library turns it off.
-void set_stream_waits(bool on);
-bool stream_waits();
+// set_stream_waits / stream_waits (runtime/comm_stream_order.h): the GPU checks' negative
+// control; off, every make_current_stream_wait below does nothing.
 
 class StreamMark {
  public:

@@ -22,6 +22,15 @@
 
 namespace fluxmpi {
 
+// A negative control for the GPU checks only (scripts/gpu_ranks_check.py --no-stream-waits, the
+// nowait-control step of scripts/gpu_check.sh): off, the NCCL backend's enter_stream and every
+// StreamMark::make_current_stream_wait (ops/stream_order.h) leave their wait out, so that work on
+// another stream is read before it is written, and the side-stream probe must see wrong values.
+// On by default; nothing in the library turns it off. (The fake device's tests leave a wait out
+// their own way: runtime/fake_streams.h.)
+void set_stream_waits(bool on);
+bool stream_waits();
+
 template <class Device>
 void enter_stream(Device& dev, const typename Device::Stream& producer,
                   const typename Device::Stream& comm) {

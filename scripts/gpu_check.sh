@@ -22,7 +22,10 @@
 # On an H200 (2026-11-28; the same torch) the image had Open MPI 4.1.6's mpiexec and mpicc on
 # PATH, which the script then uses with MPI_HOME unset. A wheel kept in a git-ignored folder
 # reaches the device only when the call names that folder in `carry`; that run's first call
-# lost its step list to the missing wheel (the `&&` chain stopped before the exports).
+# lost its step list to the missing wheel (the `&&` chain stopped before the exports). On such
+# an image the default steps run as one command, logs kept for a tool that fetches files:
+#   GPU_CHECK_LOGS=/tmp/gcl TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1 \
+#     timeout 540 scripts/gpu_check.sh 2>&1 | tee "$OUT/summary.txt"; tar czf "$OUT/logs.tgz" -C /tmp gcl
 #
 # Steps:
 #   build       the extension in place, with CUDA and NCCL

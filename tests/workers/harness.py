@@ -120,13 +120,9 @@ def run_scripts(scripts):
     torch.set_num_threads(1)
     fm.Init()
     results = _Results(os.environ.get(RESULTS_ENV))
-    total = 0
+    total, world = 0, fm.total_workers()
     for script, cases in scripts:
-        cases = [
-            (k, v)
-            for k, v in cases
-            if fm.total_workers() in getattr(v, "world_sizes", [fm.total_workers()])
-        ]
+        cases = [(k, v) for k, v in cases if world in getattr(v, "world_sizes", (world,))]
         results.script = script
         results.write("begin", cases=[k for k, _ in cases])
         for name, fn in cases:

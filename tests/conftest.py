@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mpi_util  # noqa: E402
+import warm_ranks  # noqa: E402
 
 
 def pytest_collection_finish(session):
@@ -95,10 +96,11 @@ def zygote():
     return zygote_module.shared()
 
 
-# CPU seconds per test (the test's process and its finished children: the ranks under mpiexec;
-# the zygote's children are not counted until it exits), printed with FLUXMPI_TEST_CPU=N as the N
-# costliest: wall time on a loaded machine says little, CPU time says what a test costs. Each
-# test's figure rides on its teardown report, so that it reaches the controller under xdist.
+# CPU seconds per test (the test's process and its finished children: the ranks under mpiexec,
+# the warm ranks (tests/warm_ranks.py) as they end; the zygote's children are not counted until
+# it exits), printed with FLUXMPI_TEST_CPU=N as the N costliest: wall time on a loaded machine
+# says little, CPU time says what a test costs. Each test's figure rides on its teardown
+# report, so that it reaches the controller under xdist.
 _CPU = {}
 _CPU_START = pytest.StashKey[float]()
 _WALL_START = pytest.StashKey[float]()
@@ -111,7 +113,7 @@ def _cpu_now():
         resource.getrusage(resource.RUSAGE_SELF),
         resource.getrusage(resource.RUSAGE_CHILDREN),
     )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + warm_ranks.cpu_seconds()
 
 
 @pytest.hookimpl(tryfirst=True)

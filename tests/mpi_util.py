@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import pytest
+import warm_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
@@ -51,6 +52,7 @@ def mpi_env(extra=None):
         OMPI_MCA_rmaps_base_oversubscribe="1",
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     )
+    env.update(warm_ranks.env())  # where the warm ranks' server listens, once started
     if extra:
         env.update(extra)
     return env
@@ -78,17 +80,22 @@ def find_mpiexec():
     return mpiexec
 
 
-def _command(path, np, args):
+def _command(path, np, args, fresh=False):
+    """The command line that runs `path` on `np` ranks. Under mpiexec the ranks are forked from
+    a process that imported torch and fluxmpi_py once (tests/warm_ranks.py), unless `fresh`:
+    a test of what happens while Python starts (import order) needs fresh interpreters."""
     if np is None:
         return [sys.executable, path, *map(str, args)]
-    return [find_mpiexec(), "-n", str(np), "--oversubscribe", sys.executable, path, *map(str, args)]
+    python = warm_ranks.python(fresh)
+    return [find_mpiexec(), "-n", str(np), "--oversubscribe", *python, path, *map(str, args)]
 
 
 def _launch(path, np, args, timeout, env, cwd=ROOT):
     """Run the worker in `cwd`; return (exit code, stdout+stderr, timed out). A job still
-    running after `timeout` seconds is killed with its whole process group."""
+    running after `timeout` seconds is killed with its whole session."""
+    command = _command(path, np, args)
     proc = subprocess.Popen(
-        _command(path, np, args),
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -100,9 +107,28 @@ def _launch(path, np, args, timeout, env, cwd=ROOT):
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out, False
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
         out, _ = proc.communicate()
         return proc.returncode, out, True
+
+
+def kill_session(sid):
+    """SIGKILL every process of session `sid` (a job started with start_new_session=True).
+    mpiexec puts each rank in a process group of its own, so killing the job's group would
+    leave a rank that hangs before MPI_Init running, holding the output pipe open."""
+    os.killpg(sid, signal.SIGKILL)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # after ")": state, ppid, pgrp, session
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def run_mpi(script, np, *args, timeout=180, env=None, expect_ok=True, cwd=ROOT):

@@ -25,7 +25,7 @@ def launch(order, yield_env=None, backoff=None):
         env["OMPI_MCA_mpi_yield_when_idle"] = yield_env
     if backoff is not None:
         env["FLUXMPI_WAIT_BACKOFF"] = backoff
-    cmd = _command(worker_path("wait_worker.py"), 2, [order])
+    cmd = _command(worker_path("wait_worker.py"), 2, [order], fresh=True)  # the import order
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     out = p.stdout + p.stderr
     print(out[-3000:])

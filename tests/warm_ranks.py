@@ -1,0 +1,447 @@
+"""Ranks forked from a warm process, for the suite's mpiexec launches.
+
+Each rank of a test's ``mpiexec -n N python script.py`` pays for starting Python and importing
+torch and fluxmpi_py (and torch._dynamo at its first optimizer): about 3 CPU seconds, most of
+what a short multi-rank test costs, and the suite launches some 250 such ranks. Here mpiexec
+starts a small client instead (``python -S warm_ranks.py script.py ARGS``, no torch): it hands
+its standard streams, environment, working directory and arguments to a server that imported
+those modules once, and the server forks the rank from there. The rank is then what the
+script would be in a fresh interpreter: its own process, with mpiexec's environment (so
+``MPI_Init`` joins the job through PMIx as usual), the script as ``__main__``, the exit
+functions at its end and the same exit status, which the client exits with. MPI is not
+initialised in the server, and no torch op or thread has run there.
+
+A rank that needs a real interpreter gets one: where the job's environment differs from the
+server's in a variable read while importing (Python's, torch's, OpenMP's, FLUXMPI_DEBUG,
+LD_*), where the rank runs in other namespaces (a virtual host), where the script imports
+mpi4py (the order of the two imports is what such a script tests), or no server is reachable, the client ``exec``s
+``python script.py ARGS`` in its own place, so the launch means the same either way.
+
+Lifetimes, so that nothing outlives its job:
+- the server forks a monitor per rank, which forks the rank and waits on both the rank and the
+  client's socket: a client that dies (mpiexec ending or killing its job, a test's timeout
+  killing the process group) closes the socket, and the monitor kills the rank;
+- the rank dies with its monitor (PR_SET_PDEATHSIG), and the monitor ends when the rank does;
+- the client passes on the signals mpiexec sends (SIGTERM, SIGINT, ...) to the rank;
+- the server ends when its parent closes its standard input (the pytest process ending).
+
+``FLUXMPI_TEST_WARM=0`` turns it off for a session (every rank a fresh interpreter);
+``FLUXMPI_TEST_WARM_LOG=path`` keeps the servers' log (which ranks ran fresh, and why). A test
+of what happens while Python starts passes ``fresh=True`` to ``mpi_util._command``.
+"""
+
+import array
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "FLUXMPI_TEST_WARM_SOCKET"  # where the client finds the server
+# Variables read while Python, torch or fluxmpi_py start: a rank whose value differs from the
+# server's needs a fresh interpreter. (OMPI_ and PMIX_ are read by MPI_Init, in the rank.)
+READ_AT_START = ("PYTHON", "TORCH", "OMP_", "MKL_", "KMP_", "LD_", "CUDA", "FLUXMPI_DEBUG")
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+    signal.SIGTSTP,
+)
+
+
+def _start_env(env):
+    out = {k: v for k, v in env.items() if k.startswith(READ_AT_START)}
+    if "LD_LIBRARY_PATH" in out:  # less what mpiexec adds: the library folder of its prefix
+        kept = [p for p in out.pop("LD_LIBRARY_PATH").split(":") if p and p not in _MPI_LIBS]
+        if kept:
+            out["LD_LIBRARY_PATH"] = ":".join(kept)
+    return out
+
+
+def _mpi_libs():
+    """The folders an absolute-path mpiexec puts first in its ranks' LD_LIBRARY_PATH (Open MPI
+    treats such a call as --prefix): its prefix's lib, as written and resolved."""
+    import shutil
+
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        return ()
+    lib = os.path.join(os.path.dirname(os.path.dirname(mpiexec)), "lib")
+    real = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(mpiexec))), "lib")
+    return (lib, real, os.path.realpath(lib))
+
+
+_MPI_LIBS = ()
+
+
+# --- the client: what mpiexec starts ----------------------------------------------------------
+
+
+def _send(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        sock.sendmsg([payload[:4]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        sock.sendall(payload[4:])
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _recv_job(sock):
+    """(job dict, the three fds) from a client."""
+    fds = array.array("i")
+    head, ancdata, _, _ = sock.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    if len(head) < 4:
+        head += _recv_exact(sock, 4 - len(head)) or b""
+    (n,) = struct.unpack("!I", head)
+    return json.loads(_recv_exact(sock, n)), list(fds)
+
+
+def _fresh(argv):
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def client(argv):
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        _fresh(argv)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    buf = b""
+    try:
+        sock.connect(path)
+        job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "ns": _namespaces()}
+        _send(sock, job, fds=(0, 1, 2))
+        while b"\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+    except OSError:
+        pass
+    if not buf.startswith(b"pid "):
+        sock.close()
+        _fresh(argv)  # refused (its environment) or no server: a fresh interpreter
+
+    def forward(signum, _frame):
+        try:
+            sock.sendall(f"sig {signum}\n".encode())
+        except OSError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    parent = os.getppid()
+    while b"exit " not in buf or not buf.endswith(b"\n"):
+        # mpiexec puts each rank in a process group of its own: one that is killed (a test's
+        # timeout) leaves its ranks running. A client that outlives it ends, and so its rank.
+        if not select.select([sock], [], [], 0.5)[0]:
+            if os.getppid() != parent:
+                os._exit(1)
+            continue
+        chunk = sock.recv(4096)
+        if not chunk:
+            sys.stderr.write("warm_ranks: the rank's monitor ended without an exit status\n")
+            os._exit(1)
+        buf += chunk
+    code = int(buf[buf.index(b"exit ") :].split()[1])
+    if code < 0:  # the rank died of a signal: so does the client
+        for s in FORWARDED:
+            signal.signal(s, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+# --- the server: imports once, forks a monitor per rank ---------------------------------------
+
+
+def serve(path, preload):
+    """Import, then fork a monitor and a rank per client until the parent ends. Returns only
+    in a rank: (job, its three fds, what the imports set), for the top level to run."""
+    global _MPI_LIBS
+    _MPI_LIBS = _mpi_libs()
+    before = dict(os.environ)
+    start_env = _start_env(before)
+    import torch  # noqa: F401  (the point: imported once, before any fork)
+
+    import fluxmpi_py  # noqa: F401
+
+    for name in preload:
+        __import__(name)
+    # what the imports set (OMPI_MCA_mpi_yield_when_idle, TORCHINDUCTOR_CACHE_DIR): a rank's
+    # imports would set them too
+    set_by_imports = {k: v for k, v in os.environ.items() if k not in before}
+    namespaces = _namespaces()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the monitors reap themselves
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+            sys.exit(0)  # the parent ended
+        if listener not in ready:
+            continue
+        conn, _ = listener.accept()
+        try:
+            job, fds = _recv_job(conn)
+        except (OSError, ValueError, TypeError):
+            conn.close()
+            continue
+        why = _why_fresh(job, start_env, set_by_imports, namespaces)
+        if why:
+            print(f"warm_ranks: fresh interpreter for {job['argv'][:1]}: {why}", file=sys.stderr)
+            conn.sendall(b"fresh\n")
+        elif os.fork() == 0:  # the monitor
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            pid = os.fork()
+            if pid == 0:  # the rank
+                conn.close()
+                return job, fds, set_by_imports
+            _monitor(conn, pid, fds, path + ".cpu")  # never returns
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def _why_fresh(job, start_env, set_by_imports, namespaces):
+    """Why this rank cannot be forked from the server (None: it can)."""
+    theirs = _start_env(job["env"])
+    for k, v in set_by_imports.items():  # set by an import in the launching process: the same
+        if theirs.get(k) == v and k not in start_env:
+            del theirs[k]
+    keys = sorted(k for k in set(theirs) | set(start_env) if theirs.get(k) != start_env.get(k))
+    if keys:
+        return "its environment differs: " + ", ".join(
+            f"{k}={theirs.get(k)!r} (here {start_env.get(k)!r})" for k in keys
+        )
+    other = sorted(k for k, v in job.get("ns", {}).items() if v != namespaces.get(k))
+    if other:
+        return "it runs in other namespaces: " + ", ".join(other)
+    argv = job["argv"]
+    if not argv or (argv[0] in ("-c", "-m") and len(argv) < 2):
+        return "no script"
+    if argv[0].startswith("-") and argv[0] not in ("-c", "-m"):
+        return f"interpreter option {argv[0]}"
+    if _imports_mpi4py(job):
+        return "it imports mpi4py, whose order against fluxmpi_py's import matters"
+    return None
+
+
+def _imports_mpi4py(job):
+    argv = job["argv"]
+    if argv[0] == "-c":
+        text = argv[1]
+    elif argv[0] == "-m":
+        return False
+    else:
+        try:
+            with open(os.path.join(job["cwd"], argv[0]), encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            return False
+    return "import mpi4py" in text or "from mpi4py" in text
+
+
+def _monitor(conn, pid, fds, cpu_log):
+    """In the monitor (a child of the server, the rank's parent): tell the client the rank's
+    pid, pass on its signals, kill the rank when the client goes, report the rank's exit and
+    add its CPU seconds to `cpu_log` (the suite's CPU count: cpu_seconds())."""
+    code = 1
+    try:
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        conn.sendall(f"pid {pid}\n".encode())
+        pending = b""
+        while True:
+            ready, _, _ = select.select([conn, pidfd], [], [])
+            if pidfd in ready:
+                _, status, usage = os.wait4(pid, 0)
+                with open(cpu_log, "a") as f:
+                    f.write(f"{usage.ru_utime + usage.ru_stime:.3f}\n")
+                try:
+                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                code = 0
+                break
+            data = conn.recv(4096)
+            if not data:  # the client is gone (its job ended or was killed): so is the rank
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.startswith(b"sig "):
+                    try:
+                        os.kill(pid, int(line.split()[1]))
+                    except (OSError, ValueError):
+                        pass
+    finally:
+        os._exit(code)
+
+
+def _namespaces():
+    out = {}
+    for ns in ("net", "uts", "mnt", "pid", "ipc", "user"):
+        try:
+            out[ns] = os.readlink(f"/proc/self/ns/{ns}")
+        except OSError:
+            out[ns] = None
+    return out
+
+
+def become_rank(job, fds, set_by_imports):
+    """In the rank, at the top level: become ``python SCRIPT ARGS`` as mpiexec started it and
+    run it. The interpreter's own exit follows (threads joined, exit functions, mpi4py's
+    finalize, the exit status of a SystemExit or an uncaught exception)."""
+    import ctypes
+    import runpy
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the monitor
+    if os.getppid() == 1:
+        os._exit(1)
+    for s in (signal.SIGCHLD, *FORWARDED):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    for k, v in set_by_imports.items():
+        os.environ.setdefault(k, v)
+    os.chdir(job["cwd"])
+    # what importing fluxmpi_py read from the environment, read again from the rank's
+    from fluxmpi_py.runtime import preferences
+
+    preferences._CUDAMPI_ENABLED = not preferences._read_prefs().get("disable_cudampi", False)
+    base_path = sys.path[1:]  # sys.path[0] is this file's folder
+    argv = job["argv"]
+    try:
+        if argv[0] == "-c":  # python -c CODE ARGS
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[:] = ["", *base_path]
+            main = type(sys)("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        elif argv[0] == "-m":  # python -m MODULE ARGS
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[:] = [os.getcwd(), *base_path]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:  # python SCRIPT ARGS
+            sys.argv = list(argv)
+            sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *base_path]
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as e:  # as the interpreter reports it, without this file's frames
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+            tb = tb.tb_next
+        if isinstance(e, KeyboardInterrupt):
+            raise e.with_traceback(tb)  # noqa: B904  (the interpreter's own ending: SIGINT)
+        sys.excepthook(type(e), e, tb)  # fluxmpi_py's: ends the job on every rank
+        sys.exit(1)
+
+
+# --- the pytest side: one server per pytest process, started at its first launch ----------------
+
+_SERVER = []
+CLIENT = os.path.abspath(__file__)
+
+
+def enabled():
+    return os.environ.get("FLUXMPI_TEST_WARM", "1") != "0"
+
+
+def python(fresh=False):
+    """The interpreter part of an mpiexec command line: the client (``python -S`` this file,
+    with the server started) unless `fresh` or turned off."""
+    if fresh or not enabled():
+        return [sys.executable]
+    start()
+    return [sys.executable, "-S", CLIENT]
+
+
+def env():
+    """The variable that leads the client to the server, once it is started."""
+    return {SOCKET_ENV: _SERVER[0][1]} if _SERVER else {}
+
+
+def cpu_seconds():
+    """The CPU seconds of every warm rank that has ended, so far (they are the server's
+    grandchildren: no rusage of this process counts them)."""
+    try:
+        with open(_SERVER[0][1] + ".cpu") as f:
+            return sum(float(x) for x in f.read().split())
+    except (IndexError, OSError):
+        return 0.0
+
+
+def start():
+    if _SERVER:
+        return
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+
+    from mpi_util import ROOT, singleton_env
+
+    folder = tempfile.mkdtemp(prefix="warm-ranks-")
+    path = os.path.join(folder, "socket")
+    # which ranks ran fresh, and why: FLUXMPI_TEST_WARM_LOG=path keeps it
+    log = open(os.environ.get("FLUXMPI_TEST_WARM_LOG") or os.path.join(folder, "log"), "a")
+    proc = subprocess.Popen(
+        [sys.executable, CLIENT, "--serve", path, "torch._dynamo"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=singleton_env(),
+        cwd=ROOT,
+        text=True,
+    )
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"the warm-rank server did not start: see {log.name}")
+    _SERVER.append((proc, path, folder, log))
+
+    def stop():
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(stop)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        become_rank(*serve(sys.argv[2], sys.argv[3:]))
+    else:
+        client(sys.argv[1:])

@@ -18,6 +18,8 @@ Options (before the script):
     --timeout SECONDS   a run still going after this long is ended (default: none)
     --mpiexec PATH      the mpiexec to run (default: mpiexec)
     --mpiexec-args STR  more words for mpiexec, e.g. "--oversubscribe" (shell-quoted)
+    --python CMD        the interpreter the ranks run the script with (shell-quoted; default:
+                        this one), e.g. "apptainer exec img.sif python3" on a cluster
     --out DIR           keep each run's records in DIR/run<i>-np<W> (default: a temporary folder)
 
 The bits depend on the script, not only on fluxmpi_py: same-bits training needs
@@ -176,6 +178,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=0.0)
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--mpiexec-args", default="")
+    ap.add_argument("--python", default="")
     ap.add_argument("--out", default="")
     # the script's own arguments come after "--"
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -209,7 +212,7 @@ def _launch(args: argparse.Namespace, world: int, folder: str) -> tuple[int, str
     words = ["-n", str(world), *shlex.split(args.mpiexec_args)]
     if _is_open_mpi(args.mpiexec):
         words = ["-x", DIR_ENV, "-x", STEPS_ENV, *words]  # for ranks on other hosts
-    words += [sys.executable, args.script, *args.args]
+    words += [*(shlex.split(args.python) or [sys.executable]), args.script, *args.args]
     _timed_out.clear()
     previous = signal.signal(signal.SIGALRM, _alarm)
     if args.timeout:

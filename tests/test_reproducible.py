@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import warm_ranks  # noqa: E402
 from mpi_util import ROOT, singleton_env, worker_params, worker_path  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
@@ -39,6 +41,8 @@ def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None):
     a third of `timeout`; the whole command is killed (its process group) after `timeout`."""
     cmd = [sys.executable, "-m", "fluxmpi_py.reproduce", SCRIPT, "--ranks", ranks, "--steps"]
     cmd += [str(steps), "--timeout", str(run_timeout or timeout // 3), "--out", str(out)]
+    # the ranks forked from the suite's warm server (tests/warm_ranks.py), through --python
+    cmd += ["--python", shlex.join(warm_ranks.python())]
     cmd += ["--", *script_args] if script_args else []
     proc = subprocess.Popen(
         cmd,
@@ -97,6 +101,13 @@ def test_the_default_differs_and_the_tool_names_where(tmp_path):
         r"final: 2 ranks: \d+ of \d+ tensors differ from 1 rank's; the first, '[^']+': largest difference",
         out,
     ), out
+
+
+def test_the_ranks_run_the_python_given(tmp_path):
+    cmd = [sys.executable, "-m", "fluxmpi_py.reproduce", SCRIPT, "--ranks", "1,1", "--steps"]
+    cmd += ["1", "--timeout", "60", "--python", f"{sys.executable} -c 'raise SystemExit(7)'"]
+    p = subprocess.run(cmd, env=singleton_env(), cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "failed: 1 rank: exit status 7" in p.stdout, p.stdout + p.stderr
 
 
 def test_a_run_past_its_timeout_is_ended(tmp_path):

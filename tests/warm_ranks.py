@@ -2,7 +2,7 @@
 
 Each rank of a test's ``mpiexec -n N python script.py`` pays for starting Python and importing
 torch and fluxmpi_py (and torch._dynamo at its first optimizer): about 3 CPU seconds, most of
-what a short multi-rank test costs, and the suite launches some 250 such ranks. Here mpiexec
+what a short multi-rank test costs, and the suite launches some 200 such ranks. Here mpiexec
 starts a small client instead (``python -S warm_ranks.py script.py ARGS``, no torch): it hands
 its standard streams, environment, working directory and arguments to a server that imported
 those modules once, and the server forks the rank from there. The rank is then what the
@@ -14,13 +14,15 @@ initialised in the server, and no torch op or thread has run there.
 A rank that needs a real interpreter gets one: where the job's environment differs from the
 server's in a variable read while importing (Python's, torch's, OpenMP's, FLUXMPI_DEBUG,
 LD_*), where the rank runs in other namespaces (a virtual host), where the script imports
-mpi4py (the order of the two imports is what such a script tests), or no server is reachable, the client ``exec``s
-``python script.py ARGS`` in its own place, so the launch means the same either way.
+mpi4py (the order of the two imports is what such a script tests), or where no server is
+reachable, the client ``exec``s ``python script.py ARGS`` in its own place, so the launch means
+the same either way.
 
 Lifetimes, so that nothing outlives its job:
 - the server forks a monitor per rank, which forks the rank and waits on both the rank and the
-  client's socket: a client that dies (mpiexec ending or killing its job, a test's timeout
-  killing the process group) closes the socket, and the monitor kills the rank;
+  client's socket: a client that dies closes the socket, and the monitor kills the rank;
+- the client ends when mpiexec does (mpiexec gives each rank a process group of its own, so a
+  test's timeout that kills mpiexec's group does not reach the client), and so does its rank;
 - the rank dies with its monitor (PR_SET_PDEATHSIG), and the monitor ends when the rank does;
 - the client passes on the signals mpiexec sends (SIGTERM, SIGINT, ...) to the rank;
 - the server ends when its parent closes its standard input (the pytest process ending).

@@ -1,6 +1,6 @@
 """What a rank sees of how it was started (tests/test_warm_ranks.py): a JSON file per rank in
 $WARM_PROBE_DIR (mpiexec may interleave the ranks' lines). Usage: warm_probe.py MODE [ARGS];
-MODE exit:N, signal:N, raise, print, or sleep (before Init: nothing of MPI's would end it)."""
+MODE exit:N, signal:N, print, or sleep (before Init: nothing of MPI's would end it)."""
 
 import json
 import os
@@ -51,5 +51,3 @@ if rank == fm.total_workers() - 1:
     if mode.startswith("signal:"):
         os.kill(os.getpid(), int(mode[7:]))
         time.sleep(30)
-    if mode == "raise":
-        raise ValueError("the probe's error")

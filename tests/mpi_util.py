@@ -93,7 +93,7 @@ def _command(path, np, args, fresh=False):
 def _launch(path, np, args, timeout, env, cwd=ROOT):
     """Run the worker in `cwd`; return (exit code, stdout+stderr, timed out). A job still
     running after `timeout` seconds is killed with its whole session."""
-    command = _command(path, np, args)
+    command = _command(path, np, args)  # first: it starts the warm server mpi_env names
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -116,7 +116,10 @@ def kill_session(sid):
     """SIGKILL every process of session `sid` (a job started with start_new_session=True).
     mpiexec puts each rank in a process group of its own, so killing the job's group would
     leave a rank that hangs before MPI_Init running, holding the output pipe open."""
-    os.killpg(sid, signal.SIGKILL)
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:  # mpiexec's group is gone; its ranks may not be
+        pass
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:

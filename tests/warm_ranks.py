@@ -85,14 +85,12 @@ _MPI_LIBS = ()
 # --- the client: what mpiexec starts ----------------------------------------------------------
 
 
-def _send(sock, obj, fds=()):
+def _send(sock, obj, fds):
+    """`obj` as JSON after its length, with `fds` passed along with the length."""
     data = json.dumps(obj).encode()
-    payload = struct.pack("!I", len(data)) + data
-    if fds:
-        sock.sendmsg([payload[:4]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        sock.sendall(payload[4:])
-    else:
-        sock.sendall(payload)
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+    sock.sendmsg([struct.pack("!I", len(data))], rights)
+    sock.sendall(data)
 
 
 def _recv_exact(sock, n):
@@ -243,27 +241,19 @@ def _why_fresh(job, start_env, set_by_imports, namespaces):
     if other:
         return "it runs in other namespaces: " + ", ".join(other)
     argv = job["argv"]
-    if not argv or (argv[0] in ("-c", "-m") and len(argv) < 2):
-        return "no script"
-    if argv[0].startswith("-") and argv[0] not in ("-c", "-m"):
-        return f"interpreter option {argv[0]}"
-    if _imports_mpi4py(job):
+    if not argv or argv[0].startswith("-"):
+        return "not `python SCRIPT ARGS` (the only form the client serves)"
+    if _imports_mpi4py(os.path.join(job["cwd"], argv[0])):
         return "it imports mpi4py, whose order against fluxmpi_py's import matters"
     return None
 
 
-def _imports_mpi4py(job):
-    argv = job["argv"]
-    if argv[0] == "-c":
-        text = argv[1]
-    elif argv[0] == "-m":
+def _imports_mpi4py(script):
+    try:
+        with open(script, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
         return False
-    else:
-        try:
-            with open(os.path.join(job["cwd"], argv[0]), encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError):
-            return False
     return "import mpi4py" in text or "from mpi4py" in text
 
 
@@ -344,21 +334,10 @@ def become_rank(job, fds, set_by_imports):
     preferences._CUDAMPI_ENABLED = not preferences._read_prefs().get("disable_cudampi", False)
     base_path = sys.path[1:]  # sys.path[0] is this file's folder
     argv = job["argv"]
+    sys.argv = list(argv)
+    sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *base_path]
     try:
-        if argv[0] == "-c":  # python -c CODE ARGS
-            sys.argv = ["-c", *argv[2:]]
-            sys.path[:] = ["", *base_path]
-            main = type(sys)("__main__")
-            sys.modules["__main__"] = main
-            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
-        elif argv[0] == "-m":  # python -m MODULE ARGS
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path[:] = [os.getcwd(), *base_path]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:  # python SCRIPT ARGS
-            sys.argv = list(argv)
-            sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *base_path]
-            runpy.run_path(argv[0], run_name="__main__")
+        runpy.run_path(argv[0], run_name="__main__")
     except SystemExit:
         raise
     except BaseException as e:  # as the interpreter reports it, without this file's frames

@@ -1,4 +1,5 @@
 import os
+import pickle
 import sys
 
 import pytest
@@ -115,6 +116,13 @@ def test_wrapper_follows_the_wrapped_optimizers_groups_after_a_load():
     opt.step()
     assert len(sgd.state) == 2  # momentum buffers, seen through the wrapper too
     assert len(opt.state) == 2
+    assert opt.state_dict()["state"].keys() == sgd.state_dict()["state"].keys() == {0, 1}
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(
+        TypeError, match="DistributedOptimizer cannot be pickled; save its state_dict"
+    ):
+        pickle.dumps(opt)
 
 
 def test_planners_need_no_init(zygote):

@@ -10,7 +10,6 @@ rest and then runs the wrapped optimizer.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterable
 from typing import Callable
 
@@ -18,14 +17,15 @@ import torch
 
 from .._core import C
 from ..collectives.inplace import allreduce_
-from ..runtime.agreement import mark_raised_on_every_rank, raise_together, user_call
+from ..runtime.agreement import raise_together, user_call
 from ..runtime.groups import on_group
-from ._batchnorm_fold import BatchNormFold
+from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
 from ._optimizer_args import check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
+from ._step_checks import StepChecks
+from ._wrapped import WrappedOptimizer
 from .buffers import BufferSync, watch_unsynced_buffers
-from .consistency import _check as _check_consistency
 from .join import Joinable, grad_scale, round_
 
 __all__ = ["DistributedOptimizer"]
@@ -36,7 +36,7 @@ _NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent 
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(torch.optim.Optimizer, Joinable):
+class DistributedOptimizer(WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     Buckets of gradients (at most ``bucket_cap_mb`` MiB each, per dtype and device) are reduced
@@ -161,11 +161,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             raise_together(error, "DistributedOptimizer()")
             # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
             # touch this object touch the real optimizer.
-            super().__init__(
-                [{"params": [torch.zeros(0, requires_grad=True)]}], dict(optimizer.defaults)
-            )
-            self.optimizer = optimizer  # from here on, param_groups and state are the optimizer's
-            self.defaults = optimizer.defaults
+            self._wrap(optimizer)
             self._op = "average" if op in ("avg", "mean") else op
             self._cap_bytes = int(bucket_cap_mb * _MiB)
             self._direct_min_bytes = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
@@ -180,9 +176,13 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._skip_sync = False  # True inside skip_synchronize()
             self._synchronized = False  # synchronize() already ran for this step
             self._handles: list[torch.utils.hooks.RemovableHandle] = []
-            self._check_every = check_every
-            self._steps_taken = 0  # step() calls, for check_every
-            self._module = module
+            self._checks = StepChecks(
+                check_every,
+                module,
+                self._names,
+                unequal_start=self._unequal_start,
+                remedy=self._start_remedy,
+            )
             self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
             self._join_count = 0  # active ranks in this step's join round; 0: no round yet
             self._plan = ReductionPlan(
@@ -214,14 +214,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
             self._buffer_sync = None  # keeps module's buffers equal across ranks
             self._buffer_watch = None  # warns once when unsynced buffers change
             if deterministic and module is not None and buffers is not None:
-                self._bn_fold = BatchNormFold(module, group)
-                folded = {id(b) for m in self._bn_fold.mods for b in m.buffers(recurse=False)}
-                if any(id(b) not in folded for b in module.buffers()):
-                    # other buffers: rank 0's (world-size independent only if forward
-                    # leaves them alone)
-                    self._buffer_sync = BufferSync(
-                        module, "broadcast", "DistributedOptimizer(module=...)"
-                    )
+                self._bn_fold, self._buffer_sync = deterministic_buffers(module, group)
             elif module is not None and buffers is not None:
                 self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
             elif module is None:
@@ -305,29 +298,7 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         assert self._exact is not None
         if self._join is not None:
             raise ValueError("DistributedOptimizer(deterministic=True) cannot run inside a join")
-        fewest, most = self._bn_fold.forwards() if self._bn_fold is not None else (0, 0)
-        changed, most_bn, neg_fewest_bn = self._exact.finish(
-            [float(self._plan.requires_grad_changed()), most, -fewest]
-        )
-        if changed:
-            raise mark_raised_on_every_rank(
-                ValueError(
-                    "DistributedOptimizer(deterministic=True): a parameter's requires_grad "
-                    "changed after construction on some rank; build the optimizer again "
-                    "after freezing or unfreezing parameters"
-                )
-            )
-        if self._bn_fold is not None and self._bn_fold.mods:
-            k = self._exact.k
-            if most_bn != k or -neg_fewest_bn != k:
-                raise mark_raised_on_every_rank(
-                    ValueError(
-                        f"DistributedOptimizer(deterministic=True, module=...): every "
-                        f"BatchNorm must run {k} training forwards (one per micro-batch) "
-                        f"per step on every rank; they ran {-neg_fewest_bn:g} to {most_bn:g}"
-                    )
-                )
-            self._bn_fold.finish(self._exact.micro_batches)
+        finish_exact_step(self._exact, self._bn_fold, self._plan.requires_grad_changed())
 
     def _rescale_for_join(self, count: int) -> None:
         assert self._join is not None  # called inside a Join only
@@ -429,26 +400,8 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         return result
 
     def _checked(self, result):
-        """After the first step, unless check_every=0: are the parameters equal on every rank?
-        Every check_every-th step: check_consistency on the parameters and the state."""
-        self._steps_taken += 1
-        every = self._check_every
-        if self._steps_taken == 1 and every != 0 and (every is None or every > 1):
-            self._check_first_step()
-        if not every or self._steps_taken % every:
-            return result
-        names = dict(self._names)
-        if self._module is not None:
-            names.update({id(p): f"model.{n}" for n, p in self._module.named_parameters()})
-            checked = {"model": self._module, "optimizer": self.optimizer}
-        else:
-            params = {n: p for n, p in self._named()}
-            checked = {"parameters": params, "optimizer": self.optimizer}
-        _check_consistency(
-            checked,
-            names,
-            f"DistributedOptimizer(check_every={self._check_every}) after step {self._steps_taken}",
-        )
+        """The checks due after this step (check_every; the first step's, unless 0)."""
+        self._checks.after_step(self.param_groups, self.optimizer, self._named)
         return result
 
     #: What the first step's check does when the ranks' parameters differ ("raise", or
@@ -456,28 +409,6 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
     #: message names.
     _unequal_start = "raise"
     _start_remedy = "fm.synchronize_(model) after building or loading it"
-
-    def _check_first_step(self) -> None:
-        """Ranks that start from different parameters (no synchronize_ after building or
-        loading the model) would each apply the same averaged gradients to their own weights
-        and train different models without a sign. After the first step (real or a joined
-        rank's shadow, so every rank gets here in the same order) the parameters must be
-        equal: one pass over them and one tiny allreduce, once."""
-        names = dict(self._names)
-        if self._module is not None:
-            names.update({id(p): n for n, p in self._module.named_parameters()})
-        try:
-            _check_consistency(
-                {"parameters": dict(named_candidates(self.param_groups, names))},
-                names,
-                "DistributedOptimizer: after its first step the ranks must hold the same "
-                f"parameters (start them equal: {self._start_remedy}, or the same seed "
-                "everywhere; check_every=0 skips this check)",
-            )
-        except ValueError as e:  # raised on every rank together
-            if self._unequal_start == "raise":
-                raise
-            warnings.warn(str(e), RuntimeWarning, stacklevel=4)
 
     def _step_and_sync_buffers(self, closure):
         if self._buffer_watch is not None:
@@ -495,55 +426,12 @@ class DistributedOptimizer(torch.optim.Optimizer, Joinable):
         finally:
             self._buffer_sync.finish(pending)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
     @user_call.of("DistributedOptimizer.add_param_group()")
     def add_param_group(self, param_group: dict) -> None:
         """Add a group to the wrapped optimizer. Its parameters join the reduction at the next
         ``step()`` (or ``synchronize()``), which re-plans on every rank together and also
         reduces their gradients from the backward before it."""
-        if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
-            return super().add_param_group(param_group)
-        self.optimizer.add_param_group(param_group)
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    # The wrapped optimizer's groups and state, read through at every access: loading a state
-    # dict into it (synchronize_, a checkpoint) replaces its lists, and a copy held here would
-    # leave LR schedulers changing groups that no longer train anything.
-    @property
-    def param_groups(self):
-        inner = self.__dict__.get("optimizer")
-        return self.__dict__["_placeholder_groups"] if inner is None else inner.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value) -> None:
-        inner = self.__dict__.get("optimizer")
-        if inner is None:  # Optimizer.__init__ setting up the placeholder
-            self.__dict__["_placeholder_groups"] = value
-        else:
-            inner.param_groups = value
-
-    @property
-    def state(self):
-        inner = self.__dict__.get("optimizer")
-        return self.__dict__["_placeholder_state"] if inner is None else inner.state
-
-    @state.setter
-    def state(self, value) -> None:
-        inner = self.__dict__.get("optimizer")
-        if inner is None:
-            self.__dict__["_placeholder_state"] = value
-        else:
-            inner.state = value
-
-    def __getstate__(self):
-        raise TypeError("DistributedOptimizer cannot be pickled; save its state_dict() instead")
+        return super().add_param_group(param_group)
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer(op={self._op!r}, buckets={len(self._reducer.plan())}, {self.optimizer!r})"

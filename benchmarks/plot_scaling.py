@@ -10,11 +10,15 @@ prints one JSON line with the throughputs and scaling efficiencies.
     python benchmarks/plot_scaling.py --max-ranks 4              # the full run (minutes)
     python benchmarks/plot_scaling.py --quick --max-ranks 2      # seconds, to check it works
     python benchmarks/plot_scaling.py --from-json benchmarks/results/scaling.json
+
+``--python CMD`` is the ranks' interpreter (shell-quoted; default this one), as in
+``python -m fluxmpi_py.reproduce``: a container's python, say.
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +45,12 @@ def parse_args(argv=None):
     p.add_argument("--out", metavar="PNG", help="default benchmarks/results/scaling[.quick].png")
     p.add_argument("--json-out", metavar="PATH", help="default next to the PNG, .json")
     p.add_argument(
+        "--python",
+        default="",
+        metavar="CMD",
+        help="the ranks' interpreter, shell-quoted (default: this one)",
+    )
+    p.add_argument(
         "extra",
         nargs=argparse.REMAINDER,
         help="after --, arguments for resnet_synthetic.py (e.g. -- --batch-size 64)",
@@ -53,26 +63,28 @@ def parse_args(argv=None):
     if min(args.ranks) < 1:
         p.error("rank counts must be >= 1")
     args.extra = [a for a in args.extra if a != "--"]
+    args.python = shlex.split(args.python) or [sys.executable]
     return args
 
 
-def measure(np, quick, extra, timeout):
+def measure(np, quick, extra, timeout, python=(sys.executable,)):
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
         sys.exit("plot_scaling: mpiexec is not on PATH (make build installs Open MPI)")
+    path = os.environ.get("PYTHONPATH", "")
     env = dict(
         os.environ,
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMP_NUM_THREADS="1",
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONPATH=path if ROOT in path.split(os.pathsep) else ROOT + os.pathsep + path,
     )
     cmd = [
         mpiexec,
         "-n",
         str(np),
         "--oversubscribe",
-        sys.executable,
+        *python,
         EXAMPLE,
         *(["--quick"] if quick else []),
         *extra,
@@ -172,7 +184,10 @@ def main(argv=None):
             saved = json.load(f)
         runs, args.quick = saved["runs"], saved.get("quick", False)
     else:
-        runs = [measure(n, args.quick, args.extra, args.timeout) for n in sorted(set(args.ranks))]
+        runs = [
+            measure(n, args.quick, args.extra, args.timeout, args.python)
+            for n in sorted(set(args.ranks))
+        ]
         os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
         with open(args.json_out, "w") as f:
             json.dump({"benchmark": "scaling", "quick": args.quick, "runs": runs}, f, indent=1)

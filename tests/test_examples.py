@@ -7,12 +7,14 @@ accuracy bar), not only its exit status.
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import warm_ranks  # noqa: E402
 from mpi_util import ROOT, mpi_env, run_mpi  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -135,6 +137,8 @@ def test_scaling_plot_quick(tmp_path):
             str(js),
             "--timeout",
             "120",
+            "--python",  # the ranks forked from the suite's warm server (tests/warm_ranks.py)
+            shlex.join(warm_ranks.python()),
         ],
         capture_output=True,
         text=True,

@@ -344,9 +344,14 @@ def become_rank(job, fds, set_by_imports):
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
             tb = tb.tb_next
+        # Python's report of an exception reads its __traceback__ (the argument only when
+        # that is None), so the shortened one is set on the exception itself.
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # fluxmpi_py's: ends the job
         if isinstance(e, KeyboardInterrupt):
-            raise e.with_traceback(tb)  # noqa: B904  (the interpreter's own ending: SIGINT)
-        sys.excepthook(type(e), e, tb)  # fluxmpi_py's: ends the job on every rank
+            # The interpreter's own ending follows (shutdown, then death by SIGINT); its report
+            # of the exception is the one just printed, whose frames start at the script's.
+            sys.excepthook = lambda *exc: None
+            raise
         sys.exit(1)
 
 

@@ -190,6 +190,7 @@ def main():
         "nccl_hostid": "NCCL_HOSTID" in os.environ,
         "cuda_collectives": fm.build_info().get("cuda_collectives"),
         "cpus_per_rank": len(os.sched_getaffinity(0)),
+        "cuda_schedule": fm.build_info()["cuda_schedule"],  # FLUXMPI_CUDA_SCHEDULE, or "auto"
         "workloads": {},
     }
     for name, (make_model, make_x, make_y, fp32) in workloads(args.quick, dev).items():

@@ -62,6 +62,8 @@
 #   bench-step-unbound  the same under mpiexec --bind-to none (on the H200, 2026-11-28, every
 #               NCCL variant ran about 3x slower than on the H100, and ours with the host
 #               waiting (asleep) 2x faster than without: NCCL's host threads starved?)
+#   bench-step-blocking  (run last) the same with FLUXMPI_CUDA_SCHEDULE=blocking (threads that
+#               wait for the GPU sleep instead of spinning), on one workload: the other cure
 #   bench-plans the same with --plans (ours with DDP's 1 MiB first bucket, and with the old
 #               one-call-per-large-gradient rule), 3 rounds
 #   profile     benchmarks/profile_gpu_step.py: ours and DDP under torch.profiler, where the
@@ -72,7 +74,8 @@
 # Every step runs under its own timeout (GPU_CHECK_STEP_S, 120 s), so that a hang costs at
 # most that much of a GPU session; a step that runs out says "timed out". GPU_CHECK_STEPS
 # names the steps to run after the build: default the issue's checks (DEFAULT_STEPS below,
-# about 6.5 minutes on the H200 of 2026-11-28 by that run's step times), `all` for every step
+# about 8 minutes on the H200 of 2026-11-28 by that run's step times, bench-step-blocking's
+# 40 s or so last, so that a call's 10 minutes hold it with room), `all` for every step
 # (more than 8 minutes there: bench-plans, profile and memcheck are long); GPU_CHECK_ROUNDS
 # bench-step's rounds (default 2: 3 workloads of 7 variants took 84 s on the H200).
 set -uo pipefail
@@ -89,7 +92,7 @@ mkdir -p "$LOGS"
 STEP_S=${GPU_CHECK_STEP_S:-120}
 # GPU_CHECK_STEPS: the steps to run after build (space-separated names); default the checks
 # issue 31 asks for, in a lease's time; `all`: every step.
-DEFAULT_STEPS="gpu-tests mpi-shared nccl-2 nccl-2-groups nowait-control bench-step bench-step-unbound kill stop stall-gpu nccl-abort"
+DEFAULT_STEPS="gpu-tests mpi-shared nccl-2 nccl-2-groups nowait-control bench-step bench-step-unbound kill stop stall-gpu nccl-abort bench-step-blocking"
 STEPS=${GPU_CHECK_STEPS:-$DEFAULT_STEPS}
 echo "steps: $STEPS"
 want() { [ "$STEPS" = all ] || [[ " $STEPS " == *" $1 "* ]]; }
@@ -222,14 +225,16 @@ fi
 fi
 # bench-step: as mpiexec places the ranks by default (Open MPI binds each of 2 ranks to a core
 # of its own, which NCCL's proxy and socket threads then share with the rank's main thread);
-# bench-step-unbound: the same with --bind-to none. GPU_CHECK_WORKLOADS: these workloads only.
+# bench-step-unbound: the same with --bind-to none. GPU_CHECK_WORKLOADS: these workloads only
+# (BENCH_WL, for the step that follows it).
+BENCH_WL=${GPU_CHECK_WORKLOADS:-}
 bench_step() {  # STEP LOG MPIEXEC_ARGS...
   local step=$1 log=$2
   shift 2
   want "$step" || return 0
   if out=$(timeout "$STEP_S" mpiexec --oversubscribe -n 2 "$@" "${TWO_HOSTS[@]}" \
       "$PY" benchmarks/bench_gpu_step.py ${GPU_CHECK_QUICK:+--quick} --rounds ${GPU_CHECK_ROUNDS:-2} \
-      ${GPU_CHECK_WORKLOADS:+--workloads $GPU_CHECK_WORKLOADS} 2> "$LOGS/$log"); then
+      ${BENCH_WL:+--workloads $BENCH_WL} 2> "$LOGS/$log"); then
     summary "$step" ok "$(tail -n 1 <<< "$out")"
   else
     summary "$step" FAIL "see $LOGS/$log"
@@ -320,4 +325,11 @@ else
   summary nccl-abort FAIL "rc $rc after $took s $how ($LOGS/nccl_abort.log)"
 fi
 fi
+# bench-step-blocking (last: a question, not a check): as bench-step, with every thread that
+# waits for the GPU asleep instead of spinning (FLUXMPI_CUDA_SCHEDULE=blocking, or
+# GPU_CHECK_SCHEDULE), ours and DDP alike (one process, one schedule); ResNet-50's fp32 shapes
+# only unless GPU_CHECK_WORKLOADS says otherwise, to fit the lease. If NCCL's host threads
+# starve on a core shared with a spinning rank, this is a cure that keeps mpiexec's binding.
+BENCH_WL=${GPU_CHECK_WORKLOADS:-resnet50_shapes_fp32}
+bench_step bench-step-blocking bench_step_blocking.log -x "FLUXMPI_CUDA_SCHEDULE=${GPU_CHECK_SCHEDULE:-blocking}"
 exit $FAILED

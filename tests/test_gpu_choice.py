@@ -166,6 +166,18 @@ def test_cuda_route_wanted(shared, nccl_told, forced, want):
     assert _cuda_route_wanted(shared, nccl_told, forced) is want
 
 
+def test_cuda_schedule_setting():
+    from fluxmpi_py.runtime.gpu_choice import cuda_schedule_setting
+
+    for mode in ("auto", "spin", "yield", "blocking"):
+        assert cuda_schedule_setting({"FLUXMPI_CUDA_SCHEDULE": mode.upper()}) == mode
+    assert cuda_schedule_setting({"FLUXMPI_CUDA_SCHEDULE": ""}) == ""
+    with pytest.raises(
+        ValueError, match=r"FLUXMPI_CUDA_SCHEDULE is 'spinning' on rank 3: expected"
+    ):
+        cuda_schedule_setting({"FLUXMPI_CUDA_SCHEDULE": "spinning"}, 3)
+
+
 def test_cuda_route_bad_value():
     from fluxmpi_py.runtime.world import _cuda_route_wanted
 
@@ -217,7 +229,7 @@ def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
 @pytest.mark.parametrize(
     "name, value",
     [("FLUXMPI_NCCL_HOST_WAIT", "1"), ("FLUXMPI_NCCL_COMM_STREAM", "yes"),
-     ("FLUXMPI_NCCL_GROUPS", "0")],
+     ("FLUXMPI_NCCL_GROUPS", "0"), ("FLUXMPI_CUDA_SCHEDULE", "sleepy")],
 )  # fmt: skip
 def test_nccl_switches(tmp_path, name, value):
     """The NCCL switches on rank 1 alone: 0 or 1 sets that rank's mode (the defaults, seen on
@@ -241,7 +253,11 @@ def test_nccl_switches(tmp_path, name, value):
             "rank 1 over_mpi=False refusal='' comm_stream=True host_wait=False groups=False",
         ], out
     else:
-        message = f"fluxmpi_py.Init(): {name} is 'yes' on rank 1: expected 1 or 0"
+        message = f"fluxmpi_py.Init(): {name} is {value!r} on rank 1: expected " + (
+            "1 or 0"
+            if value == "yes"
+            else "one of auto, spin, yield, blocking (or unset: CUDA's own default)"
+        )
         assert lines == [
             f"rank 0 raised ValueError: {message} (on rank 1, in Init())",
             f"rank 1 raised ValueError: {message} (on rank 1, in Init())",

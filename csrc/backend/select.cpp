@@ -3,11 +3,18 @@
 #include "backend/staged_backend.h"
 
 #ifdef FLUXMPI_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include "backend/nccl_backend.h"
 #endif
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <mutex>
+#include <utility>
 
 #include "runtime/group.h"
 
@@ -108,6 +115,46 @@ std::string nccl_version() {
 #ifdef FLUXMPI_WITH_CUDA
   return nccl_version_string();
 #else
+  return "";
+#endif
+}
+
+std::string cuda_schedule(const std::string& mode) {
+#ifdef FLUXMPI_WITH_CUDA
+  static const std::pair<const char*, unsigned> kModes[] = {
+      {"auto", cudaDeviceScheduleAuto},
+      {"spin", cudaDeviceScheduleSpin},
+      {"yield", cudaDeviceScheduleYield},
+      {"blocking", cudaDeviceScheduleBlockingSync},
+  };
+  int device = -1;
+  cudaError_t rc = cudaGetDevice(&device);
+  TORCH_CHECK(rc == cudaSuccess, "fluxmpi_py: cudaGetDevice: ", cudaGetErrorString(rc));
+  unsigned flags = 0;
+  rc = cudaGetDeviceFlags(&flags);
+  TORCH_CHECK(rc == cudaSuccess, "fluxmpi_py: cudaGetDeviceFlags on cuda:", device, ": ",
+              cudaGetErrorString(rc));
+  if (!mode.empty()) {
+    const auto* chosen = std::find_if(std::begin(kModes), std::end(kModes),
+                                      [&](const auto& m) { return mode == m.first; });
+    TORCH_CHECK(chosen != std::end(kModes), "fluxmpi_py: CUDA schedule '", mode,
+                "' is not one of auto, spin, yield, blocking");
+    flags = (flags & ~static_cast<unsigned>(cudaDeviceScheduleMask)) | chosen->second;
+    rc = cudaSetDeviceFlags(flags);
+    TORCH_CHECK(rc == cudaSuccess, "fluxmpi_py: cudaSetDeviceFlags(", mode, ") on cuda:", device,
+                ": ", cudaGetErrorString(rc));
+    rc = cudaGetDeviceFlags(&flags);
+    TORCH_CHECK(rc == cudaSuccess, "fluxmpi_py: cudaGetDeviceFlags on cuda:", device, ": ",
+                cudaGetErrorString(rc));
+  }
+  const unsigned schedule = flags & static_cast<unsigned>(cudaDeviceScheduleMask);
+  for (const auto& m : kModes) {
+    if (m.second == schedule) return m.first;
+  }
+  return "flags " + std::to_string(schedule);
+#else
+  TORCH_CHECK(mode.empty(), "fluxmpi_py: a CUDA schedule ('", mode,
+              "') needs a build with CUDA; this one has none");
   return "";
 #endif
 }

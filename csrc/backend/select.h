@@ -69,6 +69,16 @@ std::optional<c10::Stream> comm_stream_of(c10::Device device);
 // Version of the NCCL library loaded at run time, "major.minor.patch"; "" without CUDA.
 std::string nccl_version();
 
+// How a host thread waiting for the current CUDA device (torch.cuda.synchronize, .item(), a
+// host wait of ours) uses its CPU: "spin", "yield", "blocking" (asleep until the device is
+// done) or "auto" (CUDA's choice: spin unless there are more contexts than CPUs). It holds for
+// the whole process's use of that device (cudaSetDeviceFlags; CUDA 12 and later change it on
+// an active device too). Init applies FLUXMPI_CUDA_SCHEDULE: where each rank is bound to one
+// core, a spinning thread takes that core from NCCL's proxy threads. Returns the schedule in
+// force afterwards; "" for mode reads it without a change. A build without CUDA: "" for "",
+// else an error.
+std::string cuda_schedule(const std::string& mode);
+
 // Test-only (scripts/gpu_kill_check.py --mode nccl-abort): abort this rank's NCCL
 // communicators in place, as if its connections broke, so that its peers meet NCCL's
 // asynchronous error. How many were aborted; 0 in a build without CUDA.

@@ -60,6 +60,8 @@ void bind_runtime(py::module_& m) {
   m.def("mpi_standard_version", &mpi_standard_version);
   m.def("compiled_with_cuda", &compiled_with_cuda);
   m.def("nccl_version", &nccl_version);
+  m.def("cuda_schedule", &cuda_schedule, py::arg("mode") = std::string(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("_abort_nccl_comms_for_test", &abort_nccl_comms_for_test);
   m.def("mpi_cuda_support", &mpi_cuda_support);
   m.def("set_cuda_refusal", &set_cuda_refusal, py::arg("why"));

@@ -109,6 +109,31 @@ def launcher_local_rank(environ: Mapping[str, str]) -> int | None:
     return None
 
 
+#: What FLUXMPI_CUDA_SCHEDULE may say: how a host thread waiting for the GPU uses its CPU
+#: (cudaSetDeviceFlags). "" leaves CUDA's default ("auto": spin unless contexts outnumber CPUs).
+CUDA_SCHEDULES = ("auto", "spin", "yield", "blocking")
+
+
+def cuda_schedule_setting(environ: Mapping[str, str], rank: int = 0) -> str:
+    """``FLUXMPI_CUDA_SCHEDULE``: "" when unset, else one of ``CUDA_SCHEDULES``; ValueError
+    naming the variable, its value, this rank and the choices otherwise (Init raises it on
+    every rank).
+
+    >>> cuda_schedule_setting({"FLUXMPI_CUDA_SCHEDULE": " Blocking "})
+    'blocking'
+    >>> cuda_schedule_setting({})
+    ''
+    """
+    value = environ.get("FLUXMPI_CUDA_SCHEDULE", "")
+    mode = value.strip().lower()
+    if mode and mode not in CUDA_SCHEDULES:
+        raise ValueError(
+            f"fluxmpi_py.Init(): FLUXMPI_CUDA_SCHEDULE is {value!r} on rank {rank}: expected "
+            f"one of {', '.join(CUDA_SCHEDULES)} (or unset: CUDA's own default)"
+        )
+    return mode
+
+
 def device_before_init(
     environ: Mapping[str, str], device_count: int, gpu_devices: Sequence[int] | None = None
 ) -> int | None:

@@ -20,6 +20,7 @@ from . import stall as _stall
 from .agreement import mark_raised_on_every_rank, raise_together, set_debug_mode
 from .gpu_choice import (
     choose_gpu,
+    cuda_schedule_setting,
     device_before_init,
     physical_gpu_id,
     sharing_by_identity,
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
+# The CUDA schedule of this rank's GPU after Init (C.cuda_schedule); None without one.
+_CUDA_SCHEDULE: list[str | None] = [None]
 
 
 def _comm_handle(comm) -> int:
@@ -146,6 +149,11 @@ def Init(
             _stall.start_stack_thread()
             _excepthooks.install()
         problem = problem or _bad_nccl_switch(C.rank())
+        schedule = ""
+        try:
+            schedule = cuda_schedule_setting(os.environ, C.rank())
+        except ValueError as e:
+            problem = problem or e
         raise_together(problem, "Init()")  # a bad debug= on one rank raises on all
         _set_rendezvous_env()
         choice = choose_gpu(C.node_rank(), C.node_size(), count, gpu_devices)
@@ -153,6 +161,9 @@ def Init(
             if choice.device != early:
                 torch.cuda.set_device(choice.device)
             device = torch.device("cuda", choice.device)
+            if C.compiled_with_cuda():
+                # FLUXMPI_CUDA_SCHEDULE: how threads waiting for this GPU use their CPU
+                _CUDA_SCHEDULE[0] = C.cuda_schedule(schedule)
         else:
             device = torch.device("cpu")
         # NCCL on a stream of its own, and NCCL calls that return once queued instead of
@@ -423,6 +434,9 @@ def build_info() -> dict:
         "cuda_collectives": (
             ("mpi" if C.cuda_over_mpi() else "nccl") if C.compiled_with_cuda() else None
         ),
+        # how a thread waiting for this rank's GPU uses its CPU (FLUXMPI_CUDA_SCHEDULE; "auto"
+        # is CUDA's default); None before Init or without a GPU
+        "cuda_schedule": _CUDA_SCHEDULE[0],
         "thread_multiple": bool(C.initialized() and C.thread_level() >= 3),
         "mpi_wait": C.wait_policy() or None,
     }

@@ -37,6 +37,7 @@ def case_build_info():
         "cuda_mpi_enabled",
         "cuda_aware_mpi",
         "cuda_collectives",
+        "cuda_schedule",
         "thread_multiple",
         "mpi_wait",
     }
@@ -50,6 +51,9 @@ def case_build_info():
     # where CUDA collectives run: NCCL unless ranks share a GPU (or FLUXMPI_CUDA_OVER_MPI=1)
     want = ("nccl", "mpi") if info["compiled_with_cuda"] else (None,)
     assert info["cuda_collectives"] in want, info["cuda_collectives"]
+    # a GPU's wait schedule once Init chose one (FLUXMPI_CUDA_SCHEDULE; "auto" by default)
+    on_gpu = info["compiled_with_cuda"] and torch.cuda.is_available()
+    assert info["cuda_schedule"] in (("auto", "spin", "yield", "blocking") if on_gpu else (None,))
     assert isinstance(info["thread_multiple"], bool)
     assert info["mpi_wait"].startswith("yield ("), info["mpi_wait"]  # Open MPI, imported first
 

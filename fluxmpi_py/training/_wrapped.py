@@ -11,6 +11,25 @@ from __future__ import annotations
 import torch
 
 
+def _read_through(name: str) -> property:
+    """An attribute of the wrapped optimizer (``self.optimizer``), read and set through; the
+    object's own until it wraps one."""
+    own = "_placeholder_" + name
+
+    def get(self):
+        inner = self.__dict__.get("optimizer")
+        return self.__dict__[own] if inner is None else getattr(inner, name)
+
+    def put(self, value) -> None:
+        inner = self.__dict__.get("optimizer")
+        if inner is None:
+            self.__dict__[own] = value
+        else:
+            setattr(inner, name, value)
+
+    return property(get, put)
+
+
 class WrappedOptimizer(torch.optim.Optimizer):
     """Base of :class:`DistributedOptimizer`: call ``_wrap(optimizer)`` instead of
     ``torch.optim.Optimizer.__init__``."""
@@ -37,31 +56,9 @@ class WrappedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 
-    @property
-    def param_groups(self):
-        inner = self.__dict__.get("optimizer")
-        return self.__dict__["_placeholder_groups"] if inner is None else inner.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value) -> None:
-        inner = self.__dict__.get("optimizer")
-        if inner is None:  # Optimizer.__init__ setting up the placeholder
-            self.__dict__["_placeholder_groups"] = value
-        else:
-            inner.param_groups = value
-
-    @property
-    def state(self):
-        inner = self.__dict__.get("optimizer")
-        return self.__dict__["_placeholder_state"] if inner is None else inner.state
-
-    @state.setter
-    def state(self, value) -> None:
-        inner = self.__dict__.get("optimizer")
-        if inner is None:
-            self.__dict__["_placeholder_state"] = value
-        else:
-            inner.state = value
+    # The placeholder's, while Optimizer.__init__ sets it up; then the wrapped optimizer's.
+    param_groups = _read_through("param_groups")
+    state = _read_through("state")
 
     def __getstate__(self):
         raise TypeError("DistributedOptimizer cannot be pickled; save its state_dict() instead")

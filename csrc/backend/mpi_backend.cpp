@@ -14,6 +14,7 @@
 #include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
+#include "runtime/call_watch.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 

@@ -13,7 +13,7 @@ namespace fluxmpi {
 Backend& world_mpi_backend();
 
 // An MPI backend on `comm`, where this process is `rank` of `size`. Its blocking calls count
-// for call group `group` (runtime/environment.h, BlockingCall; 0 is the world). The caller
+// for call group `group` (runtime/call_watch.h, BlockingCall; 0 is the world). The caller
 // keeps `comm` alive as long as the backend.
 std::unique_ptr<Backend> make_mpi_backend(MPI_Comm comm, int rank, int size, int group);
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/call_watch.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cuda/nccl_check.h"
+#include "runtime/call_watch.h"
 #include "runtime/environment.h"
 #include "runtime/stall_watch.h"
 

@@ -13,6 +13,7 @@
 #include "backend/mpi_backend.h"
 #include "backend/mpi_check.h"
 #include "ops/consensus.h"
+#include "runtime/call_watch.h"
 #include "runtime/engine.h"
 #include "runtime/environment.h"
 #include "runtime/hash.h"

@@ -1,6 +1,6 @@
 // The flight recorder: each rank keeps its last N blocking collectives (kind, the user call
 // with its site under FLUXMPI_DEBUG=detail, bytes, group, enter/start/end times) in a ring.
-// BlockingCall (runtime/environment.h) writes it: one slot per call, no lock (an atomic
+// BlockingCall (runtime/call_watch.h) writes it: one slot per call, no lock (an atomic
 // counter and plain stores). When a directory is named, the ring is written to
 // <dir>/fluxmpi_flight.<rank>.json on an abort (abort_job: the stall timeout, a rank that
 // exited, an uncaught exception) and on SIGTERM or SIGINT (chained to the handler before).

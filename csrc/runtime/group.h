@@ -1,7 +1,7 @@
 // Sub-groups: a subset of the job's ranks with its own communicator and MPI backend, so that
 // collectives can run among the members while the other ranks do something else.
 //
-// How group calls are watched (runtime/environment.h, BlockingCall): every group has an
+// How group calls are watched (runtime/call_watch.h, BlockingCall): every group has an
 // index, the same on each of its members (they agree on it when they make it), never reused
 // on a rank. A collective on a group counts in that group's own call count, not in the world's,
 // so the world counts stay equal on every rank whatever groups a rank is in. A rank's exit

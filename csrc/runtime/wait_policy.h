@@ -9,7 +9,7 @@
 // A yielding rank still shows a full core while it waits (sched_yield returns at once when
 // nothing else wants the core), for as long as a late rank keeps it waiting: up to the job
 // timeout. So a wait that lasts backs off to sleeping: once a thread has been inside one
-// blocking collective (a BlockingCall, runtime/environment.h) for FLUXMPI_WAIT_BACKOFF's
+// blocking collective (a BlockingCall, runtime/call_watch.h) for FLUXMPI_WAIT_BACKOFF's
 // threshold (100 ms), each pass of Open MPI's progress loop on that thread naps, from 50 us
 // doubling up to the cap (1 ms), through a progress callback registered with Open MPI. Short
 // waits, and every other thread, keep yielding. Once the late rank arrives, the call finishes

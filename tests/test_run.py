@@ -94,7 +94,16 @@ RESTART_MPIEXEC = textwrap.dedent(
         for _ in range(3):
             os.kill(os.getppid(), signal.SIGINT)
             time.sleep(10)
-            print("SIGINT to the launcher again: it did not end mpiexec", file=sys.stderr, flush=True)
+            # what the launcher's threads block, ignore and catch (hex masks; SIGINT is bit 1)
+            masks = []
+            for task in sorted(os.listdir(f"/proc/{{os.getppid()}}/task")):
+                with open(f"/proc/{{os.getppid()}}/task/{{task}}/status") as f:
+                    masks += [f"{{task}} " + " ".join(
+                        line.split()[0] + line.split()[1][-4:] for line in f
+                        if line.startswith(("SigPnd", "SigBlk", "SigIgn", "SigCgt"))
+                    )]
+            print("SIGINT to the launcher again: it did not end mpiexec; its threads' signal "
+                  "masks: " + "; ".join(masks), file=sys.stderr, flush=True)
         sys.exit(2)
     if status == "sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

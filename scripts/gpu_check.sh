@@ -25,7 +25,7 @@
 # lost its step list to the missing wheel (the `&&` chain stopped before the exports). On such
 # an image the default steps run as one command, logs kept for a tool that fetches files:
 #   GPU_CHECK_LOGS=/tmp/gcl TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1 \
-#     timeout 540 scripts/gpu_check.sh 2>&1 | tee "$OUT/summary.txt"; tar czf "$OUT/logs.tgz" -C /tmp gcl
+#     timeout 580 scripts/gpu_check.sh 2>&1 | tee "$OUT/summary.txt"; tar czf "$OUT/logs.tgz" -C /tmp gcl
 #
 # Steps:
 #   build       the extension in place, with CUDA and NCCL

@@ -178,6 +178,17 @@ def test_cuda_schedule_setting():
         cuda_schedule_setting({"FLUXMPI_CUDA_SCHEDULE": "spinning"}, 3)
 
 
+def test_a_cuda_schedule_that_cuda_refuses_is_a_warning():
+    # A performance hint: a rank whose CUDA refuses it warns and goes on, as the others do
+    # (here the build has no CUDA, which refuses every schedule).
+    from fluxmpi_py.runtime.world import _apply_cuda_schedule
+
+    with pytest.warns(
+        RuntimeWarning, match=r"FLUXMPI_CUDA_SCHEDULE=blocking not applied on rank 2: "
+    ):
+        assert _apply_cuda_schedule("blocking", 2) in ("", None)
+
+
 def test_cuda_route_bad_value():
     from fluxmpi_py.runtime.world import _cuda_route_wanted
 

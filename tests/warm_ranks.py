@@ -420,6 +420,7 @@ def start():
     def stop():
         proc.stdin.close()
         proc.wait(timeout=30)
+        proc.stdout.close()
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -162,8 +162,7 @@ def Init(
                 torch.cuda.set_device(choice.device)
             device = torch.device("cuda", choice.device)
             if C.compiled_with_cuda():
-                # FLUXMPI_CUDA_SCHEDULE: how threads waiting for this GPU use their CPU
-                _CUDA_SCHEDULE[0] = C.cuda_schedule(schedule)
+                _CUDA_SCHEDULE[0] = _apply_cuda_schedule(schedule, C.rank())
         else:
             device = torch.device("cpu")
         # NCCL on a stream of its own, and NCCL calls that return once queued instead of
@@ -289,6 +288,25 @@ def rendezvous_store(timeout=None) -> dist.Store:
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, **kwargs)
     return store
+
+
+def _apply_cuda_schedule(schedule: str, rank: int) -> str | None:
+    """FLUXMPI_CUDA_SCHEDULE on this rank's GPU (already checked on every rank); the schedule
+    in force after it. A performance hint only: where CUDA refuses it (a driver that will not
+    change an active device's flags), a warning, and the job goes on alike on every rank."""
+    try:
+        return C.cuda_schedule(schedule)
+    except RuntimeError as e:
+        warnings.warn(
+            f"FLUXMPI_CUDA_SCHEDULE={schedule} not applied on rank {rank}: {e}; CUDA's own "
+            "schedule stays",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        try:
+            return C.cuda_schedule("")
+        except RuntimeError:
+            return None
 
 
 def _bad_nccl_switch(rank: int) -> ValueError | None:

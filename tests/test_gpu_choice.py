@@ -161,7 +161,7 @@ def test_sharing_is_per_host_and_ranks_without_gpu_share_nothing():
     ],
 )
 def test_cuda_route_wanted(shared, nccl_told, forced, want):
-    from fluxmpi_py.runtime.world import _cuda_route_wanted
+    from fluxmpi_py.runtime._gpu_route import cuda_route_wanted as _cuda_route_wanted
 
     assert _cuda_route_wanted(shared, nccl_told, forced) is want
 
@@ -181,7 +181,7 @@ def test_cuda_schedule_setting():
 def test_a_cuda_schedule_that_cuda_refuses_is_a_warning():
     # A performance hint: a rank whose CUDA refuses it warns and goes on, as the others do
     # (here the build has no CUDA, which refuses every schedule).
-    from fluxmpi_py.runtime.world import _apply_cuda_schedule
+    from fluxmpi_py.runtime._gpu_route import apply_cuda_schedule as _apply_cuda_schedule
 
     with pytest.warns(
         RuntimeWarning, match=r"FLUXMPI_CUDA_SCHEDULE=blocking not applied on rank 2: "
@@ -190,7 +190,7 @@ def test_a_cuda_schedule_that_cuda_refuses_is_a_warning():
 
 
 def test_cuda_route_bad_value():
-    from fluxmpi_py.runtime.world import _cuda_route_wanted
+    from fluxmpi_py.runtime._gpu_route import cuda_route_wanted as _cuda_route_wanted
 
     assert _cuda_route_wanted(False, False, "yes") is None
 

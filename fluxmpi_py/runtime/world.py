@@ -17,14 +17,9 @@ from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
 from . import recorder as _recorder
 from . import stall as _stall
-from .agreement import mark_raised_on_every_rank, raise_together, set_debug_mode
-from .gpu_choice import (
-    choose_gpu,
-    cuda_schedule_setting,
-    device_before_init,
-    physical_gpu_id,
-    sharing_by_identity,
-)
+from ._gpu_route import apply_cuda_schedule, bad_nccl_switch, cuda_route, shared_by_identity
+from .agreement import raise_together, set_debug_mode
+from .gpu_choice import choose_gpu, cuda_schedule_setting, device_before_init
 from .groups import on_group
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
@@ -148,7 +143,7 @@ def Init(
         if C.size() > 1:
             _stall.start_stack_thread()
             _excepthooks.install()
-        problem = problem or _bad_nccl_switch(C.rank())
+        problem = problem or bad_nccl_switch(C.rank())
         schedule = ""
         try:
             schedule = cuda_schedule_setting(os.environ, C.rank())
@@ -162,7 +157,7 @@ def Init(
                 torch.cuda.set_device(choice.device)
             device = torch.device("cuda", choice.device)
             if C.compiled_with_cuda():
-                _CUDA_SCHEDULE[0] = _apply_cuda_schedule(schedule, C.rank())
+                _CUDA_SCHEDULE[0] = apply_cuda_schedule(schedule, C.rank())
         else:
             device = torch.device("cpu")
         # NCCL on a stream of its own, and NCCL calls that return once queued instead of
@@ -176,8 +171,8 @@ def Init(
         # FLUXMPI_CUDA_OVER_MPI=0 asks for NCCL anyway, and FLUXMPI_CUDA_OVER_MPI=1 sends them
         # over MPI always.
         if C.size() > 1:
-            choice = _shared_by_identity(choice)
-        over_mpi, why, nccl_groups = _cuda_route(choice)
+            choice = shared_by_identity(choice)
+        over_mpi, why, nccl_groups = cuda_route(choice)
         C.set_cuda_over_mpi(over_mpi)
         C.set_cuda_refusal(why)
         # group= on CUDA over an NCCL communicator of the group's members, not MPI (every check
@@ -196,23 +191,6 @@ def Init(
             )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
-
-
-def _shared_by_identity(choice):
-    """``choice`` with the ranks that share a GPU found by the GPU's physical identity,
-    gathered from every rank (collective: every rank calls it, with or without a GPU). Where
-    torch cannot say a GPU's identity, its host and logical index stand for it (the old rule,
-    which may see sharing where CUDA_VISIBLE_DEVICES differs per rank, never miss it)."""
-    host = socket.gethostname()
-    ident = ""
-    if choice.device is not None:
-        try:
-            ident = physical_gpu_id(torch.cuda.get_device_properties(choice.device), host)
-        except (RuntimeError, AssertionError, AttributeError):
-            ident = f"{host}/cuda:{choice.device}"
-    mine = "\t".join((host, str(C.node_rank()), ident)).encode()
-    gathered = [tuple(b.decode().split("\t")) for b in C.allgather_object_bytes(mine, "")]
-    return sharing_by_identity(choice, [(h, int(r), i) for h, r, i in gathered], C.rank())
 
 
 def _launched_by_mpi() -> bool:
@@ -288,89 +266,6 @@ def rendezvous_store(timeout=None) -> dist.Store:
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, **kwargs)
     return store
-
-
-def _apply_cuda_schedule(schedule: str, rank: int) -> str | None:
-    """FLUXMPI_CUDA_SCHEDULE on this rank's GPU (already checked on every rank); the schedule
-    in force after it. A performance hint only: where CUDA refuses it (a driver that will not
-    change an active device's flags), a warning, and the job goes on alike on every rank."""
-    try:
-        return C.cuda_schedule(schedule)
-    except RuntimeError as e:
-        warnings.warn(
-            f"FLUXMPI_CUDA_SCHEDULE={schedule} not applied on rank {rank}: {e}; CUDA's own "
-            "schedule stays",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        try:
-            return C.cuda_schedule("")
-        except RuntimeError:
-            return None
-
-
-def _bad_nccl_switch(rank: int) -> ValueError | None:
-    """The error for a FLUXMPI_NCCL_COMM_STREAM, FLUXMPI_NCCL_HOST_WAIT or FLUXMPI_NCCL_GROUPS
-    that is neither 0 nor 1 on this rank, else None (Init raises it on every rank)."""
-    for name in ("FLUXMPI_NCCL_COMM_STREAM", "FLUXMPI_NCCL_HOST_WAIT", "FLUXMPI_NCCL_GROUPS"):
-        value = os.environ.get(name)
-        if value is not None and value not in ("0", "1"):
-            return ValueError(
-                f"fluxmpi_py.Init(): {name} is {value!r} on rank {rank}: expected 1 or 0"
-            )
-    return None
-
-
-def _cuda_route_wanted(shared: bool, nccl_told: bool, forced: str) -> bool | None:
-    """This rank's wish, before the ranks agree: CUDA collectives over MPI? None for a bad
-    `forced`. `shared`: node-local ranks share this rank's GPU; `nccl_told`: NCCL_HOSTID or
-    NCCL_MULTI_RANK_GPU_ENABLE=1 lets NCCL share it; `forced`: FLUXMPI_CUDA_OVER_MPI's value,
-    "1" (always MPI), "0" (always NCCL) or "" (MPI where ranks share a GPU NCCL cannot)."""
-    if forced not in ("", "0", "1"):
-        return None
-    return forced == "1" or (forced == "" and shared and not nccl_told)
-
-
-def _cuda_route(choice) -> tuple[bool, str, bool]:
-    """(CUDA collectives over MPI?, why NCCL must refuse them or "", group= on NCCL?) for this
-    rank's GPU choice and the environment. Collective: every rank takes MPI if any rank does (a
-    rank on NCCL and a rank on MPI would never meet), every rank stages group= over MPI if any
-    rank's FLUXMPI_NCCL_GROUPS is 0, and a bad FLUXMPI_CUDA_OVER_MPI raises on every rank."""
-    nccl_told = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" or "NCCL_HOSTID" in os.environ
-    forced = os.environ.get("FLUXMPI_CUDA_OVER_MPI", "")
-    wanted = _cuda_route_wanted(bool(choice.shared), nccl_told, forced)
-    groups_off = os.environ.get("FLUXMPI_NCCL_GROUPS", "1") == "0"
-    # [any rank over MPI, 1 + the highest rank with a bad value (0: none), any rank's groups
-    # off MPI refused]
-    votes = torch.tensor(
-        [int(bool(wanted)), 0 if wanted is not None else C.rank() + 1, int(groups_off)]
-    )
-    C.allreduce_(votes, "max")
-    nccl_groups = not bool(votes[2])
-    if votes[1] > 0:
-        bad = int(votes[1]) - 1
-        value = f" is {forced!r}" if bad == C.rank() else ""
-        raise mark_raised_on_every_rank(
-            ValueError(
-                f"fluxmpi_py.Init(): FLUXMPI_CUDA_OVER_MPI on rank {bad}{value}: expected 1 (CUDA "
-                "collectives over MPI), 0 (over NCCL) or unset (over MPI only where ranks share "
-                "a GPU)"
-            )
-        )
-    if votes[0]:
-        return True, "", nccl_groups
-    if choice.shared and not nccl_told:  # FLUXMPI_CUDA_OVER_MPI=0 on every rank
-        return (
-            False,
-            (
-                choice.sharing_message() + "; NCCL allows one rank per GPU and "
-                "FLUXMPI_CUDA_OVER_MPI=0 keeps CUDA collectives off MPI: run at most one rank per "
-                "GPU, choose distinct GPUs with Init(gpu_devices=[...]), or unset "
-                "FLUXMPI_CUDA_OVER_MPI to share the GPU over MPI"
-            ),
-            nccl_groups,
-        )
-    return False, "", nccl_groups
 
 
 def Initialized() -> bool:

@@ -100,18 +100,18 @@ def _modules(mod: griffe.Module):
 def _markdown(text: str) -> str:
     """Doctest lines (and the output below them) as fenced pycon blocks; roles as code."""
     out: list[str] = []
-    in_example = False
+    indent = None  # the example's indentation while in one (an Examples: section's is 4)
     for line in text.split("\n"):
         starts = line.lstrip().startswith(">>>")
-        if starts and not in_example:
-            out += ["```pycon"]
-            in_example = True
-        elif in_example and not line.strip():
-            out += ["```"]
-            in_example = False
-        out.append(line if in_example else ROLE.sub(r"`\1`", line))
-    if in_example:
-        out.append("```")
+        if starts and indent is None:
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [indent + "```pycon"]
+        elif indent is not None and not line.strip():
+            out += [indent + "```"]
+            indent = None
+        out.append(line if indent is not None else ROLE.sub(r"`\1`", line))
+    if indent is not None:
+        out.append(indent + "```")
     return "\n".join(out)
 
 

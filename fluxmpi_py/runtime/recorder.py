@@ -16,9 +16,10 @@ import os
 
 from .._core import C
 from .._util.files import write_atomic
+from .stall import DEFAULT
 
 DEFAULT_SLOTS = 256
-_UNSET = object()
+_UNSET = DEFAULT
 # The fields of C.flight_records()'s tuples, in order.
 FIELDS = ("seq", "group", "number", "kind", "call", "bytes", "enter_us", "start_us", "end_us")
 

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import traceback
+from typing import Any
 
 import torch
 
@@ -26,7 +27,22 @@ _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
 )
 _OFF = ("", "0", "none", "off", "never", "inf")
-_UNSET = object()
+
+
+class _Default:
+    """The type of :data:`DEFAULT`: a default that an argument of ``Init`` reads as "not
+    given" (the environment's value, else the built-in one), apart from every value a caller
+    can pass (``None`` already means "off")."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+#: Init's default for ``stall_warning``, ``timeout`` and ``flight_dir``: the environment's
+#: setting (``FLUXMPI_STALL_WARNING``, ``FLUXMPI_TIMEOUT``, ``FLUXMPI_FLIGHT_DIR``), else the
+#: built-in one; on a second ``Init`` call, the value in force is kept.
+DEFAULT: Any = _Default()  # Any: it stands in for an argument of any type
+_UNSET = DEFAULT
 _thread: threading.Thread | None = None
 
 

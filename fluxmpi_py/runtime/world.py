@@ -8,6 +8,7 @@ import socket
 import threading
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,10 @@ from .gpu_choice import choose_gpu, cuda_schedule_setting, device_before_init
 from .groups import on_group
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
+from .stall import DEFAULT
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = [
     "Init",
@@ -69,39 +74,47 @@ def _at_exit():
 def Init(
     gpu_devices: Sequence[int] | None = None,
     verbose: bool = False,
-    comm=None,
-    stall_warning=_stall._UNSET,
-    timeout=_stall._UNSET,
+    comm: MPI.Comm | None = None,
+    stall_warning: float | None = DEFAULT,
+    timeout: float | None = DEFAULT,
     debug: str | None = None,
-    flight_dir=_recorder._UNSET,
+    flight_dir: str | os.PathLike | None = DEFAULT,
 ) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
-    Idempotent. Without mpiexec (a plain ``python`` or Jupyter) the world has one rank.
-    ``comm`` takes an mpi4py communicator to run on a subset of ranks. Launched by mpiexec
-    (or by nothing) without ``RANK`` in the environment, it sets ``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR`` and ``MASTER_PORT`` from MPI (rank 0's address and a free port), so that
-    torch's ``env://`` rendezvous, ``init_process_group("fluxmpi")``, needs nothing else.
-    When CUDA is available each rank takes GPU ``gpu_devices[node_local_rank()]``, or
-    ``node_local_rank() % count``.
-    A collective that has waited ``stall_warning`` seconds (default 60, or
-    ``FLUXMPI_STALL_WARNING``) prints a report naming the ranks that have not entered it and
-    what they are doing; after ``timeout`` seconds (default 1800, or ``FLUXMPI_TIMEOUT``) the
-    job is aborted with that report. ``None`` (or 0) disables either.
-    NCCL allows one rank per GPU: where ranks of a node share one, CUDA collectives raise a
-    ValueError naming them (host tensors are unaffected).
-    ``debug="detail"`` (or ``FLUXMPI_DEBUG=detail``) adds each public collective's call site
-    to the ranks' agreement, so that calls swapped between ranks raise, naming both sites;
-    ``"off"`` (the default) checks what the calls move, and a ``name=`` where one is given.
-    ``flight_dir`` (or ``FLUXMPI_FLIGHT_DIR``) names where each rank writes its flight
-    recorder (its last 256 collectives, ``FLUXMPI_FLIGHT_SIZE``) on the stall timeout, an abort
-    or SIGTERM/SIGINT, for ``python -m fluxmpi_py.flight DIR``; ``FLUXMPI_TIMELINE=path``
-    writes the same records as a Chrome trace at exit.
+    Call it on every rank before the other calls. Without mpiexec (``python``, Jupyter) the
+    world has one rank. It also sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` from MPI where no launcher of torch's did, so that
+    ``torch.distributed.init_process_group("fluxmpi")`` needs nothing else. A second call
+    applies ``stall_warning``, ``timeout``, ``debug`` and ``flight_dir`` where given, and warns
+    about ``gpu_devices``, ``comm`` and ``verbose=True``, which only the first call applies.
 
-    >>> import fluxmpi_py as fm
-    >>> fm.Init()
-    >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
-    (True, True)
+    Args:
+        gpu_devices: the GPU of each node-local rank (``gpu_devices[node_local_rank()]``);
+            None: ``node_local_rank() % torch.cuda.device_count()``. Ignored without CUDA.
+        verbose: each rank prints the device it took.
+        comm: an mpi4py communicator, to run on its ranks only; None: the whole job.
+        stall_warning: seconds a collective waits before a report names the ranks that have
+            not entered it; None or 0: never. DEFAULT: ``FLUXMPI_STALL_WARNING``, else 60.
+        timeout: seconds a collective waits before the job is aborted with that report;
+            None or 0: never. DEFAULT: ``FLUXMPI_TIMEOUT``, else 1800.
+        debug: ``"detail"`` adds each collective's call site to the ranks' agreement, so
+            that swapped calls raise naming both lines; ``"off"``: not. None:
+            ``FLUXMPI_DEBUG``, else ``"off"``.
+        flight_dir: where each rank writes its last 256 collectives on the stall timeout,
+            an abort or SIGTERM/SIGINT (read them with ``python -m fluxmpi_py.flight DIR``);
+            None: nowhere. DEFAULT: ``FLUXMPI_FLIGHT_DIR``, else nowhere.
+
+    Raises:
+        ValueError: on every rank, for a bad ``debug``, ``stall_warning``, ``timeout`` or
+            NCCL setting on any rank.
+        TypeError: ``comm`` is not an mpi4py communicator, or ``flight_dir`` not a path.
+
+    Examples:
+        >>> import fluxmpi_py as fm
+        >>> fm.Init()
+        >>> fm.Initialized(), fm.local_rank() < fm.total_workers()
+        (True, True)
     """
     warning_s, timeout_s = _stall.settings(stall_warning, timeout)
     problem: Exception | None = set_debug_mode(debug)
@@ -121,9 +134,9 @@ def Init(
             if early is not None:
                 torch.cuda.set_device(early)
         C.init(_comm_handle(comm))
-        if first or stall_warning is not _stall._UNSET or timeout is not _stall._UNSET:
+        if first or stall_warning is not DEFAULT or timeout is not DEFAULT:
             C.set_stall_settings(warning_s, timeout_s)
-        if flight is not None and (first or flight_dir is not _recorder._UNSET):
+        if flight is not None and (first or flight_dir is not DEFAULT):
             try:
                 _recorder.apply(flight[0], flight[1])
             except OSError as e:
@@ -131,6 +144,7 @@ def Init(
         if not first:
             if problem is not None:
                 raise problem
+            _warn_not_applied(gpu_devices, verbose, comm)
             return
         atexit.register(_at_exit)
         if flight is not None and flight[2]:
@@ -191,6 +205,26 @@ def Init(
             )
         if verbose:
             fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
+
+
+def _warn_not_applied(gpu_devices, verbose: bool, comm) -> None:
+    """A second Init: say which of the arguments asked for only the first call applies."""
+    ignored = [
+        f"{name}={value!r}"
+        for name, value, asked in (
+            ("gpu_devices", gpu_devices, gpu_devices is not None),
+            ("verbose", verbose, bool(verbose)),
+            ("comm", comm, comm is not None),
+        )
+        if asked
+    ]
+    if ignored:
+        warnings.warn(
+            f"Init({', '.join(ignored)}): fluxmpi_py is already started, and only the first "
+            "Init applies these (a second call applies stall_warning, timeout, debug and "
+            "flight_dir); pass them to the first Init",
+            stacklevel=3,
+        )
 
 
 def _launched_by_mpi() -> bool:

@@ -11,7 +11,18 @@ from ...runtime.groups import on_group as _on_group
 from . import _process_sets
 
 # Horovod's reduction op constants, as the fluxmpi_py op names they map to.
-Sum, Average, Min, Max, Product, Adasum = "sum", "average", "min", "max", "prod", "adasum"
+#: ``op=hvd.Sum``: the sum over the ranks (fluxmpi_py's ``"sum"``).
+Sum = "sum"
+#: ``op=hvd.Average``: the mean over the ranks (``"average"``), Horovod's default.
+Average = "average"
+#: ``op=hvd.Min``: the smallest over the ranks (``"min"``).
+Min = "min"
+#: ``op=hvd.Max``: the largest over the ranks (``"max"``).
+Max = "max"
+#: ``op=hvd.Product``: the product over the ranks (``"prod"``).
+Product = "prod"
+#: ``op=hvd.Adasum``: accepted as a name; every call with it raises NotImplementedError.
+Adasum = "adasum"
 
 
 def _op(average, op) -> str:

@@ -9,6 +9,8 @@ fluxmpi_py's public names and docstrings from the sources, without importing the
   ``from .x import __all__``, as ``fluxmpi_py.horovod`` may do) gets that module's names.
 - A name re-exported from a package that also has a submodule of that name (``launch`` from
   ``runtime/launch.py``) is the object, not the submodule.
+- Every public callable's parameters are listed in its ``Args:`` section
+  (scripts/griffe_params.py), for the reference's parameter tables.
 - Docstrings are written for ``help()`` and doctest: ``>>>`` examples become ``pycon`` code
   blocks and Sphinx roles (``:func:`x```) plain code, so that Markdown renders them as meant.
 """
@@ -16,9 +18,14 @@ fluxmpi_py's public names and docstrings from the sources, without importing the
 from __future__ import annotations
 
 import ast
+import os
 import re
+import sys
 
 import griffe
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # griffe loads this file by path
+from griffe_params import fill_public  # noqa: E402
 
 PACKAGE = "fluxmpi_py"
 ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`~?([^`]+)`")
@@ -141,3 +148,4 @@ class FluxmpiPublicApi(griffe.Extension):
         for mod in modules:
             _borrow_exports(mod)
             _objects_over_submodules(mod)
+        fill_public(pkg)  # every parameter a line in its Args: section

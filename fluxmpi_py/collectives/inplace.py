@@ -170,6 +170,10 @@ class Request:
     runs them. Errors the ranks detect together (a mismatch, a bad dtype) are raised by
     ``wait()``, on every rank.
 
+    Args:
+        work: the running collective; Requests are made by the ``I`` calls, not by hand.
+        tensor: the tensor that holds the result after ``wait()``.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> req = fm.Iallreduce(torch.ones(4))
     >>> req.wait().tolist() == [float(fm.total_workers())] * 4, req.test()
@@ -238,6 +242,13 @@ def set_sum_order(order: str) -> None:
 
     ``FLUXMPI_SUM_ORDER=gloo`` in the environment sets it at the first sum. Ranks whose orders
     differ raise a RuntimeError on every rank at their next sum, naming both orders.
+
+    Args:
+        order: ``"fastest"`` or ``"gloo"`` (the additions in torch's gloo order).
+
+    Raises:
+        TypeError: ``order`` is not a string.
+        ValueError: ``order`` is neither name.
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> fm.set_sum_order("gloo"); fm.sum_order()

@@ -27,6 +27,12 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None, name: str | No
     """root_rank's ``obj`` on every rank (the root gets its own object back; the others an
     unpickled copy). A collective.
 
+    Args:
+        obj: the object to send, read on ``root_rank`` only; it must pickle.
+
+    Returns:
+        root_rank's object.
+
     >>> import fluxmpi_py as fm; fm.Init()
     >>> fm.broadcast_object({"step": 10 + fm.local_rank()}, root_rank=0)
     {'step': 10}
@@ -43,6 +49,12 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, group=None, name: str | No
 def allgather_object(obj: Any, *, group=None, name: str | None = None) -> list:
     """Every rank's ``obj``, in rank order (this rank's own object at its place; the others'
     unpickled copies). A collective.
+
+    Args:
+        obj: this rank's object; it must pickle.
+
+    Returns:
+        A list of ``total_workers()`` objects (of the group's size with ``group``).
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> fm.allgather_object(fm.local_rank()) == list(range(fm.total_workers()))

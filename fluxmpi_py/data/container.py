@@ -81,6 +81,22 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     container shows the rest of that epoch (``len`` shrinks by ``position``) until
     ``set_epoch`` moves to another epoch; ``set_epoch`` with the same epoch keeps it.
 
+    Args:
+        data: anything with ``__len__`` and ``__getitem__`` (a Dataset, list, tensor, array).
+        shuffle: True: each epoch's order is a permutation of ``(seed, epoch)``; False: ``0..n-1``.
+        seed: the permutation's seed, the same on every rank.
+        pad: True: every rank gets ``ceil(n/p)`` samples, the last wrapping around; False:
+            every sample exactly once (ranks may then differ by one).
+        drop_last: True (overrides ``pad``): ``floor(n/p)`` samples each, the rest skipped.
+        rank: this rank's place; None: ``local_rank()`` (or the group's).
+        world_size: the number of shards; None: ``total_workers()`` (or the group's size).
+        group: a [`Group`][fluxmpi_py.Group]: shard over its members; None: every rank.
+        global_batch_size: G samples per step at any world size (with ``micro_batch_size``).
+        micro_batch_size: m samples per micro-batch; rank r of W takes ``G/(m*W)`` of them.
+
+    Raises:
+        ValueError: on every rank, for a bad size, rank or world size.
+
     >>> import fluxmpi_py as fm
     >>> shard = fm.DistributedDataContainer(list("abcdefg"), rank=1, world_size=2)
     >>> len(shard), [shard[i] for i in range(len(shard))]

@@ -94,6 +94,12 @@ def check_dataloader(loader: DataLoader) -> None:
     a map-style dataset; nothing on one rank, before ``Init``, or for an IterableDataset.
     Local: no communication.
 
+    Args:
+        loader: the DataLoader this rank trains on.
+
+    Raises:
+        TypeError: the loader shards a DistributedDataContainer a second time.
+
     >>> import torch, fluxmpi_py as fm
     >>> fm.Init()
     >>> shard = fm.DistributedDataContainer(torch.arange(10.0))

@@ -65,6 +65,22 @@ class DistributedSampler(torch.utils.data.Sampler):
     ``load_state_dict`` the next iterator starts at that position (``len`` is the remainder);
     later iterators, and ``set_epoch`` with another epoch, start at 0.
 
+    Args:
+        dataset: the dataset, or its length as an int.
+        num_replicas: the number of shards; None: ``total_workers()``.
+        rank: this rank's place; None: ``local_rank()``.
+        shuffle: True: each epoch's order is a permutation of ``(seed, epoch)``; False: ``0..n-1``.
+        seed: the permutation's seed, the same on every rank.
+        drop_last: True (overrides ``pad``): ``floor(n/p)`` samples each, the rest skipped.
+        pad: True: every rank gets ``ceil(n/p)`` samples, the last wrapping around; False:
+            every sample exactly once (ranks may then differ by one).
+        global_batch_size: G samples per step at any world size (with ``micro_batch_size``).
+        micro_batch_size: m samples per micro-batch; rank r of W takes ``G/(m*W)`` of them.
+
+    Raises:
+        ValueError: for a bad size, or a ``num_replicas`` that does not divide ``G/m``.
+        TypeError: ``dataset`` is a DistributedDataContainer already sharded.
+
     >>> import fluxmpi_py as fm, torch
     >>> s = fm.DistributedSampler(10, num_replicas=2, rank=1, shuffle=False)
     >>> list(s)

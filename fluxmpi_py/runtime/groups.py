@@ -27,6 +27,9 @@ class Group:
     ``ranks`` are the world ranks of its members (ascending), ``size`` their number, ``rank``
     this process's rank in the group (None outside it); ``r in group`` asks about world rank r.
 
+    Args:
+        handle: the compiled group; made by `new_group`, not by hand.
+
     >>> import fluxmpi_py as fm; fm.Init()
     >>> g = fm.new_group([0])
     >>> g.ranks, g.size, 0 in g, g.rank == (0 if fm.local_rank() == 0 else None)
@@ -66,6 +69,16 @@ def new_group(ranks: Iterable[int]) -> Group:
     with the same list (order and repeats aside: a repeated rank is a ValueError), in the same
     order as their other ``new_group`` calls. Different lists raise a RuntimeError on every
     rank, naming each rank's list; a bad list raises a ValueError on every rank.
+
+    Args:
+        ranks: the world ranks of the members, the same on every rank (any order).
+
+    Returns:
+        The group, on every rank (``group.rank`` is None outside it).
+
+    Raises:
+        ValueError: on every rank, for a repeated or out-of-range rank.
+        RuntimeError: on every rank, when the ranks passed different lists.
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> fm.new_group(range(fm.total_workers())).size == fm.total_workers()

@@ -83,6 +83,12 @@ class LaunchError(RuntimeError):
     died without a Python exception), ``remote_traceback`` its traceback text and
     ``exc_type`` the name of the exception it raised.
 
+    Args:
+        message: the error's text: the rank, its exception and its traceback.
+        rank: the failing rank; None when the job died without a Python exception.
+        exc_type: the name of the exception the rank raised (``"ValueError"``).
+        remote_traceback: the rank's traceback, as text.
+
     >>> import fluxmpi_py as fm
     >>> issubclass(fm.LaunchError, RuntimeError)
     True
@@ -304,6 +310,20 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
     None for no limit) bounds the whole run: when it passes, every rank is killed and
     ``TimeoutError`` is raised. Needs ``mpiexec`` (Open MPI or MPICH) on PATH. See the module
     docstring for how ``fn`` travels (cloudpickle, pickle by reference, or its source).
+
+    Args:
+        fn: the function each rank runs (a function of a notebook cell will do).
+        *args: passed to ``fn``.
+        np: the number of ranks.
+        timeout: seconds for the whole run, after which every rank is killed; None: no limit.
+        **kwargs: passed to ``fn``.
+
+    Returns:
+        What ``fn`` returned on rank 0.
+
+    Raises:
+        LaunchError: a rank raised; its rank, exception and traceback are in the error.
+        TimeoutError: ``timeout`` passed.
 
     >>> import fluxmpi_py as fm
     >>> def world(scale):

@@ -38,6 +38,9 @@ class RankFilter(logging.Filter):
     """Adds ``rank`` and ``world_size`` to each record; with ``ranks``, keeps only the records
     of those ranks (an int or an iterable of ints). Attach it to a handler.
 
+    Args:
+        ranks: the rank (or ranks) whose records are kept; None: every rank's.
+
     >>> import logging, sys, fluxmpi_py as fm
     >>> h = logging.StreamHandler(sys.stdout)
     >>> h.addFilter(fm.RankFilter()); h.setFormatter(logging.Formatter("[%(rank)s] %(message)s"))
@@ -75,6 +78,16 @@ def get_logger(
     The logger gets one handler (to ``stream``, default stderr) and does not propagate to the
     root logger, so lines are not printed twice. Calling again with the same name reconfigures
     that handler instead of adding another.
+
+    Args:
+        name: the logger's name, as ``logging.getLogger`` takes it.
+        level: the lowest level logged (``logging.INFO``, ``"DEBUG"``, ...).
+        ranks: the rank (or ranks) whose records are kept; None: every rank's.
+        fmt: the line's format; ``%(rank)s`` and ``%(world_size)s`` are the rank's.
+        stream: where the lines go; None: ``sys.stderr``.
+
+    Returns:
+        The configured ``logging.Logger``.
 
     >>> import sys, fluxmpi_py as fm
     >>> log = fm.get_logger("doc.demo", ranks=0, fmt="[%(rank)s / %(world_size)s] %(message)s",

@@ -43,6 +43,12 @@ def disable_cudampi_support(disable: bool = True) -> str:
     host memory when it is not or this preference disables it. Reported by
     ``build_info()["cuda_mpi_enabled"]``.
 
+    Args:
+        disable: True: stage CUDA tensors through host memory for MPI; False: allow CUDA-aware MPI.
+
+    Returns:
+        The path of the preferences file written.
+
     >>> import fluxmpi_py as fm, os, tempfile
     >>> os.environ["FLUXMPI_PY_CONFIG_DIR"] = tempfile.mkdtemp()
     >>> path = fm.disable_cudampi_support(True)

@@ -65,6 +65,13 @@ def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool
     write to its ``file`` (separate writes from each rank could reach the terminal in any
     order, since mpiexec forwards each rank's output on its own).
 
+    Args:
+        *args: the values to print, as print() takes them.
+        sep: written between the values.
+        end: written after the last value ("" by default: no newline).
+        file: a file object with ``write``; None: ``sys.stdout``.
+        ordered: True: a collective, rank 0 writes every rank's text in rank order.
+
     >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_print("loss", 0.5, end="\\n")
     [0 / 1] loss 0.5
     """
@@ -93,6 +100,12 @@ def _write_ordered(text: str, file) -> None:
 
 def fluxmpi_println(*args, sep: str = " ", file=None, ordered: bool = False) -> None:
     """fluxmpi_print with a trailing newline.
+
+    Args:
+        *args: the values to print, as print() takes them.
+        sep: written between the values.
+        file: a file object with ``write``; None: ``sys.stdout``.
+        ordered: True: a collective, rank 0 writes every rank's line in rank order.
 
     >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_println("hello")
     [0 / 1] hello

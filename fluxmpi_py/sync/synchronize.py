@@ -103,6 +103,23 @@ def synchronize_(
     rank cannot hold it in place: then large tensors go alone). ``relocate=False`` leaves
     every storage alone.
 
+    Args:
+        obj: what to synchronize: a model, an optimizer, a scheduler, a tensor, a generator,
+            containers of these, or any value that pickles.
+        root_rank: the rank whose value every rank takes.
+        bucket_bytes: small tensors travel packed into flat buffers of at most this many bytes.
+        direct_bytes: tensors of at least this many bytes are broadcast alone, in place.
+        relocate: True: on the first call, move CPU parameters into one flat storage per
+            buffer, so that later calls broadcast it without packing; False: leave storages.
+
+    Returns:
+        ``obj`` with root_rank's values (keep it: immutable containers are rebuilt).
+
+    Raises:
+        ValueError: on every rank, for a tensor whose shape or dtype differs from the root's
+            (naming its path), or a root_rank out of range.
+        TypeError: on every rank, for an object the root cannot send.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)
     >>> model = fm.synchronize_(model, root_rank=0)   # every rank now has rank 0's weights

@@ -123,6 +123,19 @@ def synchronize_buffers_(
     Use it in loops without DistributedOptimizer (e.g. before evaluating); with one, pass
     ``module=model`` instead, which syncs after every step.
 
+    Args:
+        module: the model whose buffers to make equal.
+        mode: ``"average"`` (floating buffers averaged, integer ones from ``root_rank``) or
+            ``"broadcast"`` (every buffer from ``root_rank``).
+        root_rank: the rank whose buffers are taken where they are not averaged.
+
+    Returns:
+        ``module``, its buffers now equal on every rank.
+
+    Raises:
+        ValueError: on every rank, naming the buffer, when the ranks' buffers differ in name,
+            shape or dtype.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> bn = torch.nn.BatchNorm1d(3)
     >>> _ = bn(torch.randn(8, 3) + fm.local_rank())     # each rank's own statistics

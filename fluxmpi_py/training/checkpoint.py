@@ -117,6 +117,19 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     that, not from the global generator, whose state would otherwise depend on where the run
     started.
 
+    Args:
+        path: the file to write (str or path-like); its directory must exist.
+        rng: True: also store every rank's random generator states.
+        **objects: what to save, by name: modules, optimizers, schedulers (their state dicts),
+            numbers, tensors, dicts of them.
+
+    Returns:
+        ``path``, once the file is complete (on every rank).
+
+    Raises:
+        OSError: on every rank, naming the path, when the write fails.
+        TypeError: on every rank, for an ``rng`` that is not a bool.
+
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)
     >>> path = fm.save_checkpoint(os.path.join(tempfile.mkdtemp(), "ckpt.pt"), model=model, epoch=3)
@@ -317,6 +330,21 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
     checkpoint holds them for this number of ranks (for another number: a warning, and they
     are not restored). ``rng=True`` requires them (ValueError otherwise); ``rng=False``
     leaves the generators alone.
+
+    Args:
+        path: the checkpoint file, written by `save_checkpoint`.
+        weights_only: passed to ``torch.load``: True accepts tensors, numbers, strings and
+            containers of them.
+        rng: True: restore each rank's generator states (required in the file); False: leave
+            them; None: restore them where the file holds them for this number of ranks.
+        **targets: objects to restore in place, by entry name (``model=model``).
+
+    Returns:
+        Every entry as stored, identical on every rank.
+
+    Raises:
+        ValueError: on every rank, when a target does not fit its entry (naming both) or the
+            file's digest does not match its bytes.
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)

@@ -100,6 +100,13 @@ def latest_checkpoint(directory, pattern: str = "*.pt") -> str | None:
     written by ``save_checkpoint``), is skipped with a warning naming it, for the next older
     one. A directory that does not exist holds none. Checking a digest reads the file once.
 
+    Args:
+        directory: where to look; one that does not exist holds none.
+        pattern: the file names to consider (fnmatch).
+
+    Returns:
+        The newest complete checkpoint's path, or None.
+
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> d = tempfile.mkdtemp(); print(fm.latest_checkpoint(d))
     None

@@ -40,6 +40,16 @@ def allreduce_gradients(
     the parameter where the ranks differ). Small gradients may afterwards be views of a fused
     buffer (as DDP's gradient_as_bucket_view).
 
+    Args:
+        model_or_params: a model, or an iterable of its parameters.
+        op: ``"average"`` (also ``"mean"``, ``"avg"``) or ``"sum"``.
+        bucket_cap_mb: the largest bucket of gradients reduced in one call, in MiB.
+        direct_min_bytes: gradients of at least this many bytes are reduced in their own
+            storage; None: every gradient in a fused buffer.
+
+    Raises:
+        ValueError: on every rank, for ranks whose parameters differ, naming the first.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)

@@ -187,6 +187,12 @@ class Join:
     the ranks still training. ``last_joined_rank`` is set on exit. Costs one agreement per
     step inside the block; see the module docstring for what else may run.
 
+    Args:
+        joinables: the DistributedOptimizers whose reductions the joined ranks take part in.
+        enable: False: the block does nothing (the same code runs without Join).
+        divide_by_initial_world_size: True: average over every rank (a joined rank counts as
+            zeros); False: over the ranks still training.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> w = torch.nn.Parameter(torch.zeros(1))
     >>> opt = fm.DistributedOptimizer(torch.optim.SGD([w], lr=1.0))

@@ -39,71 +39,57 @@ DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 class DistributedOptimizer(WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
-    Buckets of gradients (at most ``bucket_cap_mb`` MiB each, per dtype and device) are reduced
-    on the engine thread while backward is still running; ``step()`` waits for the rest, then
-    steps the wrapped optimizer. No gradient is packed or unpacked. A gradient of at least
-    ``direct_min_bytes`` (1 MiB) is reduced in its own storage, the tensor autograd made: no
-    copy and no second buffer ("average" divides inside the reduction). Smaller gradients live
-    as views of their bucket's persistent flat buffer (like DDP's gradient_as_bucket_view), so
-    one call reduces many of them; a fresh one is copied in once. ``direct_min_bytes=None`` puts
-    every gradient in flat buffers. On CUDA every gradient is in a flat buffer, as in DDP (one
-    pack and one NCCL call per bucket); ``cuda_direct_min_bytes`` sends CUDA gradients of at
-    least that many bytes direct instead. ``first_bucket_cap_mb`` makes the first bucket of
-    each dtype and device smaller (DDP's is 1 MiB), so that its reduction starts early.
+    ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
+    gradients are reduced in buckets while backward runs, and ``step()`` waits for the last
+    bucket, then steps the wrapped optimizer. It is that optimizer: it shares its
+    ``param_groups`` and ``state``, so LR schedulers and checkpoints work unchanged.
+    Constructing it is a collective: the ranks check once that they hold the same parameters.
+    How the buckets and the direct gradients work: the guide's
+    [How the reduction runs][how-the-reduction-runs]; the exact sums of ``deterministic``:
+    [The same bits at any world size][the-same-bits-at-any-world-size].
 
-    ``op="average"`` (default) averages like DDP and Horovod; ``op="sum"`` is FluxMPI's
-    semantics (then scale the loss by ``1 / total_workers()`` yourself). ``compression`` is
-    None, "fp16" or "bf16": buckets travel in 16 bits and come back into the full-precision
-    gradients. ``backward_passes_per_step=k`` accumulates k backward passes locally before one
-    reduction (or use the ``no_sync()`` context). Constructing it is a collective: the ranks
-    check once that they hold the same parameters. Complex parameters reduce as pairs of reals.
+    Args:
+        optimizer: the torch optimizer to wrap, built on this rank's model parameters.
+        op: ``"average"`` (also ``"mean"``, ``"avg"``) as DDP and Horovod, or ``"sum"``
+            (FluxMPI's; scale the loss by ``1 / total_workers()`` yourself).
+        bucket_cap_mb: the largest bucket of gradients reduced in one call, in MiB (per dtype
+            and device).
+        compression: None, ``"fp16"`` or ``"bf16"``: buckets travel in 16 bits and come back
+            into the full-precision gradients.
+        backward_passes_per_step: backward passes accumulated locally before one reduction
+            (or use the ``no_sync()`` context).
+        direct_min_bytes: host gradients of at least this many bytes are reduced in their own
+            storage, without a copy; None: every gradient lives in a flat bucket buffer.
+        cuda_direct_min_bytes: the same for CUDA gradients; None: all in flat buffers, as DDP.
+        first_bucket_cap_mb: a smaller first bucket per dtype and device (DDP's is 1 MiB), so
+            that its reduction starts early; None: ``bucket_cap_mb``.
+        named_parameters: ``model.named_parameters()``, so that errors name parameters.
+        module: the model; its buffers (BatchNorm's running statistics) are then kept equal
+            on every rank after each step, as ``buffers`` says.
+        buffers: with ``module``: ``"average"`` averages floating buffers and takes integer
+            ones from rank 0; ``"broadcast"`` takes all from rank 0 (as DDP); None: neither.
+        check_every: run `check_consistency` on the parameters and the optimizer's state after
+            every N-th ``step()``; None: the first step checks the parameters alone; 0: never.
+        group: a [`Group`][fluxmpi_py.Group]: average over its members only (ranks outside it
+            may not construct it); None: every rank.
+        deterministic: True: the same bits at any world size (exact int64 sums of each
+            micro-batch's gradient; not with ``compression``, a closure or ``Join``).
 
-    Only parameters with ``requires_grad`` are reduced. Freezing or unfreezing a parameter
-    later is noticed at the next ``step()`` (or ``synchronize()``), where every rank re-plans
-    together; that step's gradients of a newly unfrozen parameter are reduced too. Ranks
-    that froze different parameters raise ValueError there, naming the parameter.
+    Raises:
+        TypeError: on every rank, for an argument of the wrong type on any rank (a model
+            where the optimizer belongs, say).
+        ValueError: on every rank, for a bad value, or ranks whose parameters differ (naming
+            the first).
+        GridOverflowError: at ``step()`` with ``deterministic=True``, for a gradient beyond
+            the agreed grid.
 
-    ``module=model`` also keeps ``model``'s buffers (BatchNorm's running statistics) equal on
-    every rank, after each step: ``buffers="average"`` (the default) averages floating
-    buffers (for BatchNorm's running_mean that is one process seeing every rank's batch) and
-    takes integer buffers from rank 0; ``"broadcast"`` takes all of them from rank 0, as DDP
-    does; ``None`` leaves them alone. See :func:`synchronize_buffers_`.
-
-    ``check_every=N`` runs :func:`check_consistency` on the parameters (the whole ``module``
-    when given) and the optimizer's state after every N-th ``step()``: ValueError on every
-    rank, naming the first entry that differs, as soon as the ranks have diverged (not run
-    by default); each check costs one pass over those bytes plus one tiny allreduce: 31 ms on 1
-    rank and 60 ms on 2 ranks for ResNet-50 with SGD momentum (204 MB; under 1% of a step at
-    ``check_every=100``). Whatever ``check_every`` is, the first ``step()`` checks the
-    parameters alone, so that ranks that never started equal (no :func:`synchronize_`) raise
-    instead of training different models; ``check_every=0`` turns every check off.
-
-    ``deterministic=True``: the same bits at any world size. Each backward pass is one
-    micro-batch (its own loss, not divided by the number of passes), and
-    ``backward_passes_per_step=k`` is the number of micro-batches per rank and step (from
-    ``DistributedSampler(global_batch_size=G, micro_batch_size=m)``: ``G/(m*W)``). Every
-    micro-batch's gradient is rounded once onto a fixed-point grid that the ranks agree on
-    and that does not depend on the world size, summed as int64 (exact, so any grouping
-    gives the same integers; buckets start during the last backward pass), and converted
-    back once, the same way on every rank; "average" divides by the ``k*W`` micro-batches.
-    Error per element against the exact mean: at most half the grid's quantum ``q`` plus the
-    final rounding (the bound and the grid: :mod:`fluxmpi_py.training.exact_sum`;
-    ``exact_grid()`` gives ``q`` per parameter). A gradient beyond the grid raises
-    :class:`GridOverflowError` on every rank at ``step()``, naming the parameter; an inf or
-    NaN makes the reduced gradient NaN (GradScaler then skips the step). With ``module=``,
-    BatchNorm statistics are folded in the global micro-batch order at each step (other
-    buffers are taken from rank 0). ``step()`` leaves the gradients None. Not with
-    ``compression``, a ``closure``, ``Join``, or freezing parameters after construction.
-
-    ``group=`` (:func:`new_group`) averages over the group's members only: they train like one
-    process on their data; ranks outside the group may not construct it.
-
-    >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
-    >>> model = fm.synchronize_(model)  # the same start on every rank
-    >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
-    >>> model(torch.randn(8, 4)).pow(2).mean().backward()
-    >>> opt.step(); opt.zero_grad()
+    Examples:
+        >>> import torch, fluxmpi_py as fm; fm.Init()
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+        >>> model = fm.synchronize_(model)  # the same start on every rank
+        >>> opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)
+        >>> model(torch.randn(8, 4)).pow(2).mean().backward()
+        >>> opt.step(); opt.zero_grad()
     """
 
     @user_call.of("DistributedOptimizer()")

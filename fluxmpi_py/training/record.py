@@ -46,6 +46,9 @@ def record_step(obj: Any) -> None:
     digests of every tensor and value (no collective), and the step given by ``--steps``
     ends the script on every rank.
 
+    Args:
+        obj: what to record: a model, an optimizer, a scheduler, or dicts and lists of them.
+
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)
     >>> opt = fm.DistributedOptimizer(torch.optim.AdamW(model.parameters()), deterministic=True)

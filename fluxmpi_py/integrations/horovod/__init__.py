@@ -97,6 +97,10 @@ def init(comm=None, process_sets=None) -> None:
     """Start the runtime (idempotent). ``comm``: an mpi4py communicator, as in Horovod;
     ``process_sets``: ProcessSets (or lists of ranks) to register, as ``add_process_set``.
 
+    Args:
+        comm: an mpi4py communicator, to run on its ranks only; None: the whole job.
+        process_sets: ProcessSets (or lists of ranks) to register, as ``add_process_set``.
+
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.is_initialized()
     True
     """
@@ -232,6 +236,12 @@ def join(device=-1) -> int:
     zeros). Other collectives, issued while some rank of their set has joined, raise on the
     ranks that issued them; the joined ranks keep waiting (see :mod:`._join`).
 
+    Args:
+        device: Horovod's device for the join's collectives; accepted and not needed here.
+
+    Returns:
+        The last rank to join.
+
     >>> import fluxmpi_py.horovod as hvd; hvd.init(); hvd.join() == hvd.size() - 1
     True
     """
@@ -240,6 +250,9 @@ def join(device=-1) -> int:
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's ``obj`` (pickled) on every rank of ``process_set``.
+
+    Args:
+        obj: the object to send, read on ``root_rank`` only; it must pickle.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0)
@@ -253,6 +266,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's ``obj`` (pickled), in rank order.
+
+    Args:
+        obj: this rank's object; it must pickle.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.init()
     >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))

@@ -87,6 +87,10 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
 def start_timeline(file_path, mark_cycles=False):
     """Not provided: Horovod's timeline has no fluxmpi_py counterpart.
 
+    Args:
+        file_path: Horovod's timeline file; not written.
+        mark_cycles: Horovod's flag; not used.
+
     >>> import fluxmpi_py.horovod as hvd; hvd.start_timeline("t.json")
     Traceback (most recent call last):
     NotImplementedError: hvd.start_timeline: the Horovod timeline is not provided by fluxmpi_py; profile with torch.profiler (the collectives show as their calls), and see fluxmpi_py's stall reports for waits
@@ -112,6 +116,10 @@ def stop_timeline():
 
 class PartialDistributedOptimizer:
     """Not provided.
+
+    Args:
+        *args: Horovod's arguments; any call raises NotImplementedError.
+        **kwargs: Horovod's keyword arguments; likewise.
 
     >>> import fluxmpi_py.horovod as hvd; hvd.PartialDistributedOptimizer(None)
     Traceback (most recent call last):

@@ -286,6 +286,21 @@ def DistributedOptimizer(
     only (a member that has called ``hvd.join()`` shadows its steps); on a rank outside the
     set, as in Horovod, the result steps the wrapped optimizer alone (no communication).
 
+    Args:
+        optimizer: the torch optimizer to wrap.
+        named_parameters: ``model.named_parameters()``, so that errors name parameters.
+        compression: ``hvd.Compression.none``, or ``.fp16`` (buckets travel as float16).
+        backward_passes_per_step: backward passes accumulated locally before one reduction.
+        op: ``hvd.Average`` or ``hvd.Sum``.
+        gradient_predivide_factor: where Horovod divides; the average is the same.
+        num_groups: Horovod's fusion hint; checked, not needed (buckets fuse already).
+        groups: Horovod's fusion groups; checked, not needed.
+        sparse_as_dense: accepted; sparse gradients are reduced dense either way.
+        process_set: average over this set's ranks only; a rank outside it steps alone.
+
+    Returns:
+        A ``fluxmpi_py.DistributedOptimizer`` around ``optimizer`` (``.optimizer`` is the wrapped one).
+
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1)
     >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
@@ -379,6 +394,10 @@ def broadcast_parameters(params, root_rank: int) -> None:
     ``params``: ``model.state_dict()``, ``model.named_parameters()`` or a list of tensors.
     Every rank must pass the same names, shapes and dtypes (checked; ValueError on every rank).
 
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a list of tensors.
+        root_rank: the rank whose values every rank takes.
+
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> m = torch.nn.Linear(2, 1); hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     """
@@ -399,6 +418,11 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     on a rank whose optimizer had no state yet, every parameter that requires grad and has no
     ``.grad`` gets a zero one (the next ``zero_grad()`` resets it); nothing else changes, and
     no weight moves (Horovod's dummy step applies weight decay to zero gradients).
+
+    Args:
+        optimizer: a torch optimizer, or an ``hvd.DistributedOptimizer``.
+        root_rank: the rank whose state every rank takes.
+        model: Horovod's older argument; not used.
 
     >>> import torch, fluxmpi_py.horovod as hvd; hvd.init()
     >>> opt = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())

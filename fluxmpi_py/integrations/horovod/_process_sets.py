@@ -28,6 +28,9 @@ class ProcessSet:
     use. ``size()``, ``rank()`` (the rank in the set; None outside it) and ``included()`` are
     None until it is registered. An mpi4py communicator is not accepted: give its ranks.
 
+    Args:
+        ranks_or_comm: the world ranks of the set (any order); not an mpi4py communicator.
+
     >>> import fluxmpi_py.horovod as hvd; ps = hvd.ProcessSet([2, 0]); ps.ranks, ps.size()
     ([0, 2], None)
     """

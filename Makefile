@@ -96,8 +96,12 @@ $(VENV)/.docs-deps: requirements-docs.txt
 	$(PY) -m pip install -q -r requirements-docs.txt
 	touch $@
 
+# Then scripts/check_site.py: every public name in the reference with its signature and no
+# private name in one; where chromium is installed, the site opened from disk in headless
+# Chromium (signatures shown, search answers; build/docs-search.png is that search).
 docs: $(VENV)/.docs-deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	mkdir -p build && $(PY) scripts/check_site.py site $$(command -v chromium >/dev/null && echo --browser --screenshot build/docs-search.png)
 	@echo "docs: site/index.html"
 
 # The mechanical fixes only: pyupgrade (then the typing imports it leaves unused) and import

@@ -9,6 +9,9 @@
   the line ``<!-- api-names -->`` becomes one row per ``::: name`` directive of the page (its
   link, its kind and its docstring's first sentence), read from the sources as the reference
   is (scripts/griffe_fluxmpi.py), so the table cannot drift from the entries below it.
+- The search index is also written as search/search_index.js (``var __index = ...``), which
+  docs/javascripts/offline-search.js loads and searches when the site is opened from disk:
+  a browser gives a file:// page neither the theme's web worker nor its fetch of the index.
 """
 
 from __future__ import annotations
@@ -86,3 +89,12 @@ def on_page_markdown(markdown, page, config, files):
     if "/" not in page.file.src_uri:
         return markdown.replace(f"]({OUTSIDE}", f"]({RESULTS}/")
     return markdown
+
+
+def on_post_build(config):
+    index = os.path.join(config["site_dir"], "search", "search_index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            data = f.read()
+        with open(index[: -len(".json")] + ".js", "w", encoding="utf-8") as f:
+            f.write(f"var __index = {data};\n")

@@ -31,8 +31,10 @@ __all__ = [
     "sum_order",
 ]
 
-#: The reduction ops every reducing collective accepts.
 OPS = REDUCE_OPS
+"""The reduction op names every reducing collective accepts: ``("sum", "average", "min",
+"max", "prod", "band", "bor", "bxor")``; ``"mean"`` and ``"avg"`` are also taken for
+``"average"``."""
 
 
 _NO_ROOT = object()

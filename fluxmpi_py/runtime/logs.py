@@ -19,6 +19,7 @@ from .._core import C
 __all__ = ["get_logger", "RankFilter", "RANK_FORMAT"]
 
 RANK_FORMAT = "[%(rank)s / %(world_size)s] %(asctime)s %(levelname)s %(name)s: %(message)s"
+"""get_logger's default line format: ``[rank / size] time LEVEL name: message``."""
 
 # What launchers set for each rank (Open MPI, MPICH/Hydra, PMIx, Slurm), before Init runs.
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")

@@ -38,10 +38,10 @@ class _Default:
         return "DEFAULT"
 
 
-#: Init's default for ``stall_warning``, ``timeout`` and ``flight_dir``: the environment's
-#: setting (``FLUXMPI_STALL_WARNING``, ``FLUXMPI_TIMEOUT``, ``FLUXMPI_FLIGHT_DIR``), else the
-#: built-in one; on a second ``Init`` call, the value in force is kept.
 DEFAULT: Any = _Default()  # Any: it stands in for an argument of any type
+"""Init's default for ``stall_warning``, ``timeout`` and ``flight_dir``: the environment's
+setting (``FLUXMPI_STALL_WARNING``, ``FLUXMPI_TIMEOUT``, ``FLUXMPI_FLIGHT_DIR``), else the
+built-in one; on a second ``Init`` call, the value in force is kept."""
 _UNSET = DEFAULT
 _thread: threading.Thread | None = None
 

@@ -104,7 +104,16 @@ class SyncBatchNorm(_BatchNorm):
     backward) together, all in training mode; a rank that does otherwise makes the next
     collective disagree, which raises on every rank. Eval mode is ``F.batch_norm`` with the
     running statistics (with ``track_running_stats=False``, this rank's batch statistics, as
-    torch's SyncBatchNorm), without communication. Arguments as ``torch.nn.BatchNorm1d``.
+    torch's SyncBatchNorm), without communication.
+
+    Args:
+        num_features: C, the number of channels.
+        eps: added to the variance, for numerical stability.
+        momentum: the running statistics' update factor; None: a cumulative average.
+        affine: True: learnable per-channel weight and bias.
+        track_running_stats: True: keep running statistics for eval mode.
+        device: where the parameters and buffers are made.
+        dtype: their dtype.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> bn = fm.SyncBatchNorm(3)
@@ -115,6 +124,19 @@ class SyncBatchNorm(_BatchNorm):
     >>> torch.allclose(bn.running_mean, 0.1 * allx.mean(0))
     True
     """
+
+    # torch's BatchNorm arguments, spelled out so that the reference shows them.
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
 
     def _check_input_dim(self, input):
         if input.dim() < 2:

@@ -37,8 +37,8 @@ from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._reducescatter import *  # noqa: F403
 from ._topology import *  # noqa: F403
+from ...training import SyncBatchNorm  # hvd.SyncBatchNorm is fluxmpi_py's
 
-SyncBatchNorm = _fm.SyncBatchNorm
 
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
 __test__ = {

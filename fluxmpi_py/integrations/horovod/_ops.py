@@ -11,18 +11,18 @@ from ...runtime.groups import on_group as _on_group
 from . import _process_sets
 
 # Horovod's reduction op constants, as the fluxmpi_py op names they map to.
-#: ``op=hvd.Sum``: the sum over the ranks (fluxmpi_py's ``"sum"``).
 Sum = "sum"
-#: ``op=hvd.Average``: the mean over the ranks (``"average"``), Horovod's default.
+"""``op=hvd.Sum``: the sum over the ranks (fluxmpi_py's ``"sum"``)."""
 Average = "average"
-#: ``op=hvd.Min``: the smallest over the ranks (``"min"``).
+"""``op=hvd.Average``: the mean over the ranks (``"average"``), Horovod's default."""
 Min = "min"
-#: ``op=hvd.Max``: the largest over the ranks (``"max"``).
+"""``op=hvd.Min``: the smallest over the ranks (``"min"``)."""
 Max = "max"
-#: ``op=hvd.Product``: the product over the ranks (``"prod"``).
+"""``op=hvd.Max``: the largest over the ranks (``"max"``)."""
 Product = "prod"
-#: ``op=hvd.Adasum``: accepted as a name; every call with it raises NotImplementedError.
+"""``op=hvd.Product``: the product over the ranks (``"prod"``)."""
 Adasum = "adasum"
+"""``op=hvd.Adasum``: accepted as a name; every call with it raises NotImplementedError."""
 
 
 def _op(average, op) -> str:

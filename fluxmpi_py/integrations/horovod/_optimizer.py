@@ -18,6 +18,7 @@ from ...collectives import rows as _gc
 from ...sync.synchronize import synchronize_
 from ...training.join import JoinState
 from ...training.optimizer import DistributedOptimizer as _FluxDistributedOptimizer
+from ._ops import Average
 from ._process_sets import group_of
 
 __all__ = [
@@ -260,7 +261,7 @@ def DistributedOptimizer(
     named_parameters=None,
     compression=Compression.none,
     backward_passes_per_step=1,
-    op=_AVERAGE,
+    op=Average,
     gradient_predivide_factor=1.0,
     num_groups=0,
     groups=None,

@@ -78,6 +78,7 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])
+"""The process set of every rank (id 0): ``process_set=hvd.global_process_set``."""
 global_process_set.process_set_id = 0
 
 # id -> the registered ProcessSet objects with that id (the first one answers for the id).

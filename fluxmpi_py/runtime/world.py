@@ -135,6 +135,10 @@ def Init(
                 torch.cuda.set_device(early)
         C.init(_comm_handle(comm))
         if first or stall_warning is not DEFAULT or timeout is not DEFAULT:
+            if not first:  # a second call changes what it names, and keeps the other
+                in_force = C.stall_settings()
+                warning_s = in_force[0] if stall_warning is DEFAULT else warning_s
+                timeout_s = in_force[1] if timeout is DEFAULT else timeout_s
             C.set_stall_settings(warning_s, timeout_s)
         if flight is not None and (first or flight_dir is not DEFAULT):
             try:

@@ -4,6 +4,7 @@ These tests call launch() from the pytest process itself (which never calls Init
 launch bounded by a timeout.
 """
 
+import linecache
 import os
 import sys
 import time
@@ -126,6 +127,49 @@ def test_function_from_main_travels_by_value():
     )
     assert namespace["cell_fn"].__module__ == "__main__"
     assert fm.launch(namespace["cell_fn"], 3, np=2, timeout=120) == 21
+
+
+# A notebook cell, as IPython compiles it: a file name of its own, not on disk, whose lines
+# only linecache holds (the rank cannot read them).
+CELL = """
+def train(scale):
+    import fluxmpi_py as fm
+    print(f"step on rank {fm.local_rank()}", flush=True)
+    if fm.local_rank() == 1:
+        raise ValueError(f"bad scale {scale} on rank 1")
+    fm.barrier()  # rank 0 waits here for rank 1, which never comes
+    return scale
+"""
+# What Open MPI prints when a rank aborts or a job ends with a failed rank (it differs from run
+# to run): none of it may follow the failure.
+MPI_NOISE = ("MPI_ABORT", "ORTE_ERROR_LOG", "Out of resource", "Data unpack", "Primary job",
+             "prterun", "mpiexec", "-------")  # fmt: skip
+
+
+def test_a_failure_in_a_cell_is_shown_once_with_the_cells_line(capfd):
+    if launch_mod._cloudpickle is None:
+        pytest.skip("cloudpickle is not installed")
+    filename = f"/tmp/ipykernel_{os.getpid()}/cell_7.py"
+    linecache.cache[filename] = (len(CELL), None, CELL.splitlines(True), filename)
+    namespace = {"__name__": "__main__"}
+    exec(compile(CELL, filename, "exec"), namespace)
+    try:
+        with pytest.raises(fm.LaunchError) as info:
+            fm.launch(namespace["train"], 3, np=2, timeout=120)
+    finally:
+        linecache.cache.pop(filename, None)
+    err = str(info.value)
+    line = CELL.split("\n").index('        raise ValueError(f"bad scale {scale} on rank 1")') + 1
+    assert err.startswith("launch: rank 1 of 2 raised ValueError: bad scale 3 on rank 1"), err
+    # the cell's file and line, with its source, where the rank saw "<dynamic-code>"
+    assert f'File "{filename}", line {line}, in train\n    raise ValueError(' in err, err
+    assert "<dynamic-code>" not in err and "_child_main" not in err, err
+    assert err.count("Traceback") == 1, err
+    streamed = "".join(capfd.readouterr())
+    assert "step on rank 0" in streamed and "step on rank 1" in streamed, streamed
+    # shown once: the ranks printed no traceback, and nothing of Open MPI's followed
+    assert "Traceback" not in streamed and "ValueError" not in streamed, streamed
+    assert not [n for n in MPI_NOISE if n in streamed], streamed
 
 
 def test_source_fallback_without_cloudpickle(monkeypatch):

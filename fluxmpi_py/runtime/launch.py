@@ -16,6 +16,12 @@ The ranks run under ``mpiexec`` (with ``--oversubscribe`` for Open MPI) with the
 streamed as it comes. ``launch`` returns rank 0's return value, or raises :class:`LaunchError`
 carrying the traceback of the rank that failed first. A timeout, an error or Ctrl-C (a Jupyter
 interrupt) kills every process of the job, so no rank outlives the call.
+
+A rank that raises prints nothing: it records its exception for the caller and waits to be
+ended. The caller, which watches for such records while it streams the output, ends the whole
+job at once and raises LaunchError, so the failure is shown once, in the error (with the
+notebook cell's name and line, launch_traceback.py), and no abort message of the MPI library
+follows it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ import os
 import pickle
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,8 @@ from collections import deque
 from typing import Any, Callable
 
 from .._util.files import write_atomic
+from .launch_job import _child_env, _kill_group, _mpiexec
+from .launch_traceback import rewrite, where
 from .world import Init, local_rank
 
 try:  # optional: by-value pickling of notebook functions
@@ -46,36 +53,13 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = ["launch", "LaunchError"]
 
-# Variables that an MPI launcher (or a singleton MPI_Init) puts into a rank's environment.
-# A nested mpiexec that inherits them believes it is part of the outer job, so they go.
-_LAUNCHER_PREFIXES = (
-    "PMIX_",
-    "PMI_",
-    "OMPI_COMM_WORLD_",
-    "OMPI_MCA_orte_",
-    "OMPI_MCA_ess",
-    "OMPI_MCA_pmix",
-    "HYDRA_",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-)
-_LAUNCHER_NAMES = (
-    "OMPI_APP_CTX_NUM_PROCS",
-    "OMPI_COMMAND",
-    "OMPI_FILE_LOCATION",
-    "OMPI_FIRST_RANKS",
-    "OMPI_NUM_APP_CTX",
-    "OMPI_UNIVERSE_SIZE",
-    "OMPI_ARGV",
-    "OMPI_MCA_initial_wdir",
-    "OMPI_MCA_mpi_oversubscribe",
-    "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
-)
-
 _CHILD_CODE = (
     "import sys; from fluxmpi_py.runtime.launch import _child_main; _child_main(sys.argv[1])"
 )
 _TAIL_LINES = 60
+# How long a failed rank waits for launch() to end the job (it does so within a second);
+# past this the rank exits by itself, in case the caller is gone.
+_FAILED_RANK_WAIT_S = 60.0
 
 
 class LaunchError(RuntimeError):
@@ -149,80 +133,13 @@ def _decode_callable(spec: dict) -> Callable:
     return namespace[spec["name"]]
 
 
-def _child_env(np: int, extra: dict | None) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_NAMES
-    }
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
-        PYTHONUNBUFFERED="1",
-    )
-    # Share the cores instead of every rank starting one thread per core.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // np)))
-    # The ranks must import what the parent imports (fluxmpi_py, the module of fn).
-    paths = [p or os.getcwd() for p in sys.path]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    # A notebook's inline plotting backend means nothing to a headless rank.
-    if env.get("MPLBACKEND", "").startswith("module://"):
-        del env["MPLBACKEND"]
-    if extra:
-        env.update({str(k): str(v) for k, v in extra.items()})
-    return env
-
-
-def _session_members(sid: int):
-    """Pids in session ``sid`` (Linux /proc; empty elsewhere). Open MPI puts each rank in a
-    process group of its own, so killing mpiexec's group alone can leave ranks behind; they
-    all stay in the session that start_new_session gave mpiexec."""
-    pids = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to mpiexec (it forwards it to the ranks), then SIGKILL to whatever is left of
-    the job's session, ranks included."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=3.0)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    for _ in range(50):
-        members = [p for p in _session_members(proc.pid) if p != os.getpid()]
-        if proc.poll() is None:
-            members.append(proc.pid)
-        if not members:
-            break
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            proc.wait(timeout=0.1)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _stream(proc: subprocess.Popen, deadline: float | None, tail: deque) -> bool:
+def _stream(
+    proc: subprocess.Popen, deadline: float | None, tail: deque, failed: Callable[[], bool]
+) -> str:
     """Copy the ranks' stdout/stderr to ours as it arrives (from this thread, so that Jupyter
-    shows it under the running cell). Returns False if the deadline passed first."""
+    shows it under the running cell), until the job ends ("done"), the deadline passes
+    ("timeout") or ``failed()`` says a rank has failed ("failed": checked every 0.1 s; what
+    the ranks wrote before is copied first)."""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None  # started with PIPEs
     sinks = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
@@ -232,10 +149,13 @@ def _stream(proc: subprocess.Popen, deadline: float | None, tail: deque) -> bool
         sel.register(fd, selectors.EVENT_READ)
     try:
         while sel.get_map():
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                return False
-            for key, _ in sel.select(timeout=wait):
+            wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if wait <= 0:
+                return "timeout"
+            ready = sel.select(timeout=wait)
+            if not ready and failed():
+                return "failed"
+            for key, _ in ready:
                 fd = key.fd
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -255,38 +175,13 @@ def _stream(proc: subprocess.Popen, deadline: float | None, tail: deque) -> bool
                 tail.extend(text.splitlines())
                 sinks[fd].write(text)
                 sinks[fd].flush()
-        return True
+        return "done"
     finally:
         sel.close()
 
 
-_MPIEXEC = None
-
-
-def _mpiexec() -> list:
-    """mpiexec, with --oversubscribe when it is Open MPI's (MPICH's has no such flag and no
-    such limit): more ranks than cores is the normal case on a laptop or a notebook server."""
-    global _MPIEXEC
-    if _MPIEXEC is None:
-        path = shutil.which("mpiexec") or shutil.which("mpirun")
-        if path is None:
-            raise RuntimeError(
-                "launch: mpiexec is not on PATH; install Open MPI "
-                "(apt-get install openmpi-bin) or MPICH"
-            )
-        try:
-            version = subprocess.run(
-                [path, "--version"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                stdin=subprocess.DEVNULL,
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            version = ""
-        openmpi = "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version
-        _MPIEXEC = [path, "--oversubscribe"] if openmpi else [path]
-    return _MPIEXEC
+def _any_failure(workdir: str) -> bool:
+    return any(name.startswith("error.") for name in os.listdir(workdir))
 
 
 def _first_failure(workdir: str, np: int) -> dict | None:
@@ -343,6 +238,7 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
     mpiexec = _mpiexec()
     name = getattr(fn, "__qualname__", repr(fn))
     payload = {"fn": _encode_callable(fn), "args": _dumps((args, kwargs))}
+    files = where(fn)  # the cells and files of what travels, to name a rank's frames
 
     workdir = tempfile.mkdtemp(prefix="fluxmpi_launch_")
     try:
@@ -360,8 +256,11 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
             start_new_session=True,
         )
         try:
-            finished = _stream(proc, deadline, tail)
-            if finished:
+            outcome = _stream(proc, deadline, tail, lambda: _any_failure(workdir))
+            finished = outcome != "timeout"
+            if outcome == "failed":
+                time.sleep(0.2)  # ranks that raise together (a bad argument) all record theirs
+            elif finished:
                 wait = None if deadline is None else max(0.1, deadline - time.monotonic())
                 try:
                     proc.wait(timeout=wait)
@@ -379,12 +278,13 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
             )
         failure = _first_failure(workdir, np)
         if failure is not None:
+            remote = rewrite(failure["traceback"], files)
             raise LaunchError(
-                f"launch: rank {failure['rank']} of {np} raised {failure['type']}: {failure['message']}\n"
-                f"\nTraceback on rank {failure['rank']}:\n{failure['traceback']}",
+                f"launch: rank {failure['rank']} of {np} raised {failure['type']}: "
+                f"{failure['message']}\n\n{remote.rstrip()}",
                 rank=failure["rank"],
                 exc_type=failure["type"],
-                remote_traceback=failure["traceback"],
+                remote_traceback=remote,
             )
         result_path = os.path.join(workdir, "result.pkl")
         if proc.returncode != 0 or not os.path.exists(result_path):
@@ -413,12 +313,18 @@ def _child_main(workdir: str) -> None:
     except BaseException as e:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             raise
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # from fn on
         record = {
             "rank": rank,
             "time": time.time(),
             "type": type(e).__name__,
             "message": str(e),
-            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__)),
+            "traceback": "".join(traceback.format_exception(type(e), e, tb)),
         }
         write_atomic(os.path.join(workdir, f"error.{rank}.json"), json.dumps(record).encode())
-        raise  # on several ranks, Init's excepthook aborts the job so no rank waits forever
+        # Nothing printed, no abort: launch() sees the record and ends every rank of the job
+        # at once, so that the traceback is shown once and no MPI abort message follows it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(_FAILED_RANK_WAIT_S)
+        os._exit(1)

@@ -15,6 +15,7 @@ every rank holds the same weights (exit status 1 if either check fails).
 
 import argparse
 import json
+import shutil
 import sys
 import time
 
@@ -37,7 +38,11 @@ def parse_args(argv=None):
         default=0.95,
         help="exit with status 1 if the held-out accuracy ends below this",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (none either where the terminal has no width, as under mpiexec)",
+    )
     p.add_argument("--checkpoint", metavar="PATH", help="save model and optimizer here at the end")
     p.add_argument("--summary", metavar="PATH", help="write the results as JSON here (rank 0)")
     args = p.parse_args(argv)
@@ -131,12 +136,16 @@ def main(argv=None):
         return padded[torch.arange(len(xb))[:, None, None], 0, rows, cols].unsqueeze(1)
 
     history = {"loss": [], "train_accuracy": [], "test_accuracy": []}
+    # A live bar needs a terminal with a width: under mpiexec, Open MPI gives each rank a
+    # pseudo-terminal 0 columns wide (whether mpiexec's own output is a terminal or a file),
+    # where tqdm draws empty lines. There the epoch lines below are the progress.
+    live = sys.stdout.isatty() and shutil.get_terminal_size((0, 0)).columns > 0
     bar = tqdm(
         total=args.epochs * len(loader),
         unit="step",
         mininterval=0.25,
         file=sys.stdout,
-        disable=rank != 0 or args.no_progress,
+        disable=rank != 0 or args.no_progress or not live,
         desc="training",
     )
     for epoch in range(args.epochs):
@@ -186,10 +195,14 @@ def main(argv=None):
             f"held-out accuracy: {100 * accuracy:.1f}% ({correct}/{seen} images never seen in "
             f"training; bar {100 * args.min_accuracy:.0f}%)"
         )
-        print(
-            f"weights identical on all {world} rank{'s' if world > 1 else ''}: {'yes' if identical else 'NO'} "
-            f"(largest difference between ranks {max_diff:g} over {n_params:,} parameters)"
-        )
+        ranks = f"{world} rank{'s' if world > 1 else ''}"
+        if identical:
+            print(f"weights identical on all {ranks}: yes (all {n_params:,} parameters equal)")
+        else:
+            print(
+                f"weights identical on all {ranks}: NO (the ranks differ by up to {max_diff:g} "
+                f"in a parameter, over {n_params:,} parameters)"
+            )
         print(f"done in {seconds:.1f} s: {'OK' if ok else 'FAILED'}", flush=True)
         if args.summary:
             with open(args.summary, "w") as f:

@@ -40,7 +40,9 @@ def text_of(fragment: str) -> str:
 
 def public_api() -> dict[str, list[str] | None]:
     """{dotted name: its parameter names, or None for a constant or a module}."""
-    ext = griffe.load_extensions(os.path.join(ROOT, "scripts", "griffe_fluxmpi.py") + ":FluxmpiPublicApi")
+    ext = griffe.load_extensions(
+        os.path.join(ROOT, "scripts", "griffe_fluxmpi.py") + ":FluxmpiPublicApi"
+    )
     pkg = griffe.load("fluxmpi_py", search_paths=[ROOT], extensions=ext)
     out: dict[str, list[str] | None] = {}
     for mod in (pkg, pkg["horovod"]):
@@ -59,7 +61,9 @@ def public_api() -> dict[str, list[str] | None]:
 def entries(site: str) -> dict[str, tuple[str, str]]:
     """{entry id: (page path, the entry's HTML up to the next entry)} of the API pages."""
     found = {}
-    pages = glob.glob(os.path.join(site, "api", "*.html")) + [os.path.join(site, "api-horovod.html")]
+    pages = glob.glob(os.path.join(site, "api", "*.html")) + [
+        os.path.join(site, "api-horovod.html")
+    ]
     for page in pages:
         with open(page, encoding="utf-8") as f:
             text = f.read()
@@ -98,7 +102,7 @@ def check_reference(site: str, api: dict[str, list[str] | None]) -> list[str]:
             problems.append(f"{name}: the signature lacks {missing}: {shown!r}")
         if params and "Parameters:" not in text_of(body.split("doc-signature", 1)[1][:200000]):
             problems.append(f"{name}: no parameter table")
-    for name, (page, body) in found.items():
+    for name, (_page, body) in found.items():
         for sig in SIGNATURE.finditer(body.split('<div class="doc doc-object', 1)[0]):
             shown = text_of(sig.group(1))
             if PRIVATE.search(shown):
@@ -107,7 +111,9 @@ def check_reference(site: str, api: dict[str, list[str] | None]) -> list[str]:
 
 
 def chromium() -> str | None:
-    return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    return (
+        os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
 
 
 def browse(browser: str, url: str, *extra: str) -> str:
@@ -138,7 +144,12 @@ def check_browser(site: str, screenshot: str | None) -> list[str]:
     else:
         print(f"check_site: from disk, search {query[3:]!r}: {hits} results")
     if screenshot:
-        browse(browser, f"{base}/index.html{query}", "--window-size=1300,900", f"--screenshot={os.path.abspath(screenshot)}")
+        browse(
+            browser,
+            f"{base}/index.html{query}",
+            "--window-size=1300,900",
+            f"--screenshot={os.path.abspath(screenshot)}",
+        )
     return problems
 
 

@@ -66,7 +66,9 @@ def test_quickstart_prints_from_rank_0_with_a_summary():
 def test_quickstart_all_ranks_loss_falls_on_each():
     _, out = run_mpi(example("quickstart.py"), 2, "--all-ranks", "--epochs", 20, timeout=180)
     for r in range(2):  # every rank prints its own loss on its own data, each epoch
-        losses = [float(v) for v in re.findall(rf"^\[{r} / 2\] Epoch \d+: Loss ([\d.]+)$", out, re.M)]
+        losses = [
+            float(v) for v in re.findall(rf"^\[{r} / 2\] Epoch \d+: Loss ([\d.]+)$", out, re.M)
+        ]
         assert len(losses) == 20 and losses[-1] < losses[0], (r, losses)
     assert "parameters identical on all 2 ranks: True" in out
 

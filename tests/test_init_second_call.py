@@ -27,7 +27,10 @@ def test_a_second_init_says_what_it_does_not_apply(zygote, tmp_path):
     found = json.loads(line[-1][len("RESULT ") :])
     for quiet in ({}, {"timeout": 30}, {"stall_warning": 5, "debug": "off"}, {"verbose": False}):
         assert found[json.dumps(quiet)] == [], (quiet, found)
-    for asked, shown in (({"verbose": True}, "verbose=True"), ({"gpu_devices": [0]}, "gpu_devices=[0]")):
+    for asked, shown in (
+        ({"verbose": True}, "verbose=True"),
+        ({"gpu_devices": [0]}, "gpu_devices=[0]"),
+    ):
         (message,) = found[json.dumps(asked)]
         assert message.startswith(f"Init({shown}): fluxmpi_py is already started"), message
         assert "only the first Init applies" in message, message

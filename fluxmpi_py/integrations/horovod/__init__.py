@@ -18,6 +18,7 @@ import torch
 
 import fluxmpi_py as _fm
 
+from ...training import SyncBatchNorm  # hvd.SyncBatchNorm is fluxmpi_py's
 from . import (
     _collectives,
     _extras,
@@ -37,8 +38,6 @@ from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._reducescatter import *  # noqa: F403
 from ._topology import *  # noqa: F403
-from ...training import SyncBatchNorm  # hvd.SyncBatchNorm is fluxmpi_py's
-
 
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
 __test__ = {

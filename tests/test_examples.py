@@ -223,3 +223,43 @@ def test_notebook_runs_top_to_bottom(monkeypatch):
     assert "[1 / 2] loss" in text  # launch() streamed rank 1's output into the notebook
     assert "'world': 2" in text and "'identical_weights': True" in text  # rank 0's result
     assert "rank 1 raised ValueError" in text
+
+
+def test_notebook_shows_a_rank_failure_once(monkeypatch):
+    # fm.launch from a notebook, a rank raising: the cell's error names the rank and the cell's
+    # line once; the ranks' streamed output holds no traceback and nothing of Open MPI's.
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    for k, v in mpi_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import fluxmpi_py as fm"),
+        nbformat.v4.new_code_cell(
+            "def train(scale):\n"
+            "    import fluxmpi_py as fm\n"
+            "    print(f'step on rank {fm.local_rank()}', flush=True)\n"
+            "    if fm.local_rank() == 1:\n"
+            "        raise ValueError(f'bad scale {scale}')\n"
+            "    fm.barrier()\n"
+            "    return scale"
+        ),
+        nbformat.v4.new_code_cell("fm.launch(train, 3, np=2, timeout=120)"),
+    ]
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True)
+    client.execute()
+    outputs = nb.cells[2].outputs
+    streamed = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    (error,) = [o for o in outputs if o["output_type"] == "error"]
+    assert error["ename"] == "LaunchError", error
+    assert error["evalue"].startswith("launch: rank 1 of 2 raised ValueError: bad scale 3"), error
+    # the rank's frame is the cell's line, as IPython names cells, with its source
+    assert "Cell In[2], line 5, in train\n    raise ValueError(f'bad scale {scale}')" in (
+        error["evalue"]
+    ), error["evalue"]
+    assert "<dynamic-code>" not in error["evalue"] and error["evalue"].count("Traceback") == 1
+    assert "step on rank 0" in streamed and "step on rank 1" in streamed, streamed
+    assert "Traceback" not in streamed and "ValueError" not in streamed, streamed
+    noise = ("MPI_ABORT", "ORTE", "Out of resource", "Data unpack", "Primary job", "prterun", "---")
+    assert not [n for n in noise if n in streamed], streamed

@@ -255,8 +255,9 @@ def test_notebook_shows_a_rank_failure_once(monkeypatch):
     assert error["ename"] == "LaunchError", error
     assert error["evalue"].startswith("launch: rank 1 of 2 raised ValueError: bad scale 3"), error
     # the rank's frame is the cell's line, as IPython names cells, with its source
-    assert "Cell In[2], line 5, in train\n    raise ValueError(f'bad scale {scale}')" in (
-        error["evalue"]
+    assert (
+        "Cell In[2], line 5, in train\n    raise ValueError(f'bad scale {scale}')"
+        in (error["evalue"])
     ), error["evalue"]
     assert "<dynamic-code>" not in error["evalue"] and error["evalue"].count("Traceback") == 1
     assert "step on rank 0" in streamed and "step on rank 1" in streamed, streamed

@@ -55,31 +55,13 @@ __all__ = ["DistributedDataContainer"]
 class DistributedDataContainer(torch.utils.data.Dataset):
     """This rank's shard of ``data``, as a map-style torch Dataset.
 
-    ``data`` is anything with ``__len__`` and ``__getitem__`` (a Dataset, TensorDataset, list,
-    tensor or numpy array). Rank and world size come from ``fluxmpi_py.Init()``; pass ``rank=``
-    and ``world_size=`` to use it without MPI, or ``group=`` (:func:`new_group`) to shard over
-    the group's members. See the module docstring for ``shuffle``,
-    ``pad`` and ``drop_last``. ``len(container)`` is this rank's sample count; item ``i`` is
-    ``data[index]`` for the ``i``-th index of the shard in this epoch's order.
-
-    ``global_batch_size=G, micro_batch_size=m``: the same samples per step at any world size
-    (as :class:`DistributedSampler`'s: step s is positions ``[s*G, (s+1)*G)`` of an order
-    that does not depend on the world size, rank r of W takes its ``G/(m*W)`` contiguous
-    micro-batches; ``pad`` and ``drop_last`` do not apply). Read it with
-    ``DataLoader(container, batch_size=m)``.
-
-    ``set_epoch(e)`` picks the epoch's permutation (with ``shuffle=True``). Call it before the
-    DataLoader iterator is created. The epoch, seed and resume position live in a few bytes of
-    shared memory that the container's copies in DataLoader workers read at each item (or
-    batch), so persistent workers follow ``set_epoch`` and ``load_state_dict`` too. A copy
-    made with ``pickle`` or ``copy`` is independent of the original.
-
-    Resuming: ``state_dict()`` reports ``position``, the number of this rank's samples already
-    delivered this epoch. Iterating the container itself (``for x in container``) counts them.
-    A DataLoader reads ahead of your loop, so when one drives the container pass what your
-    loop consumed: ``state_dict(consumed=steps * batch_size)``. After ``load_state_dict`` the
-    container shows the rest of that epoch (``len`` shrinks by ``position``) until
-    ``set_epoch`` moves to another epoch; ``set_epoch`` with the same epoch keeps it.
+    ``DataLoader(DistributedDataContainer(dataset, shuffle=True), batch_size=B)``: every rank
+    reads its own share. ``len(container)`` is this rank's sample count; item ``i`` is
+    ``data[index]`` for the ``i``-th index of the shard in this epoch's order. ``set_epoch(e)``
+    picks the epoch's permutation (call it before the DataLoader iterator is created); copies
+    in DataLoader workers follow it. ``state_dict(consumed=steps * batch_size)`` and
+    ``load_state_dict`` resume mid-epoch. Which samples each rank takes, the same samples per
+    step at any world size, and resuming: the guide's [Data][data-guide] page.
 
     Args:
         data: anything with ``__len__`` and ``__getitem__`` (a Dataset, list, tensor, array).

@@ -38,32 +38,13 @@ __all__ = ["DistributedSampler", "FullDatasetWarning", "check_dataloader"]
 class DistributedSampler(torch.utils.data.Sampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` that needs no ``randperm(n)`` list.
 
-    Same arguments, ``set_epoch``, ``len`` and ``iter`` (plus ``pad``, see the module
-    docstring). ``dataset`` may also be the dataset's length as an int. Rank and replica
-    count come from ``fluxmpi_py.Init()`` unless given. Indices are computed in C++ in chunks
-    of 4 Ki as the iterator advances: the first comes at once and memory stays flat.
-
-    Unlike torch's sampler (which deals positions round-robin), each rank takes a contiguous
-    range of the epoch's order, as DistributedDataContainer does; with ``shuffle=True`` (the
-    default) that is equally random.
-
-    ``global_batch_size=G, micro_batch_size=m``: the same samples per step at any world size.
-    Step s takes positions ``[s*G, (s+1)*G)`` of the epoch's order (which then does not
-    depend on ``num_replicas``), cut into ``G/m`` micro-batches; rank r takes the
-    ``k = G/(m*num_replicas)`` contiguous micro-batches ``r*k .. r*k+k-1``. Use it with
-    ``DataLoader(batch_size=m)`` and ``DistributedOptimizer(deterministic=True,
-    backward_passes_per_step=k)`` (:attr:`micro_batches_per_rank`). A ``num_replicas`` that
-    does not divide ``G/m`` raises ValueError (on every rank) naming the sizes that work;
-    the last ``n mod G`` samples of an epoch are left out; ``pad`` and ``drop_last`` do not apply.
-
-    A DistributedDataContainer (or a ``Subset`` of one) is already one rank's shard: as
-    ``dataset`` it raises TypeError when both shard (its world_size and num_replicas > 1).
-
-    Resuming: ``state_dict()`` reports ``position``, how far the latest iterator got in this
-    rank's shard this epoch. A DataLoader draws indices ahead of your loop (prefetch), so pass
-    what the loop consumed: ``state_dict(consumed=steps * batch_size)``. After
-    ``load_state_dict`` the next iterator starts at that position (``len`` is the remainder);
-    later iterators, and ``set_epoch`` with another epoch, start at 0.
+    ``DataLoader(dataset, sampler=DistributedSampler(dataset), batch_size=B)``, with
+    ``set_epoch``, ``len`` and ``iter`` as torch's. Indices are computed in C++ in chunks of
+    4 Ki as the iterator advances: the first comes at once and memory stays flat. Unlike
+    torch's sampler (which deals positions round-robin), each rank takes a contiguous range of
+    the epoch's order, as DistributedDataContainer does. ``state_dict(consumed=steps *
+    batch_size)`` and ``load_state_dict`` resume mid-epoch. Which samples each rank takes,
+    ``global_batch_size`` and resuming: the guide's [Data][data-guide] page.
 
     Args:
         dataset: the dataset, or its length as an int.

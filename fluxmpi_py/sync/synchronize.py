@@ -87,49 +87,37 @@ def synchronize_(
     root has, without taking any optimizer step), LR schedulers, ``torch.amp.GradScaler`` and
     ``torch.Generator`` states. Immutable containers are rebuilt around the same tensors.
     Anything else that pickles (numbers, str, bytes, None, ...) comes back as the root's
-    value. Keep the return value: ``x = fm.synchronize_(x)``.
-
-    Raises on every rank, before any data moves: ``ValueError`` when a tensor that must be
-    updated in place differs from the root's in shape or dtype (the message names its path,
-    e.g. ``fc.weight: shape (10, 5) on rank 1, (10, 4) on root 0``) or when root_rank is out
-    of range; ``TypeError`` for an object the root cannot send (naming path and type).
-
-    Small tensors travel packed into flat buffers of at most ``bucket_bytes`` bytes; tensors
-    of at least ``direct_bytes`` bytes are broadcast alone, from and into their own memory.
-    With ``relocate`` (the default), CPU parameters that no other tensor shares storage with
-    are moved, on the first call, into one flat storage per packed buffer: the same
-    ``Parameter`` objects with the same values, now views into it. Later calls then broadcast
-    that storage in place, with no packing, and large parameters travel in it too (unless a
-    rank cannot hold it in place: then large tensors go alone). ``relocate=False`` leaves
-    every storage alone.
+    value. Keep the return value: ``x = fm.synchronize_(x)``. How the tensors travel (packed
+    buckets, flat storage): the guide's [synchronize_][synchronize_-guide] page.
 
     Args:
         obj: what to synchronize: a model, an optimizer, a scheduler, a tensor, a generator,
             containers of these, or any value that pickles.
-        root_rank: the rank whose value every rank takes.
+        root_rank: the rank whose value every rank takes (with ``group``, a rank of the group).
         bucket_bytes: small tensors travel packed into flat buffers of at most this many bytes.
         direct_bytes: tensors of at least this many bytes are broadcast alone, in place.
         relocate: True: on the first call, move CPU parameters into one flat storage per
             buffer, so that later calls broadcast it without packing; False: leave storages.
+        group: a [`Group`][fluxmpi_py.Group]: bring its members to the root's value (a rank
+            outside it gets a ValueError); None: every rank.
 
     Returns:
         ``obj`` with root_rank's values (keep it: immutable containers are rebuilt).
 
     Raises:
-        ValueError: on every rank, for a tensor whose shape or dtype differs from the root's
-            (naming its path), or a root_rank out of range.
-        TypeError: on every rank, for an object the root cannot send.
+        ValueError: on every rank, before any data moves, for a tensor whose shape or dtype
+            differs from the root's (naming its path: ``fc.weight: shape (10, 5) on rank 1,
+            (10, 4) on root 0``), or a root_rank out of range.
+        TypeError: on every rank, for an object the root cannot send (naming path and type).
 
-    >>> import torch, fluxmpi_py as fm; fm.Init()
-    >>> model = torch.nn.Linear(4, 2)
-    >>> model = fm.synchronize_(model, root_rank=0)   # every rank now has rank 0's weights
-    >>> fm.synchronize_(fm.local_rank())              # the root's value: 0
-    0
-    >>> fm.synchronize_({"step": 3, "w": torch.ones(2)})["step"]
-    3
-
-    ``group=`` (:func:`new_group`) brings the group's members to the value of ``root_rank``,
-    a rank in the group; a rank outside it gets a ValueError.
+    Examples:
+        >>> import torch, fluxmpi_py as fm; fm.Init()
+        >>> model = torch.nn.Linear(4, 2)
+        >>> model = fm.synchronize_(model, root_rank=0)   # every rank now has rank 0's weights
+        >>> fm.synchronize_(fm.local_rank())              # the root's value: 0
+        0
+        >>> fm.synchronize_({"step": 3, "w": torch.ones(2)})["step"]
+        3
     """
     with on_group(group, "synchronize_()"):  # a rank outside the group raises here
         return _synchronize(obj, root_rank, bucket_bytes, direct_bytes, relocate)

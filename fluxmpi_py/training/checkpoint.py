@@ -100,22 +100,11 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
 
     Objects with a ``state_dict()`` (modules, optimizers, schedulers, ...) are stored as their
     state dict, anything else (numbers, tensors, dicts of them) as it is. The file is written
-    to a temporary name in the same directory, fsynced and renamed over ``path``. No rank
-    returns before the file is complete, so any rank may read it right after. A failed write
-    (a full disk) raises OSError on every rank, naming the path, and leaves any previous file
-    at ``path`` as it was.
-
-    ``rng=True`` also stores every rank's random number generator states (torch, CUDA when
-    initialized, numpy, Python's ``random``), which ``load_checkpoint`` restores on each rank.
-    ``rng`` is reserved for that flag: any other value (a tensor, say) raises TypeError on
-    every rank; store your own generator state under another name (``rng_state=...``).
-    The file ends with a digest of its bytes (crc32), which ``load_checkpoint`` checks.
-    Temporary files that a killed save of ``path`` left beside it (``.<name>.tmp<pid>...``,
-    no live process of that pid holding them open) are removed.
-    For a DataLoader in the loop, give it a generator of its own
-    (``generator=torch.Generator().manual_seed(s)``): creating its iterator then draws from
-    that, not from the global generator, whose state would otherwise depend on where the run
-    started.
+    to a temporary name in the same directory, fsynced and renamed over ``path``, and ends
+    with a digest of its bytes (crc32) that ``load_checkpoint`` checks. No rank returns before
+    the file is complete, so any rank may read it right after. What makes a resume exact
+    (``rng=True``, the data position, a DataLoader's own generator): the guide's
+    [Checkpoints][checkpoints-guide].
 
     Args:
         path: the file to write (str or path-like); its directory must exist.
@@ -312,24 +301,12 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
 
     Each keyword names an entry of the checkpoint and an object to restore in place:
     ``load_state_dict`` is called on modules, optimizers and anything that has one, and
-    tensors are copied into. The returned dict holds every entry as stored (state dicts for
-    modules and optimizers), identical on every rank. ``weights_only`` is passed to
-    ``torch.load``; True accepts tensors, numbers, strings and containers of them.
-
-    All or nothing: before any target is touched, every rank checks each one against its
-    entry (a module's keys, shapes and dtypes; an optimizer's parameter groups, their sizes
-    and the shapes of per-parameter state such as ``exp_avg``; a tensor's shape and dtype;
-    floating point may load into another floating dtype) and a misfit raises ValueError on
-    every rank, naming the target and the first differences. Targets of other kinds
-    (schedulers, ...) load first, so that their failure too leaves the checked ones untouched.
-    A damaged file (its digest does not match its bytes) raises ValueError on every rank,
-    naming the path, before anything is loaded. ``rng`` and ``weights_only`` are reserved
-    flags (TypeError for any other value).
-
-    Generator states saved with ``rng=True`` are restored on each rank (its own), when the
-    checkpoint holds them for this number of ranks (for another number: a warning, and they
-    are not restored). ``rng=True`` requires them (ValueError otherwise); ``rng=False``
-    leaves the generators alone.
+    tensors are copied into. All or nothing: before any target is touched, every rank checks
+    each one against its entry (a module's keys, shapes and dtypes; an optimizer's groups and
+    state shapes; a tensor's shape and dtype), and a misfit raises on every rank. Generator
+    states saved with ``rng=True`` are restored on each rank (its own) when the checkpoint
+    holds them for this number of ranks (for another number: a warning). More: the guide's
+    [Checkpoints][checkpoints-guide].
 
     Args:
         path: the checkpoint file, written by `save_checkpoint`.

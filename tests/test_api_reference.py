@@ -1,5 +1,5 @@
 """The API reference as a reader sees it: the site built by ``mkdocs build --strict`` (the
-docs' dependencies, requirements-docs.txt, ``make docs``) holds every public name of
+docs' dependencies, requirements-docs.txt, which requirements-dev.txt includes) holds every public name of
 ``fluxmpi_py`` and ``fluxmpi_py.horovod``, as imported, with its entry, its row in its page's
 table of names, and, for classes and functions, its signature with every parameter that
 ``inspect.signature`` gives; no signature shows a private name. With chromium installed, the

@@ -15,7 +15,7 @@ every rank holds the same weights (exit status 1 if either check fails).
 
 import argparse
 import json
-import shutil
+import os
 import sys
 import time
 
@@ -139,7 +139,11 @@ def main(argv=None):
     # A live bar needs a terminal with a width: under mpiexec, Open MPI gives each rank a
     # pseudo-terminal 0 columns wide (whether mpiexec's own output is a terminal or a file),
     # where tqdm draws empty lines. There the epoch lines below are the progress.
-    live = sys.stdout.isatty() and shutil.get_terminal_size((0, 0)).columns > 0
+    # (The terminal's own width: $COLUMNS, which shutil reads first, may be set regardless.)
+    try:
+        live = sys.stdout.isatty() and os.get_terminal_size(sys.stdout.fileno()).columns > 0
+    except OSError:  # not a terminal
+        live = False
     bar = tqdm(
         total=args.epochs * len(loader),
         unit="step",

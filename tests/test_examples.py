@@ -116,7 +116,7 @@ def test_digits_demo_reaches_the_bar_with_identical_weights(tmp_path):
     # Open MPI gives each rank a pseudo-terminal 0 columns wide: no bar there (tqdm would draw
     # empty lines), the epoch lines are the progress; no line is empty or a bar's remains
     lines = out.splitlines()
-    assert all(line.strip() for line in lines), lines
+    assert all(line.strip() for line in lines), out
     assert not any("\r" in line or "step/s" in line or "it/s" in line for line in lines), lines
     assert ckpt.exists()
 

@@ -235,15 +235,11 @@ def set_sum_order(order: str) -> None:
     A sum of three or more floats rounds differently in different orders. With "gloo",
     :func:`allreduce_` and ``torch.distributed.all_reduce`` sums of host tensors (float32,
     float64, float16, bfloat16) add each element's ranks in the order of torch's gloo backend,
-    rounding every addition to the dtype as gloo does. The result is gloo's to the bit, at any
-    size and any number of ranks, so DDP on the "fluxmpi" backend trains bit for bit as DDP on
-    gloo. Against "fastest" (3 ranks, one host) it took 1.2x the time at 4-64 KiB and 0.6-0.7x
-    at 1-4 MiB (docs/measurements.md). It covers single-tensor sums only: grouped calls,
-    reduce_, reduce_scatter and the DistributedOptimizer's gradients keep their own order, and
-    CUDA tensors sum in NCCL's order. Over 1 or 2 ranks every order gives the same bits.
-
-    ``FLUXMPI_SUM_ORDER=gloo`` in the environment sets it at the first sum. Ranks whose orders
-    differ raise a RuntimeError on every rank at their next sum, naming both orders.
+    so that DDP on the "fluxmpi" backend trains bit for bit as DDP on gloo (the guide's
+    [For DDP users][ddp-guide], with its cost). Single-tensor host sums only: grouped calls,
+    reduce_, reduce_scatter, the DistributedOptimizer's gradients and CUDA tensors keep their
+    own order. ``FLUXMPI_SUM_ORDER=gloo`` in the environment sets it at the first sum. Ranks
+    whose orders differ raise a RuntimeError on every rank at their next sum, naming both.
 
     Args:
         order: ``"fastest"`` or ``"gloo"`` (the additions in torch's gloo order).

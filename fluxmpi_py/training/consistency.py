@@ -212,12 +212,9 @@ def check_consistency(obj: Any) -> None:
     the first entry that differs by its path (``model.fc.weight``,
     ``optimizer.state[fc.weight].exp_avg``), the ranks that differ from rank 0 and, for
     floating tensors, the largest difference. Ranks holding different structures get the
-    first differing entry's description instead.
-
-    Cost: one allreduce of two int64s when the ranks agree, plus hashing every byte locally
-    (about 7 GB/s on one core); tensors off the CPU are copied to the host first. Measured
-    (benchmarks/bench_consistency.py) on ResNet-50's parameters with SGD momentum, 322
-    tensors and 204 MB: 31 ms per call on 1 rank, 60 ms on 2 ranks sharing 2 cores.
+    first differing entry's description instead. Cost: one allreduce of two int64s when the
+    ranks agree, plus hashing every byte locally (measured: the guide's
+    [Checkpoints][checkpoints-guide] page).
 
     Args:
         obj: what to compare: a model, an optimizer, a tensor, a generator, anything with

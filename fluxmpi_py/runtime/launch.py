@@ -60,6 +60,8 @@ _TAIL_LINES = 60
 # How long a failed rank waits for launch() to end the job (it does so within a second);
 # past this the rank exits by itself, in case the caller is gone.
 _FAILED_RANK_WAIT_S = 60.0
+# How long launch() keeps copying the ranks' output once a rank has failed.
+_FAILURE_GRACE_S = 0.3
 
 
 class LaunchError(RuntimeError):
@@ -138,8 +140,9 @@ def _stream(
 ) -> str:
     """Copy the ranks' stdout/stderr to ours as it arrives (from this thread, so that Jupyter
     shows it under the running cell), until the job ends ("done"), the deadline passes
-    ("timeout") or ``failed()`` says a rank has failed ("failed": checked every 0.1 s; what
-    the ranks wrote before is copied first)."""
+    ("timeout") or ``failed()`` says a rank has failed ("failed": checked every 0.1 s; the
+    output keeps being copied for _FAILURE_GRACE_S more, for what mpiexec still forwards of
+    what the ranks wrote before, and for the other ranks that raise together to record)."""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None  # started with PIPEs
     sinks = {proc.stdout.fileno(): sys.stdout, proc.stderr.fileno(): sys.stderr}
@@ -147,14 +150,20 @@ def _stream(
     for fd in sinks:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
+    checked, stop_at = time.monotonic(), None
     try:
         while sel.get_map():
-            wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-            if wait <= 0:
-                return "timeout"
-            ready = sel.select(timeout=wait)
-            if not ready and failed():
+            now = time.monotonic()
+            if stop_at is not None and now >= stop_at:
                 return "failed"
+            wait = 0.1 if deadline is None else min(0.1, deadline - now)
+            if wait <= 0:
+                return "failed" if stop_at is not None else "timeout"
+            ready = sel.select(timeout=wait)
+            if stop_at is None and (not ready or time.monotonic() - checked >= 0.1):
+                checked = time.monotonic()  # also while a chatty rank keeps the pipes busy
+                if failed():
+                    stop_at = checked + _FAILURE_GRACE_S
             for key, _ in ready:
                 fd = key.fd
                 chunk = os.read(fd, 65536)
@@ -175,7 +184,7 @@ def _stream(
                 tail.extend(text.splitlines())
                 sinks[fd].write(text)
                 sinks[fd].flush()
-        return "done"
+        return "failed" if stop_at is not None else "done"
     finally:
         sel.close()
 
@@ -258,9 +267,7 @@ def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwa
         try:
             outcome = _stream(proc, deadline, tail, lambda: _any_failure(workdir))
             finished = outcome != "timeout"
-            if outcome == "failed":
-                time.sleep(0.2)  # ranks that raise together (a bad argument) all record theirs
-            elif finished:
+            if outcome == "done":
                 wait = None if deadline is None else max(0.1, deadline - time.monotonic())
                 try:
                     proc.wait(timeout=wait)

@@ -1,6 +1,6 @@
 """Parameter tables for the API reference: every parameter of every public callable
-(``fluxmpi_py.__all__`` and ``fluxmpi_py.horovod``'s) gets a line in its docstring's ``Args:``
-section, in the signature's order, for mkdocstrings to render as a table (name, type, default,
+(``fluxmpi_py.__all__`` and ``fluxmpi_py.horovod``'s, and the public methods with a docstring
+of their classes) gets a line in its docstring's ``Args:`` section, in the signature's order, for mkdocstrings to render as a table (name, type, default,
 description).
 
 A docstring's own ``Args:`` line wins. A parameter it leaves out takes the shared line for its
@@ -53,6 +53,14 @@ NEXT_SECTION = re.compile(r"^\s*(Returns|Raises|Yields|Examples?|Warns|Notes?|At
 ENTRY = re.compile(r"^(\*{0,2}\w+)(?:\s*\([^)]*\))?:\s?(.*)$")
 
 
+def _methods(cls: griffe.Object):
+    """The public methods of ``cls`` that the reference shows (those with a docstring)."""
+    for name, member in cls.members.items():
+        if not name.startswith("_") and not member.is_alias and member.is_function:
+            if member.docstring is not None:
+                yield member
+
+
 def _params(obj: griffe.Object) -> list[str]:
     if obj.is_class:
         init = obj.members.get("__init__")
@@ -65,6 +73,8 @@ def _params(obj: griffe.Object) -> list[str]:
         return []
     out = []
     for p in params:
+        if p.name in ("self", "cls"):
+            continue
         prefix = {"var_positional": "*", "var_keyword": "**"}.get(str(p.kind.name), "")
         out.append(prefix + p.name)
     return out
@@ -141,12 +151,13 @@ def fill_public(pkg: griffe.Module) -> None:
             if obj.path in seen or not (obj.is_class or obj.is_function):
                 continue
             seen.add(obj.path)
-            missing = fill(obj, face)
-            if missing:
-                logger.warning(
-                    "%s.%s: no Args: line for %s in its docstring, and no shared one "
-                    "(scripts/griffe_params.py)",
-                    mod.path,
-                    name,
-                    ", ".join(missing),
-                )
+            targets = [obj, *(_methods(obj) if obj.is_class else ())]
+            for target in targets:
+                missing = fill(target, face)
+                if missing:
+                    logger.warning(
+                        "%s: no Args: line for %s in its docstring, and no shared one "
+                        "(scripts/griffe_params.py)",
+                        target.path,
+                        ", ".join(missing),
+                    )

@@ -283,13 +283,21 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def micro_batch(self, j: int) -> tuple[int, int]:
         """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
-        rank's ``j``-th micro-batch of the epoch."""
+        rank's ``j``-th micro-batch of the epoch.
+
+        Args:
+            j: the micro-batch's number on this rank in the epoch, from 0.
+
+        """
         if self.batches is None:
             raise ValueError("DistributedDataContainer: micro_batch() needs global_batch_size=")
         return self.batches.micro_batch(j)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
+
+        Args:
+            epoch: the epoch, the same on every rank; it picks the permutation with ``seed``.
 
         >>> import fluxmpi_py as fm
         >>> d = fm.DistributedDataContainer(range(8), shuffle=True, rank=0, world_size=1)
@@ -308,6 +316,10 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
         ``position`` = the resume offset plus ``consumed`` (samples your loop took from the
         current view), by default the items the container's own iterator yielded.
+
+        Args:
+            consumed: the samples your loop has taken this epoch (``steps * batch_size``),
+                since a DataLoader reads ahead; None: those delivered so far.
 
         >>> import fluxmpi_py as fm
         >>> d = fm.DistributedDataContainer(range(10), rank=0, world_size=2)
@@ -335,6 +347,9 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue at ``state``'s epoch, seed and position (see ``state_dict``).
+
+        Args:
+            state: what ``state_dict`` returned (its ``n`` and ``world_size`` must match).
 
         >>> import fluxmpi_py as fm
         >>> d = fm.DistributedDataContainer(range(10), rank=0, world_size=2)

@@ -175,6 +175,9 @@ class DistributedSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
 
+        Args:
+            epoch: the epoch, the same on every rank; it picks the permutation with ``seed``.
+
         >>> import fluxmpi_py as fm
         >>> s = fm.DistributedSampler(8, num_replicas=1, rank=0)
         >>> s.set_epoch(1); first = list(s); s.set_epoch(2); first != list(s)
@@ -190,6 +193,10 @@ class DistributedSampler(torch.utils.data.Sampler):
 
         ``position`` is how far the latest iterator got; with ``consumed``, it is where that
         iterator started plus ``consumed`` (the samples your loop took from it).
+
+        Args:
+            consumed: the samples your loop has taken this epoch (``steps * batch_size``),
+                since a DataLoader reads ahead; None: those delivered so far.
 
         >>> import fluxmpi_py as fm
         >>> s = fm.DistributedSampler(10, num_replicas=2, rank=0)
@@ -221,6 +228,9 @@ class DistributedSampler(torch.utils.data.Sampler):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next iterator continue at ``state``'s epoch, seed and position.
 
+        Args:
+            state: what ``state_dict`` returned (its ``n`` and ``world_size`` must match).
+
         >>> import fluxmpi_py as fm
         >>> s = fm.DistributedSampler(10, num_replicas=2, rank=1, shuffle=False)
         >>> s.load_state_dict({"epoch": 0, "seed": 0, "position": 3}); list(s)
@@ -247,7 +257,12 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     def micro_batch(self, j: int) -> tuple[int, int]:
         """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
-        rank's ``j``-th micro-batch of the epoch (counting from the epoch's start)."""
+        rank's ``j``-th micro-batch of the epoch (counting from the epoch's start).
+
+        Args:
+            j: the micro-batch's number on this rank in the epoch, from 0.
+
+        """
         if self.batches is None:
             raise ValueError("DistributedSampler: micro_batch() needs global_batch_size=")
         return self.batches.micro_batch(j)

@@ -350,6 +350,11 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
 
         With a closure (e.g. LBFGS, which re-evaluates it), every evaluation's gradients are
         reduced and its loss averaged over the ranks, so all ranks take the same decisions.
+
+        Args:
+            closure: as torch's ``step(closure)``: re-evaluates the loss; every evaluation's
+                gradients are reduced and its loss averaged over the ranks.
+
         """
         with on_group(self._group, "DistributedOptimizer.step()"):
             return self._step(closure)
@@ -416,7 +421,12 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
     def add_param_group(self, param_group: dict) -> None:
         """Add a group to the wrapped optimizer. Its parameters join the reduction at the next
         ``step()`` (or ``synchronize()``), which re-plans on every rank together and also
-        reduces their gradients from the backward before it."""
+        reduces their gradients from the backward before it.
+
+        Args:
+            param_group: as torch's: a dict with ``"params"`` and the group's settings.
+
+        """
         return super().add_param_group(param_group)
 
     def __repr__(self) -> str:

@@ -197,6 +197,9 @@ class SyncBatchNorm(_BatchNorm):
         SyncBatchNorm that keeps its parameters, buffers, momentum, eps and mode. Returns the
         new root (``module`` itself, changed in place, unless it is a BatchNorm).
 
+        Args:
+            module: the model (or a single BatchNorm layer) to convert.
+
         >>> import torch, fluxmpi_py as fm
         >>> m = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4))
         >>> m = fm.SyncBatchNorm.convert_sync_batchnorm(m)

@@ -168,13 +168,14 @@ def pass_on(error: Exception, start: int, call: str) -> NoReturn:
     raise_as_verdict(error, call)
 
 
-def entry_point(call: str) -> Callable[[_F], _F]:
+def entry_point(call: str, *, named: bool = True) -> Callable[[_F], _F]:
     """Decorator of a public call that is a collective, named ``call`` ("save_checkpoint()")
     in messages (the outermost named call wins, as ``user_call.of``): an exception it raises
     before its first agreement, on this rank alone, becomes this rank's verdict in the
     agreement the other ranks wait in (:func:`raise_as_verdict`), so every rank raises
     together. The collectives with ``group=`` take ``groups.group_dispatch`` instead, which
-    keeps the same rule.
+    keeps the same rule. ``named=False`` leaves the naming to the function (a face whose calls
+    enter checked names, ``name=``, which an outer name would hide).
 
     >>> @entry_point("f()")
     ... def f(x): return x * 2
@@ -184,16 +185,17 @@ def entry_point(call: str) -> Callable[[_F], _F]:
 
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
-        def named(*args, **kwargs):
+        def entry(*args, **kwargs):
             start = C.thread_agreements()
-            entered = C.enter_user_call(call)
+            entered = C.enter_user_call(call) if named else False
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
                 pass_on(e, start, call)
             finally:
-                C.leave_user_call(entered)
+                if entered:
+                    C.leave_user_call(entered)
 
-        return mark(named, "collective")
+        return mark(entry, "collective")
 
     return wrap

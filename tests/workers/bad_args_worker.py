@@ -276,13 +276,22 @@ def good_value(face, name, param):
     return kwargs.get(param, params[index].default)
 
 
+def not_an_argument_error(face, name, param):
+    """A parameter whose other value on one rank is another call, not a bad argument: a
+    Horovod ``_async`` call with a ``name=`` waits for that name on every rank (Horovod's
+    matching by name), so a name on one rank only pairs with nothing, as in Horovod."""
+    return face is hvd and "_async" in name and param == "name"
+
+
 def walk(face, names):
     """Every parameter of every named callable, with every bad value, on the last rank."""
     tried = 0
     for name in names:
         fn = getattr(face, name)
         for p in inspect.signature(fn).parameters.values():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or not_an_argument_error(
+                face, name, p.name
+            ):
                 continue
             for label, bad in bad_values(p.name, good_value(face, name, p.name)):
                 try_bad(face, name, p.name, label, bad)

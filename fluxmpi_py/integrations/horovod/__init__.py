@@ -21,7 +21,7 @@ import numbers
 import torch
 
 import fluxmpi_py as _fm
-from fluxmpi_py.runtime.entry import entry_kind, entry_point, local_call
+from fluxmpi_py.runtime.entry import entry_kind, entry_point, local_call, mark
 
 from . import (
     _collectives,
@@ -433,6 +433,20 @@ def _checked_first(fn):
     return checked
 
 
+def _at_once_only(fn, ruled):
+    """An ``_async`` call with a ``name=`` waits in its lane and starts in a later round
+    (``_handles.start_async``): until then it has not met the other ranks, and its errors are
+    its rank's own. Without a name it starts at once, a collective: ``ruled``."""
+    index = list(inspect.signature(fn).parameters).index("name")
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        name = args[index] if index < len(args) else kwargs.get("name")
+        return (ruled if name is None else fn)(*args, **kwargs)
+
+    return mark(call, "collective")
+
+
 def _give_the_rule(names) -> None:
     for n in names:
         obj = globals()[n]
@@ -444,7 +458,10 @@ def _give_the_rule(names) -> None:
         elif n in _LOCAL:
             globals()[n] = local_call(obj)
         else:
-            globals()[n] = entry_point(f"hvd.{n}()")(_checked_first(obj))
+            ruled = entry_point(f"hvd.{n}()", named=False)(_checked_first(obj))
+            if "_async" in n and "name" in inspect.signature(obj).parameters:
+                ruled = _at_once_only(obj, ruled)
+            globals()[n] = ruled
 
 
 _give_the_rule(__all__)

@@ -65,13 +65,23 @@ def entry_kind(fn) -> str | None:
 
 def local_call(fn: _F) -> _F:
     """Mark ``fn`` (a function or a class) as a public call that never communicates: its
-    errors are its rank's own, and no other rank waits for them. Returns ``fn`` itself."""
+    errors are its rank's own, and no other rank waits for them. Returns ``fn`` itself.
+
+    >>> @local_call
+    ... def rank_name(): return "rank 0"
+    >>> entry_kind(rank_name)
+    'local'
+    """
     return mark(fn, "local")
 
 
 def mark(fn, kind: str) -> Any:
     """Mark the public callable ``fn`` with its kind (see :func:`entry_kind`); returns it (as
-    Any: a decorator's wrapper stands for the decorated function's own type)."""
+    Any: a decorator's wrapper stands for the decorated function's own type).
+
+    >>> entry_kind(mark(lambda: None, "collective"))
+    'collective'
+    """
     setattr(fn, _KIND, kind)
     return fn
 
@@ -148,7 +158,11 @@ def raise_as_verdict(error: BaseException, call: str) -> NoReturn:
 
 def outside_the_call(error: BaseException) -> BaseException:
     """Mark ``error`` as the error of a rank that takes no part in the call (a non-member of
-    its group): it stays that rank's own, since no other rank waits for it. Returns it."""
+    its group): it stays that rank's own, since no other rank waits for it. Returns it.
+
+    >>> outside_the_call(ValueError("rank 3 is not in the group")).outside_the_call
+    True
+    """
     cast(Any, error).outside_the_call = True
     return error
 
@@ -157,7 +171,14 @@ def pass_on(error: Exception, start: int, call: str) -> NoReturn:
     """Raise ``error`` out of the public call ``call``: as this rank's verdict
     (:func:`raise_as_verdict`) when the call has not met the other ranks yet, that is, when
     ``C.thread_agreements()`` still reads ``start``, what it read as the call began; else as
-    it is. For the decorators of public calls (this module's, ``groups.group_dispatch``)."""
+    it is. For the decorators of public calls (this module's, ``groups.group_dispatch``).
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> pass_on(KeyError("k"), C.thread_agreements(), "f()")  # one rank: raised as it is
+    Traceback (most recent call last):
+    ...
+    KeyError: 'k'
+    """
     if raised_on_every_rank(error):
         again = _as_raised(error)
         if again is error:

@@ -133,8 +133,9 @@ ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
     return ErrorClass::Type;
   }
   if (t.is_nested()) {
-    msg = "nested tensors are not supported; pass its components (.unbind()) or a padded "
-          "tensor (.to_padded_tensor(0))";
+    msg =
+        "nested tensors are not supported; pass its components (.unbind()) or a padded "
+        "tensor (.to_padded_tensor(0))";
     return ErrorClass::Type;
   }
   if (t.layout() != c10::kStrided) {

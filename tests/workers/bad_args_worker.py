@@ -354,6 +354,35 @@ def case_checkpoint_paths_that_differ_raise_on_every_rank():
     assert fm.save_checkpoint(os.path.join(d, "same.pt"), model=model()).endswith("same.pt")
 
 
+# Tensors that torch's dispatcher refuses (or, for meta, answers) before it calls any c10d
+# backend: they raise on their rank alone, in torch, where no backend can see them.
+TORCH_REFUSES = ("nested", "meta", "quantized", "sparse")
+
+
+def case_c10d_backend_calls():
+    # torch.distributed on the "fluxmpi" backend: what reaches the backend is checked in its
+    # agreement, so a tensor one rank alone gets wrong raises on every rank.
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("fluxmpi")
+    calls = {
+        "all_reduce": lambda x: dist.all_reduce(x),
+        "broadcast": lambda x: dist.broadcast(x, 0),
+        "reduce": lambda x: dist.reduce(x, 0),
+        "all_gather_into_tensor": lambda x: dist.all_gather_into_tensor(torch.zeros(4 * W), x),
+    }
+    for call_name, call in calls.items():
+        for label, bad in tensor_variants(t()):
+            if label in TORCH_REFUSES:
+                continue
+            where = f"dist.{call_name}({label} tensor on rank {LAST})"
+            outcome = one_call(None, call_name, call, [bad if RANK == LAST else t()], {})
+            in_step()
+            outcomes = fm.allgather_object(outcome)
+            assert alike(outcomes), f"{where}: the ranks ended it differently: {outcomes}"
+
+
 def case_horovod():
     hvd.init()
     walk(hvd, [n for n in communicating(hvd) if HVD_GOOD.get(n) is not None])

@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
@@ -51,3 +52,19 @@ def test_the_collectives_are_marked_as_collectives():
 )
 def test_a_bad_argument_on_one_rank_raises_on_every_rank(case):
     case.check_passed()
+
+
+def test_argument_errors_name_the_fix():
+    # issue 50, given to the same rule: an unknown op lists every accepted name, and a module
+    # where the optimizer belongs names the call to write instead.
+    fm.Init()
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="'sum', 'average', 'avg', 'mean'"):
+        fm.allreduce_gradients(model, op="median")
+    with pytest.raises(ValueError, match="'sum', 'average', 'avg', 'mean'"):
+        fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op="median")
+    with pytest.raises(ValueError, match="sum, average, .*'avg' and 'mean' for average"):
+        fm.allreduce_(torch.ones(1), op="median")
+    fix = r"DistributedOptimizer\(torch.optim.SGD\(model.parameters\(\), lr=0.1\), module=model\)"
+    with pytest.raises(TypeError, match=fix):
+        fm.DistributedOptimizer(model)

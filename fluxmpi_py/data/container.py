@@ -44,6 +44,7 @@ from ._args import (
     _check_seed,
     _check_state,
     _dataset_length,
+    _explicit_world,
     _mode,
     _world,
 )
@@ -94,7 +95,11 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     _shuffle: bool
     _mode: str  # "pad", "drop_last" or "even"
 
-    @entry_point("DistributedDataContainer()")
+    # given a good rank= or world_size=, it agrees with no rank: its errors stay its own
+    @entry_point(
+        "DistributedDataContainer()",
+        local_if=lambda a: a.get("group") is None and _explicit_world(a, "rank", "world_size"),
+    )
     def __init__(
         self,
         data: Any,

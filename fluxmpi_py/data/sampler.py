@@ -20,6 +20,7 @@ from ._args import (
     _check_seed,
     _check_state,
     _dataset_length,
+    _explicit_world,
     _mode,
     _world,
 )
@@ -77,7 +78,10 @@ class DistributedSampler(torch.utils.data.Sampler):
     5
     """
 
-    @entry_point("DistributedSampler()")
+    # given a good rank or num_replicas, it agrees with no rank: its errors stay its own
+    @entry_point(
+        "DistributedSampler()", local_if=lambda a: _explicit_world(a, "rank", "num_replicas")
+    )
     def __init__(
         self,
         dataset: Any,

@@ -27,6 +27,7 @@ waits for it).
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from typing import Any, Callable, NoReturn, TypeVar, cast
 
@@ -189,14 +190,27 @@ def pass_on(error: Exception, start: int, call: str) -> NoReturn:
     raise_as_verdict(error, call)
 
 
-def entry_point(call: str, *, named: bool = True) -> Callable[[_F], _F]:
+def _arguments(fn, args, kwargs) -> dict:
+    """The call's arguments by name ({} where they do not fit the signature)."""
+    try:
+        return dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+    except TypeError:
+        return {}
+
+
+def entry_point(
+    call: str, *, named: bool = True, local_if: Callable[[dict], bool] | None = None
+) -> Callable[[_F], _F]:
     """Decorator of a public call that is a collective, named ``call`` ("save_checkpoint()")
     in messages (the outermost named call wins, as ``user_call.of``): an exception it raises
     before its first agreement, on this rank alone, becomes this rank's verdict in the
     agreement the other ranks wait in (:func:`raise_as_verdict`), so every rank raises
     together. The collectives with ``group=`` take ``groups.group_dispatch`` instead, which
     keeps the same rule. ``named=False`` leaves the naming to the function (a face whose calls
-    enter checked names, ``name=``, which an outer name would hide).
+    enter checked names, ``name=``, which an outer name would hide). ``local_if(arguments)``
+    (the call's arguments by name, read only when it raised): True where the arguments make
+    the call local (a sampler given its rank and size: no agreement), so its errors stay its
+    rank's own.
 
     >>> @entry_point("f()")
     ... def f(x): return x * 2
@@ -212,6 +226,8 @@ def entry_point(call: str, *, named: bool = True) -> Callable[[_F], _F]:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
+                if local_if is not None and local_if(_arguments(fn, args, kwargs)):
+                    raise
                 pass_on(e, start, call)
             finally:
                 if entered:

@@ -354,6 +354,20 @@ def case_checkpoint_paths_that_differ_raise_on_every_rank():
     assert fm.save_checkpoint(os.path.join(d, "same.pt"), model=model()).endswith("same.pt")
 
 
+def case_explicit_rank_and_size_stay_local():
+    # Given a good rank and size, the data classes agree with no rank (torch's manual mode):
+    # a bad argument there raises on its rank alone, and no other rank waits for it.
+    for make in (
+        lambda seed: fm.DistributedSampler(list(range(8)), W, RANK, seed=seed),
+        lambda seed: fm.DistributedDataContainer(
+            list(range(8)), rank=RANK, world_size=W, seed=seed
+        ),
+    ):
+        outcome = one_call(None, "", make, [-1 if RANK == LAST else 0], {})
+        assert outcome == (("ValueError",) if RANK == LAST else "returned"), outcome
+        in_step()
+
+
 # Tensors that torch's dispatcher refuses (or, for meta, answers) before it calls any c10d
 # backend: they raise on their rank alone, in torch, where no backend can see them.
 TORCH_REFUSES = ("nested", "meta", "quantized", "sparse")

@@ -156,6 +156,20 @@ REDUCE_OPS = ("sum", "average", "min", "max", "prod", "band", "bor", "bxor")
 GRADIENT_OPS = {"sum": "sum", "average": "average", "avg": "average", "mean": "average"}
 
 
+def gradient_op_error(call: str, op) -> str:
+    """ "" when ``op`` is one of GRADIENT_OPS, else the message that names every accepted one.
+
+    >>> gradient_op_error("allreduce_gradients", "sum")
+    ''
+    >>> gradient_op_error("allreduce_gradients", "median")
+    "allreduce_gradients(op='median'): expected one of 'sum', 'average', 'avg', 'mean' ('avg' and 'mean' are 'average')"
+    """
+    if isinstance(op, str) and op in GRADIENT_OPS:
+        return ""
+    names = ", ".join(repr(o) for o in GRADIENT_OPS)
+    return f"{call}(op={op!r}): expected one of {names} ('avg' and 'mean' are 'average')"
+
+
 def parse_root(root_rank) -> tuple[int, str]:
     """``(root, "")`` for an int-like ``root_rank``; else ``(0, message)``. Callers fold the
     message into the call's agreement, so that every rank raises it and none waits alone."""

@@ -167,6 +167,28 @@ def _label(world: int, seen: int) -> str:
     return name if seen == 1 else f"{name} (run {seen})"
 
 
+# Options whose value is words for another command line, and so often starts with "-"
+# (--mpiexec-args "--oversubscribe"), which argparse would take for an option of its own.
+_WORDS_OPTIONS = ("--mpiexec-args", "--python")
+
+
+def _joined_values(argv: list[str]) -> list[str]:
+    """``argv`` with each of _WORDS_OPTIONS joined to the value after it, as ``--opt=value``.
+
+    >>> _joined_values(["s.py", "--mpiexec-args", "--oversubscribe", "--steps", "3"])
+    ['s.py', '--mpiexec-args=--oversubscribe', '--steps', '3']
+    """
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _WORDS_OPTIONS and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m fluxmpi_py.reproduce",
@@ -182,7 +204,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", default="")
     # the script's own arguments come after "--"
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = ap.parse_args(argv[:cut])
+    args = ap.parse_args(_joined_values(argv[:cut]))
     args.args = argv[cut + 1 :]
     try:
         args.worlds = [int(w) for w in args.ranks.split(",")]

@@ -36,6 +36,7 @@ SLOW_FIRST = (
     "bundle-np2",
     "test_failures.py",
     "test_resume.py",
+    "test_entry_points.py",
     "bundle-np4",
     "test_docs.py",
     "test_c10d.py",

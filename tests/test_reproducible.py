@@ -22,6 +22,7 @@ import warm_ranks  # noqa: E402
 from mpi_util import ROOT, singleton_env, worker_params, worker_path  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py.reproduce import _parse  # noqa: E402
 
 SCRIPT = worker_path("reproduce_script.py")
 
@@ -36,11 +37,13 @@ def test_exact_paths_multirank(case):
     case.check_passed()
 
 
-def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None):
+def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None, mpiexec_args=None):
     """python -m fluxmpi_py.reproduce on the script; (exit status, output). Each run may take
     a third of `timeout`; the whole command is killed (its process group) after `timeout`."""
     cmd = [sys.executable, "-m", "fluxmpi_py.reproduce", SCRIPT, "--ranks", ranks, "--steps"]
     cmd += [str(steps), "--timeout", str(run_timeout or timeout // 3), "--out", str(out)]
+    if mpiexec_args is not None:  # as the docs write it: two words, the value starting with -
+        cmd += ["--mpiexec-args", mpiexec_args]
     # the ranks forked from the suite's warm server (tests/warm_ranks.py), through --python
     cmd += ["--python", shlex.join(warm_ranks.python())]
     cmd += ["--", *script_args] if script_args else []
@@ -88,7 +91,8 @@ def test_same_bits_in_separate_launches_at_1_2_3_4_and_2_ranks(tmp_path):
 
 
 def test_the_default_differs_and_the_tool_names_where(tmp_path):
-    rc, out = reproduce(tmp_path, "1,2", 3, "--default")
+    # --mpiexec-args "--oversubscribe" (issue 46: argparse took the value for an option)
+    rc, out = reproduce(tmp_path, "1,2", 3, "--default", mpiexec_args="--oversubscribe")
     assert rc == 1, out
     m = re.search(r"differ: first at step (\d+) of 3, '([^']+)': at 2 ranks it differs", out)
     assert m, out
@@ -354,3 +358,12 @@ def test_a_non_finite_gradient_gives_nan_and_keeps_the_grid():
         with opt.skip_synchronize():
             opt.step()
         assert opt.exact_grid() == grid
+
+
+def test_mpiexec_args_as_documented_take_a_value_starting_with_a_dash():
+    base = ["train.py", "--ranks", "1,2", "--steps", "3"]
+    for extra in (["--mpiexec-args", "--oversubscribe"], ["--mpiexec-args=--oversubscribe"]):
+        args = _parse(base + extra + ["--", "--lr", "0.1"])
+        assert args.mpiexec_args == "--oversubscribe" and args.args == ["--lr", "0.1"], args
+    args = _parse(base + ["--python", "-"])  # --python's words too
+    assert args.python == "-", args

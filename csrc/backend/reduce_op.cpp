@@ -28,7 +28,8 @@ ReduceOp parse_op(const std::string& name) {
   if (name == "bor") return ReduceOp::BOr;
   if (name == "bxor") return ReduceOp::BXor;
   TORCH_CHECK_VALUE(false, "fluxmpi_py: unknown reduction op '", name,
-                    "'; expected one of sum, average, min, max, prod, band, bor, bxor");
+                    "'; expected one of sum, average, min, max, prod, band, bor, bxor (also "
+                    "'avg' and 'mean' for average, 'product' and '*' for prod, '+' for sum)");
 }
 
 }  // namespace fluxmpi

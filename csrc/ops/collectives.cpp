@@ -36,6 +36,7 @@ bool supported_dtype(c10::ScalarType t) {
 
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "no tensor";
+  if (t.is_nested()) return "nested tensor of dtype " + dtype_name(t.scalar_type());
   std::ostringstream s;
   s << "tensor of shape " << t.sizes() << ", dtype " << dtype_name(t.scalar_type()) << ", on "
     << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
@@ -56,7 +57,7 @@ std::int64_t shape_hash(const at::Tensor& t) {
 Signature signature_of(CallKind kind, const at::Tensor& t) {
   Signature s;
   s.kind = kind;
-  if (t.defined()) {
+  if (t.defined() && !t.is_nested()) {  // a nested tensor has no sizes: validate_tensor refuses it
     s.dtype = static_cast<std::int64_t>(t.scalar_type());
     s.numel = t.numel();
     s.detail = shape_hash(t);
@@ -129,6 +130,12 @@ void write_back(const at::Tensor& c, const at::Tensor& t) {
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
   if (!t.defined()) {
     msg = "expected a tensor, got an undefined tensor";
+    return ErrorClass::Type;
+  }
+  if (t.is_nested()) {
+    msg =
+        "nested tensors are not supported; pass its components (.unbind()) or a padded "
+        "tensor (.to_padded_tensor(0))";
     return ErrorClass::Type;
   }
   if (t.layout() != c10::kStrided) {

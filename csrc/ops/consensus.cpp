@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "ops/agreement_count.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 #include "runtime/user_call.h"
@@ -80,6 +81,9 @@ constexpr std::int64_t kModeShadows = 1;  // hvd.join(): allreduces and rounds
 constexpr std::int64_t kModeRigid = 2;    // fluxmpi_py.Join: rounds only
 
 std::atomic<std::int64_t> g_world_agreements{0};
+// This thread's agreements on any group: a public call that raises before its own first one
+// has not met the other ranks yet (thread_agreements()).
+thread_local std::int64_t t_agreements = 0;
 
 // FNV-1a of the name, folded into `detail`: equal names give equal lanes on every rank.
 std::uint64_t mix_name(std::int64_t detail, const char* name) {
@@ -221,6 +225,7 @@ bool differ_in_grad_only(const std::vector<std::string>& texts) {
 // One agreement's allreduce over the current group, counted when it is the world.
 void exchange(std::int64_t* v, const Group& e) {
   mpi_backend().allreduce(v, kLanes, c10::kLong, ReduceOp::Max);
+  ++t_agreements;
   if (e.is_world()) g_world_agreements.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -410,5 +415,7 @@ void share_with_joined(AllreduceParts& p, bool is_joined) {
 }
 
 std::int64_t world_agreements() { return g_world_agreements.load(std::memory_order_relaxed); }
+
+std::int64_t thread_agreements() { return t_agreements; }
 
 }  // namespace fluxmpi

@@ -5,6 +5,7 @@
 
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
+#include "ops/agreement_count.h"
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
 #include "ops/join.h"
@@ -192,6 +193,9 @@ void bind_collectives(py::module_& m) {
   m.def("world_agreements", &world_agreements,
         "How many world agreements (the check every collective starts with) this process took "
         "part in: the same on every rank at the same point of the program (for tests)");
+  m.def("thread_agreements", &thread_agreements,
+        "How many agreements (on any group) this thread took part in: a public call that "
+        "raises before the count moved has not met the other ranks yet");
   bind_ring_options(m);
 }
 

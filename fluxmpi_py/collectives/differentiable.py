@@ -30,7 +30,7 @@ def _needs_grad(tensor) -> bool:
 
 
 def _no_gradient(call: str, op) -> str:
-    if op in GRADIENT_OPS:
+    if isinstance(op, str) and op in GRADIENT_OPS:
         return ""
     return f"{call} with op={op!r} has no gradient; use 'sum' or 'average', or pass tensor.detach()"
 

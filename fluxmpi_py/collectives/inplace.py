@@ -17,6 +17,7 @@ from typing import NoReturn
 import torch
 
 from .._core import REDUCE_OPS, C, parse_root
+from ..runtime.entry import local_call
 from ..runtime.groups import group_dispatch
 
 __all__ = [
@@ -68,7 +69,8 @@ def allreduce_(
     """Reduce ``tensor`` over all ranks, in place, and return it. A collective.
 
     ``op`` is one of "sum", "average", "min", "max", "prod", or the bitwise "band", "bor",
-    "bxor" (integer and bool CPU tensors; a float tensor is a TypeError). float16 and bfloat16 sums,
+    "bxor" (integer and bool CPU tensors; a float tensor is a TypeError); "avg" and "mean" are
+    spellings of "average", "product" of "prod". Another name raises ValueError listing these. float16 and bfloat16 sums,
     products and averages are computed in fp32 and rounded once (so 4 ranks averaging
     40000.0 in float16 get 40000.0, not inf); sums in gloo's order (:func:`set_sum_order`)
     round every addition, as gloo does. Integer "average" is the floor of the mean,
@@ -163,6 +165,7 @@ def raise_in_collective(
     raise AssertionError(f"unreachable: the agreement raises {error!r}")
 
 
+@local_call
 class Request:
     """A collective running in the background (made by :func:`Iallreduce`, :func:`Ibcast`).
 
@@ -228,6 +231,7 @@ def Ibcast(
     return Request(_call(C.ibcast_, tensor, root_rank=root_rank), tensor)
 
 
+@local_call
 def set_sum_order(order: str) -> None:
     """Choose how float sums over 3 or more ranks order their additions: "fastest" (the
     default) or "gloo". Not a collective; every rank must choose the same.
@@ -258,6 +262,7 @@ def set_sum_order(order: str) -> None:
     C.set_sum_order(order)
 
 
+@local_call
 def sum_order() -> str:
     """This process's sum order, "fastest" or "gloo" (see :func:`set_sum_order`).
 

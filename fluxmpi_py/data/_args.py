@@ -86,6 +86,20 @@ def _world(owner: str, rank: Any, world_size: Any, rank_name: str, size_name: st
     return rank, world_size
 
 
+def _explicit_world(arguments: dict, rank_name: str, size_name: str) -> bool:
+    """Whether a constructor's ``arguments`` (by name) give its rank or size explicitly, and
+    well: then it agrees with no other rank (_agree_across_ranks), and its errors stay its own
+    (the entry rule's ``local_if``). A bad rank or size is a bad argument like any other."""
+    rank, size = arguments.get(rank_name), arguments.get(size_name)
+    if rank is None and size is None:
+        return False
+    try:
+        _world("", rank, size, rank_name, size_name)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
 def _agree_across_ranks(owner: str, explicit: bool, **fields: int) -> None:
     """When rank and size come from Init, check (one small allreduce) that every rank built
     the same shard spec: a different seed or length would silently overlap the shards."""

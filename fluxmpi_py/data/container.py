@@ -35,7 +35,7 @@ import torch
 
 from .._core import C
 from .._util.shared_view import SharedInts
-from ..runtime.agreement import mark_raised_on_every_rank, user_call
+from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
 from ._args import (
     _agree_across_ranks,
@@ -44,6 +44,7 @@ from ._args import (
     _check_seed,
     _check_state,
     _dataset_length,
+    _explicit_world,
     _mode,
     _world,
 )
@@ -92,7 +93,11 @@ class DistributedDataContainer(torch.utils.data.Dataset):
     _shuffle: bool
     _mode: str  # "pad", "drop_last" or "even"
 
-    @user_call.of("DistributedDataContainer()")
+    # given a good rank= or world_size=, it agrees with no rank: its errors stay its own
+    @entry_point(
+        "DistributedDataContainer()",
+        local_if=lambda a: a.get("group") is None and _explicit_world(a, "rank", "world_size"),
+    )
     def __init__(
         self,
         data: Any,
@@ -148,6 +153,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         self.batches, error = _global_batches(
             self._n, global_batch_size, micro_batch_size, self._rank, self._world, owner
         )
+        if error is not None:  # this rank's own: the entry rule makes it every rank's verdict
+            raise error
         _agree_across_ranks(
             owner,
             rank is not None or world_size is not None,
@@ -158,8 +165,6 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             global_batch_size=_int_or(global_batch_size),
             micro_batch_size=_int_or(micro_batch_size),
         )
-        if error is not None:  # the same on every rank: they agreed on its inputs
-            raise mark_raised_on_every_rank(error)
         if self.batches is not None:
             self._full = self.batches.length
         else:

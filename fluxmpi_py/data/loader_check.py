@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from .._core import C
+from ..runtime.entry import local_call
 from .container import DistributedDataContainer
 
 __all__ = ["FullDatasetWarning", "check_dataloader"]
@@ -88,6 +89,7 @@ def double_sharding_message(owner: str, container: Any, sampler_name: str, repli
     )
 
 
+@local_call
 def check_dataloader(loader: DataLoader) -> None:
     """Raise TypeError if ``loader`` shards a DistributedDataContainer a second time (a
     distributed sampler over it), warn FullDatasetWarning if it gives every rank the whole of

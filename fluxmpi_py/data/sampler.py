@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core import C
-from ..runtime.agreement import mark_raised_on_every_rank, user_call
+from ..runtime.entry import entry_point
 from ._args import (
     _agree_across_ranks,
     _check_epoch,
@@ -20,6 +20,7 @@ from ._args import (
     _check_seed,
     _check_state,
     _dataset_length,
+    _explicit_world,
     _mode,
     _world,
 )
@@ -74,7 +75,10 @@ class DistributedSampler(torch.utils.data.Sampler):
     5
     """
 
-    @user_call.of("DistributedSampler()")
+    # given a good rank or num_replicas, it agrees with no rank: its errors stay its own
+    @entry_point(
+        "DistributedSampler()", local_if=lambda a: _explicit_world(a, "rank", "num_replicas")
+    )
     def __init__(
         self,
         dataset: Any,
@@ -105,6 +109,8 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.batches, error = _global_batches(
             self._n, global_batch_size, micro_batch_size, self.rank, self.num_replicas, owner
         )
+        if error is not None:  # this rank's own: the entry rule makes it every rank's verdict
+            raise error
         _agree_across_ranks(
             owner,
             rank is not None or num_replicas is not None,
@@ -115,8 +121,6 @@ class DistributedSampler(torch.utils.data.Sampler):
             global_batch_size=_int_or(global_batch_size),
             micro_batch_size=_int_or(micro_batch_size),
         )
-        if error is not None:  # the same on every rank: they agreed on its inputs
-            raise mark_raised_on_every_rank(error)
         if self.batches is not None:
             self.num_samples = self.batches.length
             self.total_size = self.batches.steps * self.batches.global_batch_size

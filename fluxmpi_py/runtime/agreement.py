@@ -21,7 +21,7 @@ import torch
 from .._core import C
 
 # Errors that keep their type when raised on every rank; anything else becomes RuntimeError.
-_PORTABLE = {
+PORTABLE_ERRORS = {
     t.__name__: t
     for t in (
         ValueError,
@@ -226,12 +226,18 @@ def bcast_bytes(data: bytes | None, root: int) -> bytes:
     return C.broadcast_bytes(data if C.rank() == root else None, root)
 
 
-def raise_together(error: BaseException | None, what: str) -> None:
+def raise_together(
+    error: BaseException | None, what: str, same: tuple[str, str] | None = None
+) -> None:
     """If any rank has an ``error``, raise the lowest such rank's on every rank: the same
     exception type where it is a common one (ValueError, OSError, ...; else RuntimeError),
     its message, and where it came from: ``"<message> (on rank R, in <what>)"``, R its rank
     in the world. The rank that had it chains the original. Returns when no rank has one.
     Runs on the current group (inside ``on_group``, its members alone take part).
+
+    ``same=(noun, value)``: a value every rank must give alike (a checkpoint's path), compared
+    in the same small allreduce; where it differs (and no rank has an error) every rank raises
+    ValueError naming the first rank that differs, its value and rank 0's.
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> raise_together(None, "nothing")
@@ -242,22 +248,40 @@ def raise_together(error: BaseException | None, what: str) -> None:
     """
     group = C.current_group()
     size, rank = group.size, group.rank
-    ((bad, _),) = span([rank if error is not None else size])
+    spans = span([rank if error is not None else size] + ([hash64(same[1])] if same else []))
+    bad = spans[0][0]
     if bad == size:
+        if same is not None and spans[1][0] != spans[1][1]:
+            _raise_differing(what, *same)
         return
     mine = b""
     if rank == bad:
         text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
         mine = pickle.dumps((type(error).__name__, str(text)))
     name, message = pickle.loads(C.broadcast_bytes(mine if rank == bad else None, bad))
-    exc = _PORTABLE.get(name, RuntimeError)
-    if name not in _PORTABLE:
+    exc = PORTABLE_ERRORS.get(name, RuntimeError)
+    if name not in PORTABLE_ERRORS:
         message = f"{name}: {message}"
     world_rank = group.ranks[bad]
     raised = mark_raised_on_every_rank(exc(f"{message} (on rank {world_rank}, in {what})"))
     if rank == bad:
         raise raised from error
     raise raised
+
+
+def _raise_differing(what: str, noun: str, value: str) -> None:
+    """Every rank (they saw the values differ): ValueError naming the first rank whose
+    ``value`` differs from rank 0's."""
+    diff = first_difference([value])
+    if diff is None:  # unreachable: the hashes differed
+        return
+    _, rank, theirs, ref0 = diff
+    raise mark_raised_on_every_rank(
+        ValueError(
+            f"{what}: the ranks give different {noun}s: rank {rank} has {theirs!r}, rank 0 has "
+            f"{ref0!r}; every rank must give the same {noun}"
+        )
+    )
 
 
 def first_difference(items: Sequence[str], noun: str = "items") -> tuple[int, int, str, str] | None:

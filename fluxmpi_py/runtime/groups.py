@@ -15,12 +15,14 @@ from typing import Callable, TypeVar
 
 from .._core import C
 from .agreement import debug_box, named_call
+from .entry import entry_point, local_call, mark, outside_the_call, pass_on
 
 _F = TypeVar("_F", bound=Callable)
 
 __all__ = ["Group", "new_group"]
 
 
+@local_call
 class Group:
     """A subset of the ranks, made by :func:`new_group`.
 
@@ -64,6 +66,7 @@ class Group:
         return f"Group(ranks={list(self.ranks)}, rank={self.rank})"
 
 
+@entry_point("new_group()")
 def new_group(ranks: Iterable[int]) -> Group:
     """Make a group of the world ranks ``ranks``. A collective over every rank: all call it
     with the same list (order and repeats aside: a repeated rank is a ValueError), in the same
@@ -147,7 +150,10 @@ class on_group:
                 f"{call}: group must be a fluxmpi_py.Group (from new_group) or None, "
                 f"got {type(group).__name__}"
             )
-        group._handle.check_member(call)
+        try:
+            group._handle.check_member(call)
+        except ValueError as e:
+            raise outside_the_call(e) from None
         self._handle = group._handle
 
     def __enter__(self):
@@ -162,25 +168,42 @@ class on_group:
 
 
 def group_dispatch(call: str) -> Callable[[_F], _F]:
-    """The one ``group=`` rule of the public collectives, as a decorator: called with a group,
-    the function runs inside ``on_group(group, call)`` (so a non-member raises, naming
-    ``call``, before any communication); without one, on the world. A ``name=``, and the call
-    site in the detail debug mode, enter the ranks' agreement (agreement.named_call). The
-    function keeps ``group=None, name=None`` in its signature for its readers; it always sees
-    None there."""
+    """The one ``group=`` rule of the public collectives, as a decorator, with the rule of every
+    public call (entry.py): an exception raised on this rank before the call met the others
+    becomes this rank's verdict in their agreement, on the group they wait on. Called with a
+    group, the function runs inside ``on_group(group, call)``: a non-member raises, naming
+    ``call``, before any communication (it takes no part, and no member waits for it); a
+    ``group=`` that is no Group is a bad argument like any other. Without one, it runs on the
+    world. A ``name=``, and the call site in the detail debug mode, enter the ranks' agreement
+    (agreement.named_call). The function keeps ``group=None, name=None`` in its signature for
+    its readers; it always sees None there."""
 
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def dispatch(*args, group=None, name=None, **kwargs):
+            start = C.thread_agreements()
             if group is None and name is None and debug_box[0] != "detail":
-                return fn(*args, **kwargs)  # the common call: nothing to set up (no context)
+                try:  # the common call: nothing to set up (no context)
+                    return fn(*args, **kwargs)
+                except Exception as e:
+                    pass_on(e, start, call)
             with named_call(call, name):
                 if group is None:
-                    return fn(*args, **kwargs)
-                with on_group(group, call):
-                    return fn(*args, **kwargs)
+                    try:
+                        return fn(*args, **kwargs)
+                    except Exception as e:
+                        pass_on(e, start, call)
+                try:
+                    chosen = on_group(group, call)
+                except TypeError as e:  # no Group: a bad argument, on the current group
+                    pass_on(e, start, call)
+                with chosen:
+                    try:
+                        return fn(*args, **kwargs)
+                    except Exception as e:  # on the group, where its members wait
+                        pass_on(e, start, call)
 
-        return dispatch  # type: ignore[return-value]
+        return mark(dispatch, "group")
 
     return wrap
 

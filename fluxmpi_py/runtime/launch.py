@@ -42,6 +42,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .._util.files import write_atomic
+from .entry import local_call
 from .launch_job import _child_env, _kill_group, _mpiexec
 from .launch_traceback import rewrite, where
 from .world import Init, local_rank
@@ -205,6 +206,7 @@ def _first_failure(workdir: str, np: int) -> dict | None:
     return min(found, key=lambda e: (e["time"], e["rank"])) if found else None
 
 
+@local_call  # it starts a job of its own; the caller is one process
 def launch(fn: Callable, *args, np: int = 2, timeout: float | None = None, **kwargs) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``np`` MPI ranks and return rank 0's result.
 

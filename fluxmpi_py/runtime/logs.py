@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterable
 
 from .._core import C
+from .entry import local_call
 
 __all__ = ["get_logger", "RankFilter", "RANK_FORMAT"]
 
@@ -35,6 +36,7 @@ def _rank_and_size():
     return rank, size
 
 
+@local_call
 class RankFilter(logging.Filter):
     """Adds ``rank`` and ``world_size`` to each record; with ``ranks``, keeps only the records
     of those ranks (an int or an iterable of ints). Attach it to a handler.
@@ -65,6 +67,7 @@ class RankFilter(logging.Filter):
         return self.ranks is None or rank in self.ranks
 
 
+@local_call
 def get_logger(
     name: str = "fluxmpi_py",
     level: int | str = logging.INFO,

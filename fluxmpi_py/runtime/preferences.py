@@ -11,6 +11,7 @@ import json
 import os
 
 from .._util.files import write_atomic
+from .entry import local_call
 
 __all__ = ["disable_cudampi_support", "cudampi_enabled"]
 
@@ -34,6 +35,7 @@ def _read_prefs() -> dict:
 _CUDAMPI_ENABLED = not _read_prefs().get("disable_cudampi", False)
 
 
+@local_call
 def disable_cudampi_support(disable: bool = True) -> str:
     """Persist whether CUDA tensors may be handed to MPI directly (CUDA-aware MPI).
 
@@ -63,6 +65,7 @@ def disable_cudampi_support(disable: bool = True) -> str:
     return path
 
 
+@local_call
 def cudampi_enabled() -> bool:
     """Whether CUDA-aware MPI use is enabled for this process (see disable_cudampi_support).
 

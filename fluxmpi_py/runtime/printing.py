@@ -11,7 +11,7 @@ import threading
 import torch
 
 from .._core import C
-from .agreement import user_call
+from .entry import entry_point, local_call
 
 __all__ = ["fluxmpi_print", "fluxmpi_println"]
 
@@ -57,6 +57,7 @@ def _write(text: str, file=None) -> None:
             data = data[n:]
 
 
+@local_call  # ordered=True: _print_ordered, a collective
 def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool = False) -> None:
     """print() with a ``[rank / size] `` prefix, written atomically; no newline by default.
 
@@ -75,12 +76,16 @@ def fluxmpi_print(*args, sep: str = " ", end: str = "", file=None, ordered: bool
     >>> import fluxmpi_py as fm; fm.Init(); fm.fluxmpi_print("loss", 0.5, end="\\n")
     [0 / 1] loss 0.5
     """
-    text = _prefix() + sep.join(str(a) for a in args) + end
-    if not ordered or C.size() == 1:
-        _write(text, file)
+    if ordered and C.size() > 1:
+        _print_ordered(args, sep, end, file)
         return
-    with user_call("fluxmpi_print(ordered=True)"):
-        _write_ordered(text, file)
+    _write(_prefix() + sep.join(str(a) for a in args) + end, file)
+
+
+@entry_point("fluxmpi_print(ordered=True)")
+def _print_ordered(args, sep, end, file) -> None:
+    """The collective form: a bad argument on one rank raises on every rank (entry.py)."""
+    _write_ordered(_prefix() + sep.join(str(a) for a in args) + end, file)
 
 
 def _write_ordered(text: str, file) -> None:
@@ -98,6 +103,7 @@ def _write_ordered(text: str, file) -> None:
         _write(buf.numpy().tobytes().decode(errors="replace"), file)
 
 
+@local_call
 def fluxmpi_println(*args, sep: str = " ", file=None, ordered: bool = False) -> None:
     """fluxmpi_print with a trailing newline.
 

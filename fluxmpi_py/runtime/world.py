@@ -20,8 +20,9 @@ from . import recorder as _recorder
 from . import stall as _stall
 from ._gpu_route import apply_cuda_schedule, bad_nccl_switch, cuda_route, shared_by_identity
 from .agreement import raise_together, set_debug_mode
+from .entry import local_call
 from .gpu_choice import choose_gpu, cuda_schedule_setting, device_before_init
-from .groups import on_group
+from .groups import group_dispatch
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
 from .stall import DEFAULT
@@ -71,6 +72,7 @@ def _at_exit():
         _stall.join_stack_thread(timeout=5.0)
 
 
+@local_call  # its first call agrees on its own (raise_together); a later one is local
 def Init(
     gpu_devices: Sequence[int] | None = None,
     verbose: bool = False,
@@ -306,6 +308,7 @@ def rendezvous_store(timeout=None) -> dist.Store:
     return store
 
 
+@local_call
 def Initialized() -> bool:
     """True once Init() has run in this process.
 
@@ -315,6 +318,7 @@ def Initialized() -> bool:
     return bool(C.initialized())
 
 
+@local_call
 def local_rank() -> int:
     """This process's rank in the job's communicator, 0 <= rank < total_workers().
 
@@ -324,6 +328,7 @@ def local_rank() -> int:
     return C.rank()
 
 
+@local_call
 def total_workers() -> int:
     """Number of ranks in the job's communicator.
 
@@ -333,6 +338,7 @@ def total_workers() -> int:
     return C.size()
 
 
+@local_call
 def node_local_rank() -> int:
     """This process's rank among the ranks on the same node (used to pick a GPU).
 
@@ -342,6 +348,7 @@ def node_local_rank() -> int:
     return C.node_rank()
 
 
+@local_call
 def node_size() -> int:
     """Number of ranks on this process's node (``node_local_rank()`` is below it).
 
@@ -351,18 +358,16 @@ def node_size() -> int:
     return C.node_size()
 
 
+@group_dispatch("barrier()")
 def barrier(*, group=None) -> None:
     """Block until every rank (every member of ``group``) has called barrier(). A collective.
 
     >>> import fluxmpi_py as fm; fm.Init(); fm.barrier()
     """
-    if group is None:
-        C.barrier()
-        return
-    with on_group(group, "barrier()"):
-        C.barrier()
+    C.barrier()  # on the group: group_dispatch entered it
 
 
+@local_call
 def build_info() -> dict:
     """Versions this process runs with: torch, MPI vendor and standard, CUDA and NCCL.
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .._core import C
-from ..runtime.agreement import user_call
+from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
 from ._apply import _Planner
 from ._walk import (
@@ -70,7 +70,7 @@ def _root_index(root_rank):
         return -1, _SyncError(_TYPE, f"root_rank must be an int, got {_type_name(root_rank)}")
 
 
-@user_call.of("synchronize_()")
+@entry_point("synchronize_()")
 def synchronize_(
     obj,
     root_rank: int = 0,

@@ -15,7 +15,8 @@ import torch
 
 from .._core import C
 from ..collectives.inplace import Iallreduce, Ibcast
-from ..runtime.agreement import require_same, user_call
+from ..runtime.agreement import require_same
+from ..runtime.entry import entry_point
 from ..sync.synchronize import synchronized_modules
 
 __all__ = ["synchronize_buffers_"]
@@ -108,7 +109,7 @@ class BufferSync:
         self.finish(self.start())
 
 
-@user_call.of("synchronize_buffers_()")
+@entry_point("synchronize_buffers_()")
 def synchronize_buffers_(
     module: torch.nn.Module, mode: str = "average", *, root_rank: int = 0
 ) -> torch.nn.Module:

@@ -36,7 +36,8 @@ import torch
 
 from .._util import rng as _rng
 from .._util.files import start_digest_check, write_atomic
-from ..runtime.agreement import bcast_bytes, raise_together, user_call
+from ..runtime.agreement import bcast_bytes, raise_together
+from ..runtime.entry import entry_point
 from ..runtime.world import local_rank, total_workers
 from ..sync.synchronize import synchronize_
 from ._checkpoint_fit import check_fits, load_order
@@ -57,6 +58,12 @@ def _check_path(path, fn: str) -> str:
             f"on rank {local_rank()}"
         )
     return os.fspath(path)
+
+
+def _same_path(path) -> tuple[str, str]:
+    """raise_together's ``same``: the path, which every rank must give alike (a path of a bad
+    type is an error of its own, raised first)."""
+    return ("path", path if isinstance(path, str) else repr(path))
 
 
 def _check_flag(value, fn: str, name: str, allowed: tuple, default: str) -> None:
@@ -94,7 +101,7 @@ def _disk_error(path: str, e: OSError) -> OSError:
     return type(e)(message) if e.errno is None else type(e)(e.errno, message)
 
 
-@user_call.of("save_checkpoint()")
+@entry_point("save_checkpoint()")
 def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     """Save ``objects`` to ``path`` from rank 0, atomically; a collective. Returns the path.
 
@@ -116,8 +123,11 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
         ``path``, once the file is complete (on every rank).
 
     Raises:
-        OSError: on every rank, naming the path, when the write fails.
+        OSError: on every rank, naming the path, when the write fails (a full disk); any
+            previous file at ``path`` is left as it was.
         TypeError: on every rank, for an ``rng`` that is not a bool.
+        ValueError: on every rank, when the ranks pass different paths (there is one file),
+            naming rank 0's and the first that differs; nothing is written.
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)
@@ -136,7 +146,8 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
             )
     except Exception as e:  # folded into the agreement below, so every rank raises it
         error = e
-    raise_together(error, f"save_checkpoint({path!r})")
+    # One file, written by rank 0: a path that differs by rank is a mistake, raised on all.
+    raise_together(error, f"save_checkpoint({path!r})", _same_path(path))
     error = None
     states = _gather_rng_states() if rng else None
     try:
@@ -295,7 +306,7 @@ def _rng_for_world(states: list | None, rng: bool | None, path: str) -> list | N
     return states
 
 
-@user_call.of("load_checkpoint()")
+@entry_point("load_checkpoint()")
 def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None, **targets) -> dict:
     """Load a checkpoint on rank 0, bring it to every rank and return it; a collective.
 
@@ -320,8 +331,9 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
         Every entry as stored, identical on every rank.
 
     Raises:
-        ValueError: on every rank, when a target does not fit its entry (naming both) or the
-            file's digest does not match its bytes.
+        ValueError: on every rank, when a target does not fit its entry (naming both), the
+            file's digest does not match its bytes, or the ranks pass different paths
+            (naming them, before anything is read).
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)
@@ -347,6 +359,12 @@ def load_checkpoint(path, *, weights_only: bool = True, rng: bool | None = None,
                     f"load_checkpoint: {name}= must have load_state_dict() or be a "
                     f"tensor, got {type(obj).__name__} on rank {local_rank()}"
                 )
+    except Exception as e:
+        error = e
+    # One file, read by rank 0: a path that differs by rank is a mistake, raised on all before
+    # rank 0 reads (one small allreduce more per load).
+    raise_together(error, f"load_checkpoint({path!r})", _same_path(path))
+    try:
         if local_rank() == 0:
             objects, states = _read(path, weights_only)
             missing = [k for k in targets if k not in objects]

@@ -17,7 +17,8 @@ import stat
 import warnings
 
 from .._util.files import check_digest, is_temporary
-from ..runtime.agreement import bcast_bytes, raise_together, user_call
+from ..runtime.agreement import bcast_bytes, raise_together
+from ..runtime.entry import entry_point
 from ..runtime.world import Initialized, local_rank, total_workers
 
 __all__ = ["latest_checkpoint"]
@@ -87,7 +88,7 @@ def _check_args(directory, pattern) -> str:
     return directory
 
 
-@user_call.of("latest_checkpoint()")
+@entry_point("latest_checkpoint()")
 def latest_checkpoint(directory, pattern: str = "*.pt") -> str | None:
     """The path of the newest complete checkpoint in ``directory`` whose file name matches
     ``pattern`` (fnmatch, e.g. ``"ckpt-*.pt"``), or None when there is none; a collective

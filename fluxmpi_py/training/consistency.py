@@ -23,8 +23,8 @@ from ..runtime.agreement import (
     mark_raised_on_every_rank,
     require_same,
     span,
-    user_call,
 )
+from ..runtime.entry import entry_point
 from ..sync._walk import _attr_path, _is_optimizer, _is_stateful, _key_path, _module_walk
 
 __all__ = ["check_consistency"]
@@ -201,7 +201,7 @@ def _check(obj: Any, names: dict[int, str], what: str) -> None:
         _raise_first_difference(entries, digests, what)
 
 
-@user_call.of("check_consistency()")
+@entry_point("check_consistency()")
 def check_consistency(obj: Any) -> None:
     """Raise ValueError on every rank unless every rank holds bit-identical ``obj``; a
     collective.

@@ -9,8 +9,9 @@ from collections.abc import Iterable
 
 import torch
 
-from .._core import GRADIENT_OPS
-from ..runtime.agreement import user_call
+from .._core import gradient_op_error
+from ..runtime.entry import entry_point
+from ._optimizer_args import byte_size
 from ._reduction_plan import ReductionPlan, replan_if_changed
 from .consistency import _check as _check_consistency
 from .optimizer import _NEVER, DEFAULT_DIRECT_MIN_BYTES, _MiB
@@ -21,7 +22,7 @@ __all__ = ["allreduce_gradients"]
 _plan_cache: dict = {}
 
 
-@user_call.of("allreduce_gradients()")
+@entry_point("allreduce_gradients()")
 def allreduce_gradients(
     model_or_params: torch.nn.Module | Iterable[torch.Tensor],
     op: str = "average",
@@ -54,9 +55,14 @@ def allreduce_gradients(
     >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)
     """
-    if op not in GRADIENT_OPS:
-        raise ValueError(f"allreduce_gradients(op={op!r}): expected 'average' or 'sum'")
-    direct = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
+    op_error = gradient_op_error("allreduce_gradients", op)
+    if op_error:
+        raise ValueError(op_error)
+    owner = "allreduce_gradients"
+    direct = byte_size("direct_min_bytes", direct_min_bytes, none=_NEVER, owner=owner)
+    cap_bytes = byte_size("bucket_cap_mb", bucket_cap_mb, _MiB, owner=owner)
+    if cap_bytes == 0:
+        raise ValueError(f"allreduce_gradients(bucket_cap_mb={bucket_cap_mb!r}): expected > 0")
     is_module = isinstance(model_or_params, torch.nn.Module)
     given = (
         list(model_or_params.parameters())
@@ -82,7 +88,7 @@ def allreduce_gradients(
             named(),
             "allreduce_gradients()",
             op=op,
-            cap_bytes=int(bucket_cap_mb * _MiB),
+            cap_bytes=cap_bytes,
             direct_min_bytes=direct,
         )
         # A new plan (the first call): the ranks must start from the same parameters, or each

@@ -32,6 +32,7 @@ from typing import Any
 from .._core import C
 from ..collectives.objects import allgather_object
 from ..runtime.agreement import raised_on_every_rank
+from ..runtime.entry import local_call
 from ..runtime.groups import on_group
 
 __all__ = ["Join"]
@@ -176,6 +177,7 @@ def _wait(state: JoinState, who: str, beside: bool) -> int:
         opt._shadow_step(count)
 
 
+@local_call  # its __enter__ and __exit__ are the collectives
 class Join:
     """Train on uneven inputs: ``with Join([opt]): for batch in my_shard: ...``.
 

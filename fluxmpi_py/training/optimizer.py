@@ -18,10 +18,11 @@ import torch
 from .._core import C
 from ..collectives.inplace import allreduce_
 from ..runtime.agreement import raise_together, user_call
+from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
-from ._optimizer_args import check_optimizer_args
+from ._optimizer_args import byte_size, check_optimizer_args
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from ._step_checks import StepChecks
 from ._wrapped import WrappedOptimizer
@@ -92,7 +93,7 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
         >>> opt.step(); opt.zero_grad()
     """
 
-    @user_call.of("DistributedOptimizer()")
+    @entry_point("DistributedOptimizer()")
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -134,6 +135,12 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
                     f"DistributedOptimizer(deterministic=True) sums exactly in int64: "
                     f"compression={compression!r} is not supported with it"
                 )
+            # Everything derived from the arguments, here, before the first collective.
+            cap_bytes = byte_size("bucket_cap_mb", bucket_cap_mb, _MiB)
+            first_cap_bytes = byte_size("first_bucket_cap_mb", first_bucket_cap_mb, _MiB, 0)
+            direct = byte_size("direct_min_bytes", direct_min_bytes, none=_NEVER)
+            cuda_direct = byte_size("cuda_direct_min_bytes", cuda_direct_min_bytes, none=_NEVER)
+            names = {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
         except Exception as e:  # noqa: BLE001 - raised below, on every rank of the group
             error = e
         if not C.initialized():
@@ -149,13 +156,11 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
             # touch this object touch the real optimizer.
             self._wrap(optimizer)
             self._op = "average" if op in ("avg", "mean") else op
-            self._cap_bytes = int(bucket_cap_mb * _MiB)
-            self._direct_min_bytes = _NEVER if direct_min_bytes is None else int(direct_min_bytes)
+            self._cap_bytes = cap_bytes
+            self._direct_min_bytes = direct
             self._compression = "" if compression in (None, "none") else compression
             self._passes_per_step = backward_passes_per_step
-            self._names = (
-                {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
-            )
+            self._names = names
             self._passes = 0  # backward passes since the last step
             self._pass_hooked = False  # end-of-backward callback queued for this pass
             self._sync_enabled = True  # False inside no_sync()
@@ -178,10 +183,8 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
                 cap_bytes=self._cap_bytes,
                 direct_min_bytes=self._direct_min_bytes,
                 compression=self._compression,
-                cuda_direct_min_bytes=(
-                    _NEVER if cuda_direct_min_bytes is None else int(cuda_direct_min_bytes)
-                ),
-                first_cap_bytes=int((first_bucket_cap_mb or 0) * _MiB),
+                cuda_direct_min_bytes=cuda_direct,
+                first_cap_bytes=first_cap_bytes,
             )
             self._num_groups = len(self.param_groups)
             self._exact = None  # deterministic=True: the exact int64 sums

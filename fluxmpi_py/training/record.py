@@ -21,6 +21,7 @@ import torch
 
 from .._core import C
 from ..runtime.agreement import hash64
+from ..runtime.entry import local_call
 from .consistency import _describe, _parameter_names, _Walk
 
 __all__ = ["record_step"]
@@ -39,6 +40,7 @@ def _entries(obj: Any) -> list[tuple[str, Any]]:
     return walk.entries
 
 
+@local_call
 def record_step(obj: Any) -> None:
     """Under ``python -m fluxmpi_py.reproduce``, record this step of ``obj`` (a model, an
     optimizer, a scheduler, or dicts and lists of them, as :func:`check_consistency` takes);

@@ -15,6 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .._core import C
 from ..collectives.inplace import allreduce_
 from ..runtime.agreement import mark_raised_on_every_rank, user_call
+from ..runtime.entry import local_call
 
 __all__ = ["SyncBatchNorm"]
 
@@ -94,6 +95,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None
 
 
+@local_call  # its forward is the collective
 class SyncBatchNorm(_BatchNorm):
     """BatchNorm over the union of every rank's batch, for inputs (B, C, *) of any rank >= 2.
 

@@ -1,0 +1,70 @@
+"""The one rule of the public calls' arguments (fluxmpi_py/runtime/entry.py): every public
+callable says how it keeps the ranks in step, and a bad argument on one rank only, generated
+from the API for every parameter of every public collective, raises on every rank
+(tests/workers/bad_args_worker.py, at 2 and 3 ranks)."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import worker_params  # noqa: E402
+
+import fluxmpi_py as fm  # noqa: E402
+import fluxmpi_py.horovod as hvd  # noqa: E402
+from fluxmpi_py import collectives, data, runtime, sync, training  # noqa: E402
+from fluxmpi_py.runtime.entry import entry_kind  # noqa: E402
+
+FACES = [fm, hvd, collectives, data, runtime, sync, training]
+
+
+def public_callables(module):
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not callable(obj):
+            continue
+        if isinstance(obj, type) and issubclass(obj, (BaseException, Warning)):
+            continue  # raised, not called
+        yield name, obj
+
+
+@pytest.mark.parametrize("module", FACES, ids=lambda m: m.__name__)
+def test_every_public_callable_says_how_it_keeps_the_ranks_in_step(module):
+    unmarked = [n for n, obj in public_callables(module) if entry_kind(obj) is None]
+    assert not unmarked, (
+        f"{module.__name__}: {unmarked} take none of the rule's decorators "
+        "(fluxmpi_py/runtime/entry.py): entry_point, groups.group_dispatch or local_call"
+    )
+
+
+def test_the_collectives_are_marked_as_collectives():
+    kinds = {n: entry_kind(obj) for n, obj in public_callables(fm)}
+    assert kinds["allreduce_"] == kinds["allgather"] == kinds["barrier"] == "group"
+    assert kinds["DistributedDataContainer"] == kinds["save_checkpoint"] == "collective"
+    assert kinds["local_rank"] == kinds["Request"] == "local"
+    assert entry_kind(hvd.allreduce_async) == "collective" and entry_kind(hvd.rank) == "local"
+
+
+@pytest.mark.parametrize(
+    "case", worker_params("bad_args_worker.py", [2, 3], timeout=300, bundle=False)
+)
+def test_a_bad_argument_on_one_rank_raises_on_every_rank(case):
+    case.check_passed()
+
+
+def test_argument_errors_name_the_fix():
+    # issue 50, given to the same rule: an unknown op lists every accepted name, and a module
+    # where the optimizer belongs names the call to write instead.
+    fm.Init()
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="'sum', 'average', 'avg', 'mean'"):
+        fm.allreduce_gradients(model, op="median")
+    with pytest.raises(ValueError, match="'sum', 'average', 'avg', 'mean'"):
+        fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op="median")
+    with pytest.raises(ValueError, match="sum, average, .*'avg' and 'mean' for average"):
+        fm.allreduce_(torch.ones(1), op="median")
+    fix = r"DistributedOptimizer\(torch.optim.SGD\(model.parameters\(\), lr=0.1\), module=model\)"
+    with pytest.raises(TypeError, match=fix):
+        fm.DistributedOptimizer(model)

@@ -274,9 +274,7 @@ class SlurmCluster:
         )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
-        out = self.run(
-            ["scontrol", "show", "job", str(job_id)], timeout=STEP_TIMEOUT, check=False
-        )
+        out = self.run(["scontrol", "show", "job", str(job_id)], timeout=STEP_TIMEOUT, check=False)
         for word in out.stdout.split():
             if word.startswith("JobState="):
                 return word.split("=", 1)[1]

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .._core import C
+from .._util import rng as _rng
 from .._util.shared_view import SharedInts
 from ..runtime.agreement import mark_raised_on_every_rank, user_call
 from ..runtime.groups import on_group
@@ -170,6 +171,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         # in DataLoader workers; start is the resume offset into the shard for this epoch.
         self._view = SharedInts((0, seed, 0))
         self._yielded = 0  # items the container's own iterator delivered after start
+        self._resumed = False  # loaded mid-epoch, not fetched from since (load_state_dict)
         self.data = data
 
     def __copy__(self) -> DistributedDataContainer:
@@ -201,7 +203,18 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             )
         return start + i
 
+    def _first_fetch_after_resume(self) -> None:
+        """The first fetch after ``load_state_dict`` mid-epoch, in this process (not in a
+        DataLoader worker): the generator states that ``load_checkpoint(rng=True)`` restored
+        are the uninterrupted run's at this point, but the new DataLoader's iterator has since
+        drawn its base seed from torch's generator; put that draw back (_util/rng.py)."""
+        self._resumed = False
+        if torch.utils.data.get_worker_info() is None:
+            _rng.take_resume_point()
+
     def __getitem__(self, i: int):
+        if self._resumed:
+            self._first_fetch_after_resume()
         epoch, seed, start = self._view.read()
         return self.data[self._index(epoch, seed, self._position(i, start))]
 
@@ -213,6 +226,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: list[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
+        if self._resumed:
+            self._first_fetch_after_resume()
         epoch, seed, start = self._view.read()
         spec = self._spec(epoch, seed)
         if self.batches is not None:
@@ -303,6 +318,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         if epoch != current:
             start = 0
             self._yielded = 0
+            self._resumed = False
         self._view.write((epoch, seed, start))
 
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
@@ -346,6 +362,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
         self._view.write((s["epoch"], s["seed"], s["position"]))
         self._yielded = 0
+        # mid-epoch: the loop resumes with a new DataLoader iterator (_first_fetch_after_resume)
+        self._resumed = 0 < s["position"] < self._full
 
     def __repr__(self) -> str:
         return (

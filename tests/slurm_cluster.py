@@ -39,7 +39,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={dir}/munge/socket
+AuthInfo=socket={dir}/munge/socket,cred_expire=10
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 StateSaveLocation={dir}/state
@@ -62,7 +62,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=10
 MinJobAge=600
-SchedulerParameters=defer_batch
+SchedulerParameters=sched_interval=1
 NodeName={host} CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """

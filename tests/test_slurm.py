@@ -111,7 +111,7 @@ def test_sbatch_trains_the_digits_demo(cluster, tmp_path):
     job = sbatch(
         cluster,
         [f"--output={log}", "--overcommit", os.path.join(EXAMPLES, "digits.sbatch")]
-        + ["--epochs", "2", "--min-accuracy", "0.5"],
+        + ["--epochs", "1", "--min-accuracy", "0.3"],
     )
     state = cluster.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=TIMEOUT)
     text = log.read_text()

@@ -20,12 +20,15 @@ left behind even when a test fails. Needs root (``SlurmUser=root``) and the Debi
 """
 
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+
+from virtual_hosts import SUBNET
 
 STEP_TIMEOUT = 30  # seconds for a client command (sinfo, scancel, sacct)
 START_TIMEOUT = 60  # seconds until the node is idle
@@ -34,7 +37,7 @@ PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gn
 
 CONF = """\
 ClusterName={name}
-SlurmctldHost={host}
+SlurmctldHost={controller}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -43,11 +46,12 @@ AuthInfo=socket={dir}/munge/socket,cred_expire=10
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/log/slurmctld.log
-SlurmdLogFile={dir}/log/slurmd.log
+SlurmdLogFile={dir}/log/slurmd-%n.log
+TmpFS={dir}/nodetmp
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 SwitchType=switch/none
@@ -63,9 +67,29 @@ JobAcctGatherType=jobacct_gather/none
 KillWait=10
 MinJobAge=600
 SchedulerParameters=sched_interval=1
-NodeName={host} CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+{nodes}PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """
+
+
+def _cgroup_mounts():
+    """Shell commands that mount this machine's cgroup hierarchies again under /sys/fs/cgroup
+    (``ip netns exec`` mounts a fresh /sys, without them, and slurmd will not start without
+    its cgroup plugin)."""
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split() for line in f]
+    root = [m for m in mounts if m[1] == "/sys/fs/cgroup"]
+    if root and root[-1][2] == "cgroup2":
+        return "mount -t cgroup2 none /sys/fs/cgroup && "
+    out = "mount -t tmpfs cgroup_root /sys/fs/cgroup && "
+    for _, where, kind, options, *_ in mounts:
+        if kind != "cgroup" or not where.startswith("/sys/fs/cgroup/"):
+            continue
+        opts = [o for o in options.split(",") if o not in ("rw", "ro", "relatime", "nosuid",
+                                                            "nodev", "noexec")]  # fmt: skip
+        if all(o.startswith("name=") for o in opts):
+            opts.insert(0, "none")
+        out += f"mkdir -p {where} && mount -t cgroup -o {','.join(opts)} cgroup {where} && "
+    return out
 
 
 def unavailable_reason():
@@ -116,12 +140,18 @@ def _pids_marked(directory):
 
 class SlurmCluster:
     """One node (this host, ``cpus`` CPUs, oversubscribed) in partition ``debug``. A context
-    manager: leaving it ends every process it started."""
+    manager: leaving it ends every process it started.
 
-    def __init__(self, cpus=2, mpi_default="none"):
+    ``hosts``: an entered VirtualCluster (tests/virtual_hosts.py): then each of its hosts is a
+    node, its slurmd in the host's namespaces (its hostname, its address on the bridge, its own
+    spool and TmpFS, where the PMIx plugin keeps its files), and slurmctld and every client
+    command run in its head namespace, as on a login node."""
+
+    def __init__(self, cpus=2, mpi_default="none", hosts=None):
         self.cpus = cpus
         self.mpi_default = mpi_default
-        self.host = socket.gethostname()
+        self.vc = hosts
+        self.nodes = list(hosts.hosts) if hosts is not None else [socket.gethostname()]
         self.name = f"fm{os.getpid()}"
         self.dir = None
         self.procs = {}
@@ -148,6 +178,15 @@ class SlurmCluster:
         env.update(extra)
         return env
 
+    def _on(self, host, argv, setup=""):
+        """``argv`` as run on virtual host ``host`` ("head": the login node), or as it is on a
+        cluster of this host alone."""
+        if self.vc is None:
+            return argv
+        ns = self.vc.head if host == "head" else self.vc.namespaces[host]
+        inner = f"hostname {host} && {setup}exec {shlex.join(argv)}"
+        return ["ip", "netns", "exec", ns, "unshare", "--uts", "--", "sh", "-c", inner]
+
     def _daemon(self, name, argv):
         log = open(os.path.join(self.dir, "log", f"{name}.out"), "wb")
         self.procs[name] = subprocess.Popen(
@@ -158,8 +197,11 @@ class SlurmCluster:
     def _start(self):
         d = self.dir
         os.chmod(d, 0o755)  # munged wants the socket's directory reachable by all
-        for sub in ("munge", "state", "spool", "log"):
+        for sub in ("munge", "state", "spool", "log", "nodetmp"):
             os.makedirs(os.path.join(d, sub))
+        for node in self.nodes:
+            os.makedirs(os.path.join(d, "spool", node))
+            os.makedirs(os.path.join(d, "tmp", node))
         os.chmod(os.path.join(d, "munge"), 0o755)
         key = os.path.join(d, "munge", "munge.key")
         subprocess.run(
@@ -174,12 +216,18 @@ class SlurmCluster:
             f.write(
                 CONF.format(
                     name=self.name,
-                    host=self.host,
+                    controller=self.nodes[0] if self.vc is None else f"head({SUBNET}.1)",
+                    nodes="".join(
+                        f"NodeName={n} CPUs={self.cpus} State=UNKNOWN"
+                        + ("" if self.vc is None else f" NodeAddr={self.vc.address[n]}")
+                        + "\n"
+                        for n in self.nodes
+                    ),
+                    node_list=",".join(self.nodes),
                     dir=d,
                     ctld_port=ctld_port,
                     d_port=d_port,
                     mpi_default=self.mpi_default,
-                    cpus=self.cpus,
                 )
             )
         self._daemon(
@@ -189,9 +237,14 @@ class SlurmCluster:
             + [f"--seed-file={d}/munge/seed"],
         )
         self._wait_for(lambda: os.path.exists(f"{d}/munge/socket"), "munged's socket")
-        self._daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", self.conf])
-        self._daemon("slurmd", ["slurmd", "-D", "-f", self.conf])
-        self._wait_for(self._idle, "the node to be idle in sinfo")
+        self._daemon("slurmctld", self._on("head", ["slurmctld", "-D", "-i", "-f", self.conf]))
+        for node in self.nodes:
+            # a TmpFS of the node's own: the PMIx plugin's directories are named by job alone
+            setup = "" if self.vc is None else _cgroup_mounts()
+            setup += f"mount --bind {d}/tmp/{node} {d}/nodetmp && " if self.vc else ""
+            argv = ["slurmd", "-D", "-f", self.conf] + (["-N", node] if self.vc else [])
+            self._daemon(f"slurmd-{node}", self._on(node, argv, setup))
+        self._wait_for(self._idle, "the nodes to be idle in sinfo")
 
     def _wait_for(self, ready, what):
         deadline = time.monotonic() + START_TIMEOUT
@@ -205,13 +258,17 @@ class SlurmCluster:
         raise RuntimeError(f"waited {START_TIMEOUT} s for {what}:\n{self.logs()}")
 
     def _idle(self):
-        out = self.run(["sinfo", "-h", "-o", "%t"], timeout=STEP_TIMEOUT, check=False)
-        return out.returncode == 0 and out.stdout.strip() == "idle"
+        out = self.run(["sinfo", "-h", "-N", "-o", "%t"], timeout=STEP_TIMEOUT, check=False)
+        states = out.stdout.split()
+        return out.returncode == 0 and states == ["idle"] * len(self.nodes)
 
     def logs(self):
         """The daemons' logs, for a failure's message."""
         parts = []
-        for name in ("munged.out", "slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+        names = ["munged.out", "slurmctld.log", "slurmctld.out"]
+        for node in self.nodes:
+            names += [f"slurmd-{node}.log", f"slurmd-{node}.out"]
+        for name in names:
             path = os.path.join(self.dir or "", "log", name)
             if os.path.exists(path):
                 with open(path, errors="replace") as f:
@@ -225,7 +282,7 @@ class SlurmCluster:
             return
         if self.procs.get("slurmctld") is not None and self.procs["slurmctld"].poll() is None:
             self.run(["scancel", "--full", "--user=root"], timeout=STEP_TIMEOUT, check=False)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [f"slurmd-{n}" for n in self.nodes] + ["slurmctld", "munged"]:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -253,7 +310,7 @@ class SlurmCluster:
         """Run a client command (or srun's job) to its end under ``timeout`` seconds; its
         CompletedProcess (text). ``check``: raise naming its output when it exits non-zero."""
         proc = subprocess.run(
-            argv,
+            self._on("head", argv),
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import slurm_cluster  # noqa: E402
+import virtual_hosts  # noqa: E402
 from mpi_util import ROOT, run_mpi, worker_path  # noqa: E402
 
 WHY_NOT = slurm_cluster.unavailable_reason()
@@ -162,3 +163,37 @@ def test_killed_rank_fails_the_job_in_sacct(cluster, tmp_path):
         time.sleep(0.5)
     assert job in rows, (rows, cluster.logs())
     assert rows[job][2] == "FAILED", rows[job]
+
+
+ACROSS = """
+import socket, torch, fluxmpi_py as fm
+fm.Init(verbose=True)
+torch.manual_seed(0)
+model = fm.synchronize_(torch.nn.Linear(4, 2))
+opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+fm.check_consistency((model, opt))
+total = fm.allreduce_(torch.tensor([fm.local_rank() + 1.0]), op="sum").item()
+print(f"rank={fm.local_rank()} size={fm.total_workers()} node_rank={fm.node_local_rank()} "
+      f"node_size={fm.node_size()} host={socket.gethostname()} sum={total}", flush=True)
+"""
+
+
+def test_srun_across_two_nodes(tmp_path):
+    """Two slurmd, each in a virtual host of its own (tests/virtual_hosts.py), and
+    `srun -N 2` from the head namespace: one rank per node, joined over TCP."""
+    why = virtual_hosts.unavailable_reason()
+    if why is not None:
+        pytest.skip(f"no virtual hosts: {why}")
+    script = tmp_path / "across.py"
+    script.write_text(ACROSS)
+    with virtual_hosts.VirtualCluster(hosts=2) as vc:
+        with slurm_cluster.SlurmCluster(cpus=2, hosts=vc) as cluster:
+            argv = ["srun", "--mpi=pmix", "-N", "2", "-n", "2", sys.executable, str(script)]
+            out = cluster.run(argv, timeout=TIMEOUT, env=task_env(cluster))
+    text = out.stdout + out.stderr
+    found = sorted(re.findall(r"rank=(\d) size=2 node_rank=0 node_size=1 host=(\w+) sum=3.0", text))
+    assert found == [("0", "node0"), ("1", "node1")], text

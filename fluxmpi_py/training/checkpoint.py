@@ -112,10 +112,10 @@ def save_checkpoint(path, *, rng: bool = False, **objects) -> str:
     The file ends with a digest of its bytes (crc32), which ``load_checkpoint`` checks.
     Temporary files that a killed save of ``path`` left beside it (``.<name>.tmp<pid>...``,
     no live process of that pid holding them open) are removed.
-    For a DataLoader in the loop, give it a generator of its own
-    (``generator=torch.Generator().manual_seed(s)``): creating its iterator then draws from
-    that, not from the global generator, whose state would otherwise depend on where the run
-    started.
+    A DataLoader without a generator of its own draws its base seed from the global
+    generator each time it is iterated, once more in a resumed run: a DistributedDataContainer
+    loaded mid-epoch undoes that draw at its first fetch in the main process. With DataLoader
+    workers, give it one (``generator=torch.Generator().manual_seed(s)``).
 
     >>> import torch, tempfile, os, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(2, 1)

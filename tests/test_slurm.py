@@ -154,6 +154,7 @@ def test_killed_rank_fails_the_job_in_sacct(cluster, tmp_path):
     out = srun(cluster, [sys.executable, TRAIN, str(tmp_path), "20", "--kill-at", "3"], check=False)
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "killing myself after step 3" in text, text
+    assert "task 0: Killed" in text, text  # srun ended the step: rank 0 waits no more
     job = re.search(r"job=(\d+)", text).group(1)
     deadline = time.monotonic() + 60
     while True:
@@ -197,3 +198,28 @@ def test_srun_across_two_nodes(tmp_path):
     text = out.stdout + out.stderr
     found = sorted(re.findall(r"rank=(\d) size=2 node_rank=0 node_size=1 host=(\w+) sum=3.0", text))
     assert found == [("0", "node0"), ("1", "node1")], text
+
+
+INSIDE = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --overcommit
+#SBATCH --output={log}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+timeout 120 mpiexec -n 2 {python} -c "{code}"; echo "mpiexec exited $?"
+timeout 120 {python} -m fluxmpi_py.run -n 2 --max-restarts 1 {python} -c "{code}"
+echo "the launcher exited $?"
+"""
+
+
+def test_mpiexec_and_the_launcher_inside_an_allocation(cluster, tmp_path):
+    code = "import fluxmpi_py as fm; fm.Init(verbose=True); print('world', fm.total_workers())"
+    log = tmp_path / "inside.out"
+    script = tmp_path / "inside.sh"
+    script.write_text(INSIDE.format(log=log, python=sys.executable, code=code))
+    job = sbatch(cluster, [str(script)])
+    state = cluster.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=TIMEOUT)
+    text = log.read_text()
+    assert state == "COMPLETED", text + cluster.logs()
+    assert "mpiexec exited 0" in text and "the launcher exited 0" in text, text
+    assert text.count("world 2") == 4, text  # 2 ranks each time, Open MPI read the allocation
+    assert text.count(f"Slurm job {job})") == 4, text

@@ -21,6 +21,7 @@ from mpi_util import (  # noqa: E402
     kill_session,
     mpi_env,
     run_mpi,
+    singleton_env,
     worker_params,
     worker_path,
 )
@@ -92,3 +93,32 @@ def test_usr1_to_the_launcher_stops_and_is_not_relaunched(tmp_path, uninterrupte
 @pytest.mark.parametrize("case", worker_params("stop_worker.py", [None, 2, 3], bundle=False))
 def test_stop_agreement(case):
     case.check_passed()
+
+
+SIGNALS = """
+import os, signal, sys, time
+import fluxmpi_py as fm
+fm.Init()
+mode = sys.argv[1]
+if mode == "unarmed":
+    os.kill(os.getpid(), signal.SIGTERM)  # nobody asked: the old action, the process ends
+    time.sleep(5)
+fm.stop_requested()  # arms the handlers
+os.kill(os.getpid(), signal.SIGTERM)  # preemption: a stop, the process goes on
+assert fm.stop_requested()
+print("stopped, still running", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: the old action again
+time.sleep(5)
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["unarmed", "armed"])
+def test_sigterm_is_a_stop_only_once_asked(mode):
+    out = subprocess.run(
+        [sys.executable, "-c", SIGNALS, mode], capture_output=True, text=True, timeout=120,
+        env=singleton_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == -signal.SIGTERM, (out.returncode, out.stdout, out.stderr)
+    assert ("stopped, still running" in out.stdout) == (mode == "armed"), out.stdout
+    assert "not reached" not in out.stdout

@@ -98,6 +98,20 @@ def test_stall_report_names_the_slurm_job(cluster):
     assert re.search(r"  in Slurm job \d+, step 0\n", text), text
 
 
+def test_timeout_ends_the_step(cluster):
+    code = (
+        "import time, fluxmpi_py as fm\n"
+        "fm.Init(stall_warning=1, timeout=3)\n"
+        "if fm.local_rank() == 1: time.sleep(600)\n"
+        "fm.barrier(); print('passed', fm.local_rank())\n"
+    )
+    # rank 1 would sleep past srun's own limit here: only the timeout's abort ends it in time
+    out = srun(cluster, [sys.executable, "-c", code], timeout=120, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "passed" not in text, text
+    assert "fluxmpi_py: timeout" in text and re.search(r"in Slurm job \d+, step 0", text), text
+
+
 EXAMPLES = os.path.join(ROOT, "examples", "slurm")
 
 

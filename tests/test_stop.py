@@ -122,3 +122,25 @@ def test_sigterm_is_a_stop_only_once_asked(mode):
     assert out.returncode == -signal.SIGTERM, (out.returncode, out.stdout, out.stderr)
     assert ("stopped, still running" in out.stdout) == (mode == "armed"), out.stdout
     assert "not reached" not in out.stdout
+
+
+def test_dataloader_workers_without_a_generator_warn_on_resume(tmp_path):
+    """With DataLoader workers the extra base-seed draw of a resumed run cannot be undone in
+    the main process: the workers see it and warn, naming generator=; with a generator of its
+    own the loader resumes exactly and nothing warns."""
+    steps, found = 12, {}
+    for name in ("own", "global"):
+        flags = ["--workers", 2] + (["--generator"] if name == "own" else [])
+        d = tmp_path / name
+        d.mkdir()
+        rc, out = run_mpi(TRAIN, 2, d, steps, "--signal-at", 3, *flags, expect_ok=False)
+        assert rc == 75, out[-3000:]
+        _, found[name] = run_mpi(TRAIN, 2, d, steps, *flags, timeout=TIMEOUT)
+    warning = "Give the DataLoader a generator of its own"
+    assert found["global"].count(warning) == 2, found["global"][-3000:]  # once per rank
+    assert warning not in found["own"], found["own"][-3000:]
+    full = tmp_path / "full"
+    full.mkdir()
+    _, out = run_mpi(TRAIN, 2, full, steps, "--workers", 2, "--generator", timeout=TIMEOUT)
+    ends = [re.findall(r"rank (\d+): digest (\w+) rng (\w+)", o) for o in (out, found["own"])]
+    assert sorted(ends[0]) == sorted(ends[1]), (out[-2000:], found["own"][-2000:])

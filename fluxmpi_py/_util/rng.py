@@ -58,6 +58,24 @@ def take_resume_point() -> None:
         torch.set_rng_state(point)
 
 
+def drew_resume_point(seed: int) -> bool:
+    """Whether ``seed`` is the first int64 that torch's CPU generator gives from the state the
+    last ``restore()`` set: in a DataLoader worker, ``get_worker_info().seed - id`` is the
+    base seed its loader drew, and this says that the loader drew it from the global generator
+    (it has no ``generator=`` of its own). False when nothing was restored.
+
+    >>> s = capture(); restore(s); first = int(torch.empty((), dtype=torch.int64).random_())
+    >>> drew_resume_point(first), drew_resume_point(first + 1)
+    (True, False)
+    """
+    point = _resume_point[0]
+    if point is None:
+        return False
+    g = torch.Generator()
+    g.set_state(point)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=g)) == seed
+
+
 def restore(state: dict[str, Any]) -> None:
     """Put back the generator states of ``capture()``. A state for numpy without numpy, or for
     another number of CUDA devices, raises ValueError.

@@ -28,6 +28,7 @@ load). After ``load_state_dict`` the object continues at exactly that position.
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -204,13 +205,26 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         return start + i
 
     def _first_fetch_after_resume(self) -> None:
-        """The first fetch after ``load_state_dict`` mid-epoch, in this process (not in a
-        DataLoader worker): the generator states that ``load_checkpoint(rng=True)`` restored
-        are the uninterrupted run's at this point, but the new DataLoader's iterator has since
-        drawn its base seed from torch's generator; put that draw back (_util/rng.py)."""
+        """The first fetch after ``load_state_dict`` mid-epoch. In this process: the generator
+        states that ``load_checkpoint(rng=True)`` restored are the uninterrupted run's at this
+        point, but the new DataLoader's iterator has since drawn its base seed from torch's
+        generator; put that draw back (_util/rng.py). In a DataLoader worker, where that
+        cannot be done: warn when the loader drew from the global generator."""
         self._resumed = False
-        if torch.utils.data.get_worker_info() is None:
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:
             _rng.take_resume_point()
+        elif worker.id == 0 and _rng.drew_resume_point(worker.seed - worker.id):
+            # In a worker the main process's draw cannot be undone: say how to avoid it.
+            warnings.warn(
+                "fluxmpi_py: this run resumed mid-epoch with rng=True, and its DataLoader "
+                "(with workers) drew its base seed from torch's global generator, one draw "
+                "more than a run that never stopped: its random numbers (dropout) now differ "
+                "from that run's. Give the DataLoader a generator of its own: "
+                "DataLoader(..., generator=torch.Generator().manual_seed(seed))",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def __getitem__(self, i: int):
         if self._resumed:

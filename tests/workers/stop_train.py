@@ -8,7 +8,8 @@ the natural one: it resumes from ``fm.latest_checkpoint(DIR)`` with ``rng=True``
 DataLoader without a ``generator=`` over a DistributedDataContainer, and the model has
 dropout. After every step it asks ``fm.stop_requested()``: on a stop it saves DIR/ckpt-<step>.pt
 and exits with ``fm.REQUEUE_STATUS``. Rank 0 writes the number of steps done to DIR/progress.
-``--signal-at K``: the last rank sends itself SIGUSR1 after step K (one rank, as a scheduler's
+``--workers N``: DataLoader workers; ``--generator``: the DataLoader gets a generator of its
+own. ``--signal-at K``: the last rank sends itself SIGUSR1 after step K (one rank, as a scheduler's
 signal may reach only one). ``--kill-at K``: the last rank SIGKILLs itself after step K. At the
 end every rank prints the digest of its model, optimizer and generator state; the ranks must
 hold the same model and optimizer.
@@ -59,6 +60,8 @@ def main():
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--signal-at", type=int, default=-1)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--generator", action="store_true", help="DataLoader(generator=...)")
     args = p.parse_args()
     torch.set_num_threads(1)
     fm.Init(verbose=True)
@@ -79,7 +82,11 @@ def main():
     model = fm.synchronize_(model)
     opt = fm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     torch.manual_seed(100 + rank)  # each rank's own dropout
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH)  # no generator=: the trap
+    # no generator=: the trap (a container loaded mid-epoch undoes the draw, or warns)
+    own = torch.Generator().manual_seed(7) if args.generator else None
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=BATCH, num_workers=args.workers, generator=own
+    )
 
     step, epoch = 0, 0
     latest = fm.latest_checkpoint(args.dir, "ckpt-*.pt")

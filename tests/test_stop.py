@@ -144,3 +144,29 @@ def test_dataloader_workers_without_a_generator_warn_on_resume(tmp_path):
     _, out = run_mpi(TRAIN, 2, full, steps, "--workers", 2, "--generator", timeout=TIMEOUT)
     ends = [re.findall(r"rank (\d+): digest (\w+) rng (\w+)", o) for o in (out, found["own"])]
     assert sorted(ends[0]) == sorted(ends[1]), (out[-2000:], found["own"][-2000:])
+
+
+WORKERS_SIGNALLED = """
+import os, signal, torch, fluxmpi_py as fm
+fm.Init()
+data = fm.DistributedDataContainer(torch.utils.data.TensorDataset(torch.randn(64, 2)))
+loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
+for epoch in range(2):
+    it = iter(loader)
+    for i, (x,) in enumerate(it):
+        if i == 2:  # Slurm signals every process of the step: the workers too
+            for w in it._workers:
+                os.kill(w.pid, signal.SIGUSR1)
+            if epoch == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+    fm.stop_requested()  # arms the handlers after epoch 0
+print("done", fm.stop_requested(), flush=True)
+"""
+
+
+def test_usr1_to_dataloader_workers_does_not_end_them():
+    out = subprocess.run(
+        [sys.executable, "-c", WORKERS_SIGNALLED], capture_output=True, text=True, timeout=120,
+        env=singleton_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0 and "done True" in out.stdout, (out.stdout, out.stderr[-2000:])

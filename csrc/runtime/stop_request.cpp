@@ -1,6 +1,7 @@
 #include "runtime/stop_request.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -15,6 +16,7 @@ std::atomic<bool> g_agreed{false};
 std::atomic<std::int64_t> g_agreed_at{-1};
 std::atomic<std::int64_t> g_agreements{0};  // world agreements seen by note_stop_lane
 std::atomic<bool> g_armed{false};
+std::atomic<pid_t> g_installer{0};  // the rank's process; others are forked from it
 struct sigaction g_old[kMaxSignal];
 bool g_installed[kMaxSignal] = {};
 
@@ -33,6 +35,14 @@ void chain(int sig, siginfo_t* info, void* context) {
 
 void on_signal(int sig, siginfo_t* info, void* context) {
   const int saved = errno;
+  if (getpid() != g_installer.load()) {
+    // A process forked from the rank (a DataLoader worker): Slurm signals every process of
+    // the step, and the warning is the rank's business, not a reason for this one to end;
+    // SIGTERM keeps its old action (multiprocessing's terminate() must still end a worker).
+    if (sig != SIGUSR1) chain(sig, info, context);
+    errno = saved;
+    return;
+  }
   const bool again = (sig == SIGTERM || sig == SIGINT) && g_here.load();
   if (g_armed.load() && !again) {
     g_here.store(true);
@@ -61,6 +71,7 @@ bool stop_agreed() noexcept { return g_agreed.load(); }
 std::int64_t stop_agreed_at() noexcept { return g_agreed_at.load(); }
 
 void install_stop_signals(const std::vector<int>& signals) {
+  g_installer.store(getpid());
   for (int sig : signals) {
     if (sig <= 0 || sig >= kMaxSignal || g_installed[sig]) continue;
     struct sigaction sa;

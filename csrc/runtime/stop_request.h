@@ -30,7 +30,9 @@ std::int64_t stop_agreed_at() noexcept;
 
 // Install the handlers for `signals` (once each; the old handler is kept and chained to while
 // not armed). `armed`: from now on a signal marks a stop instead of its old action; a second
-// SIGTERM or SIGINT after a marked stop takes its old action (a user who insists).
+// SIGTERM or SIGINT after a marked stop takes its old action (a user who insists). In a
+// process forked from this one (a DataLoader worker) SIGUSR1 does nothing and SIGTERM keeps
+// its old action.
 void install_stop_signals(const std::vector<int>& signals);
 void arm_stop_signals(bool armed) noexcept;
 bool stop_signals_armed() noexcept;

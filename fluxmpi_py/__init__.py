@@ -66,6 +66,7 @@ from .data import (
 from .integrations import c10d as _c10d  # noqa: F401  (registers "fluxmpi")
 from .runtime import (
     RANK_FORMAT,
+    REQUEUE_STATUS,
     Group,
     Init,
     Initialized,
@@ -83,6 +84,8 @@ from .runtime import (
     new_group,
     node_local_rank,
     node_size,
+    request_stop,
+    stop_requested,
     total_workers,
 )
 from .sync import (
@@ -111,6 +114,9 @@ __all__ = [
     "node_size",
     "barrier",
     "build_info",
+    "stop_requested",
+    "request_stop",
+    "REQUEUE_STATUS",
     "Group",
     "new_group",
     "fluxmpi_print",

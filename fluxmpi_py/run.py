@@ -16,6 +16,10 @@ the status and what ended the attempt. The script reads its attempt number from
 ``FLUXMPI_RESTART`` (0, then 1, ...) and resumes from ``fluxmpi_py.latest_checkpoint(dir)``.
 A job stopped from outside (Ctrl-C or SIGTERM to the launcher, SIGINT or SIGTERM to mpiexec)
 is not relaunched. The launcher returns the last attempt's status (128 + N for signal N).
+SIGUSR1 to the launcher goes on to mpiexec, which passes it to every rank: a time limit's
+warning, which the ranks turn into an agreed stop (``fluxmpi_py.stop_requested``); ranks that
+then exit with ``fluxmpi_py.REQUEUE_STATUS`` (75) stopped to be requeued by the scheduler and
+are not relaunched either.
 
 Options (before the program; everything else goes to mpiexec unchanged):
     --mpiexec PATH     the mpiexec to run (default: mpiexec)
@@ -48,12 +52,14 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from .runtime.launcher_link import ADDRESS_ENV
+from .runtime.stop import REQUEUE_STATUS
 
 __all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
 
 LOST_STATUS = 1  # the launcher's status when it had to end mpiexec
 RESTART_ENV = "FLUXMPI_RESTART"  # the attempt's number, 0 for the first launch
 _KILL_WAIT_S = 3.0  # SIGTERM to SIGKILL
+_RUNNING: list[subprocess.Popen] = []  # the mpiexec of the attempt in progress
 
 
 @dataclass
@@ -254,6 +260,8 @@ def _ended_by(proc: subprocess.Popen, ranks: list[_Rank]) -> _Outcome:
         name = _signal_name(-code)
         stopped = -code in (signal.SIGINT, signal.SIGTERM)
         return _Outcome(128 - code, f"mpiexec was ended by {name}", stopped)
+    if code == REQUEUE_STATUS:
+        return _Outcome(code, f"the ranks stopped to be requeued (exit status {code})", True)
     how = f"exit status {code}"
     if 128 < code < 128 + 65:
         how += f" (128 + {_signal_name(code - 128)})"
@@ -291,6 +299,7 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
             "(--mpiexec PATH names another)"
         ) from None
     rounds = 0  # select rounds: ranks seen to exit in the same round exited together
+    _RUNNING[:] = [proc]
     try:
         while proc.poll() is None:
             rounds += 1
@@ -346,6 +355,7 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
         _end(proc)
         return _Outcome(128 + signal.SIGTERM, "the launcher got SIGTERM", stopped=True)
     finally:
+        _RUNNING.clear()
         if proc.poll() is None:
             _end(proc)
         for key in list(sel.get_map().values()):
@@ -403,12 +413,20 @@ def _stop(signum, frame) -> None:
     raise _Stopped()
 
 
+def _forward(signum, frame) -> None:
+    """SIGUSR1 to the launcher: to mpiexec, which passes it on to the ranks."""
+    for proc in _RUNNING:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: ``python -m fluxmpi_py.run [options] MPIEXEC-ARGS...``."""
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is not threading.main_thread():
         return run_with_restarts(opts)
     previous = signal.signal(signal.SIGTERM, _stop)
+    previous_usr1 = signal.signal(signal.SIGUSR1, _forward)
     try:
         return run_with_restarts(opts)
     except KeyboardInterrupt:  # between launches: no mpiexec to end
@@ -417,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, previous_usr1)
 
 
 if __name__ == "__main__":

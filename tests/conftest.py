@@ -31,6 +31,7 @@ SLOW_FIRST = (
     "test_pip_mpi.py",
     "test_reproducible.py",
     "test_examples.py",
+    "test_slurm.py",  # 161 s alone (2026-11-29), most of it waiting on the requeue
     "test_multi_host.py",
     "bundle-np3",
     "bundle-np2",

@@ -14,6 +14,7 @@
 #include "ops/agreement_count.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
+#include "runtime/stop_request.h"
 #include "runtime/user_call.h"
 
 namespace fluxmpi {
@@ -63,15 +64,17 @@ constexpr std::size_t kTextBytes = 480;  // the error or the argument's descript
 constexpr std::size_t kRankBytes = kCallBytes + kTextBytes;
 
 // The lanes of an agreement's allreduce (max): the checked fields and `soft`, then their
-// negatives (max of -x is -min), then soft_flag and veto, joinable and its negative, and the
-// joined ranks' marks: their join's mode and the lowest joined rank.
+// negatives (max of -x is -min), then soft_flag and veto, joinable and its negative, the
+// joined ranks' marks: their join's mode and the lowest joined rank, and on the world a stop
+// that some rank marked (runtime/stop_request.h): the agreement carries it at no extra call.
 constexpr int kChecked = kFields + 1;
 constexpr int kSoftFlag = 2 * kChecked;
 constexpr int kVeto = kSoftFlag + 1;
 constexpr int kJoinable = kVeto + 1;  // and kJoinable + 1
 constexpr int kJoinMode = kJoinable + 2;
 constexpr int kLowestJoined = kJoinMode + 1;  // size - rank: the max is the lowest rank
-constexpr int kLanes = kLowestJoined + 1;
+constexpr int kStop = kLowestJoined + 1;
+constexpr int kLanes = kStop + 1;
 // What a joined rank puts in every checked lane: the identity of max.
 constexpr std::int64_t kNeutral = std::numeric_limits<std::int64_t>::min();
 // A joined rank's `kind` in the slow path's gather (no CallKind is 0).
@@ -222,11 +225,16 @@ bool differ_in_grad_only(const std::vector<std::string>& texts) {
   raise_on_every_rank(ErrorClass::Runtime, msg.str());
 }
 
-// One agreement's allreduce over the current group, counted when it is the world.
+// One agreement's allreduce over the current group, counted when it is the world. On the
+// world it carries this rank's stop mark, and every rank records the stop at the same one.
 void exchange(std::int64_t* v, const Group& e) {
+  v[kStop] = e.is_world() ? stop_lane() : 0;
   mpi_backend().allreduce(v, kLanes, c10::kLong, ReduceOp::Max);
   ++t_agreements;
-  if (e.is_world()) g_world_agreements.fetch_add(1, std::memory_order_relaxed);
+  if (e.is_world()) {
+    g_world_agreements.fetch_add(1, std::memory_order_relaxed);
+    note_stop_lane(v[kStop]);
+  }
 }
 
 // True when the active ranks' signatures differ or carry an error: the slow path, taken by
@@ -325,6 +333,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
                         "a joinable call must learn whether ranks have joined");
   const char* call = user_call_or(what.c_str());
   if (e.size() == 1) {
+    if (e.is_world()) note_stop_lane(stop_lane());  // a world of one agrees with itself
     if (sig.error != ErrorClass::None) {
       raise_on_every_rank(sig.error, std::string(call) + ": rank " +
                                          std::to_string(e.world_ranks()[0]) + ": " + error_text);

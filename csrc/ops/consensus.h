@@ -1,6 +1,6 @@
 // The cross-rank check that runs before any data moves. Every collective first calls agree()
 // with a small signature of what this rank is about to do. In the common case that costs one
-// allreduce of 22 int64 (max of v and of -v gives min and max at once; ranks that have joined
+// allreduce of 23 int64 (max of v and of -v gives min and max at once; ranks that have joined
 // take part with neutral values and a mark, see ops/join.h). When any rank reported
 // a local error or the signatures differ, all ranks gather everyone's signature and text and
 // raise the same exception, naming the ranks and the values that differ. Either way every

@@ -12,6 +12,7 @@
 #include "runtime/fake_streams.h"
 #include "runtime/flight.h"
 #include "runtime/stall_watch.h"
+#include "runtime/stop_request.h"
 #include "runtime/user_call.h"
 #include "runtime/wait_policy.h"
 
@@ -29,6 +30,7 @@ void bind_runtime(py::module_& m) {
   m.def("meet_before_abort", &meet_before_abort, py::arg("timeout_s"),
         py::call_guard<py::gil_scoped_release>());
   m.def("set_stall_settings", &set_stall_settings, py::arg("warning_s"), py::arg("timeout_s"));
+  m.def("set_job_label", &set_job_label, py::arg("label"));
   m.def("stall_settings", [] { return py::make_tuple(stall_warning_s(), stall_timeout_s()); });
   m.def("wait_stack_request", &wait_stack_request, py::call_guard<py::gil_scoped_release>());
   m.def("post_stack", &post_stack, py::arg("stack"), py::arg("site"));
@@ -48,6 +50,16 @@ void bind_runtime(py::module_& m) {
     }
     return out;
   });
+  // An agreed stop (runtime/stop_request.h): marked on a rank by a signal or request_stop(),
+  // agreed by the next world agreement.
+  m.def("request_stop", &request_stop);
+  m.def("stop_requested_here", &stop_requested_here);
+  m.def("stop_agreed", &stop_agreed);
+  m.def("stop_agreed_at", &stop_agreed_at);
+  m.def("install_stop_signals", &install_stop_signals, py::arg("signals"));
+  m.def("arm_stop_signals", &arm_stop_signals, py::arg("armed"));
+  m.def("stop_signals_armed", &stop_signals_armed);
+  m.def("clear_stop", &clear_stop);
   m.def("enter_user_call", &enter_user_call, py::arg("name"), py::arg("checked") = false);
   m.def("leave_user_call", &leave_user_call, py::arg("entered"));
   m.def("rank", [] { return env().rank; });

@@ -56,6 +56,8 @@ int g_tracked_group = 0;                                 // and its group
 double g_next_report_s = 0;                              // wait at which the next report is due
 std::list<std::pair<std::string, MPI_Request>> g_sends;  // nodes keep buffers in place
 std::vector<std::string> g_rank_hosts;                   // by rank; set at init
+std::mutex g_job_label_mu;
+std::string g_job_label;  // "Slurm job 42, step 0" (set_job_label), or ""
 
 std::string fmt_s(double s) {
   char buf[32];
@@ -224,6 +226,10 @@ std::string build_report(const Round& round, int rank, int size, bool timed_out,
   out += ": collective call #" + std::to_string(number) + " (" + call_label(me.status) + ")";
   if (!me.site.empty()) out += ", issued at " + me.site + ",";
   out += " has waited " + fmt_s(me.status.for_s) + " on rank " + std::to_string(rank) + "\n";
+  {
+    std::lock_guard<std::mutex> lk(g_job_label_mu);
+    if (!g_job_label.empty()) out += "  in " + g_job_label + "\n";
+  }
   if (!absent.empty()) out += "  not entered it: " + ranks_text(absent) + "\n";
   if (!silent.empty()) {
     out += "  no answer within " + fmt_s(kReplyWait_s) + " from " + ranks_on_hosts(silent) +
@@ -322,6 +328,11 @@ void set_stall_settings(double warning_s, double timeout_s) {
 }
 
 void set_rank_hosts(std::vector<std::string> hosts) { g_rank_hosts = std::move(hosts); }
+
+void set_job_label(std::string label) {
+  std::lock_guard<std::mutex> lk(g_job_label_mu);
+  g_job_label = std::move(label);
+}
 
 double stall_warning_s() { return g_warning_s.load(); }
 double stall_timeout_s() { return g_timeout_s.load(); }

@@ -35,6 +35,9 @@ void reset_stall_watch(int size);
 // Every rank's host name, by rank (gathered at init): reports name the host of silent ranks.
 void set_rank_hosts(std::vector<std::string> hosts);
 
+// What launched the job, for the reports' first lines ("Slurm job 42, step 0"; "" for none).
+void set_job_label(std::string label);
+
 struct StallAction {
   double next_tick_s = 1.0;  // when the watchdog should call stall_tick again
   bool abort = false;        // abort the job, printing abort_why first (when non-empty)

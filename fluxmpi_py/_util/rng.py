@@ -37,6 +37,45 @@ def capture() -> dict[str, Any]:
     return state
 
 
+# The torch CPU generator's state that the last restore() put back, until a resumed
+# DistributedDataContainer's first fetch takes it (take_resume_point).
+_resume_point: list[torch.Tensor | None] = [None]
+
+
+def take_resume_point() -> None:
+    """Put torch's CPU generator back to the state the last ``restore()`` set, once (later
+    calls do nothing until the next restore). A DataLoader built without ``generator=`` draws
+    its base seed from that generator each time it is iterated, and a resumed run iterates
+    once more than an uninterrupted one (the new loader over the rest of the epoch): undone
+    here, at the resumed container's first fetch, so dropout draws the same numbers.
+
+    >>> s = capture(); restore(s); _ = torch.rand(1); take_resume_point()
+    >>> torch.equal(torch.get_rng_state(), s["torch"])
+    True
+    """
+    point, _resume_point[0] = _resume_point[0], None
+    if point is not None:
+        torch.set_rng_state(point)
+
+
+def drew_resume_point(seed: int) -> bool:
+    """Whether ``seed`` is the first int64 that torch's CPU generator gives from the state the
+    last ``restore()`` set: in a DataLoader worker, ``get_worker_info().seed - id`` is the
+    base seed its loader drew, and this says that the loader drew it from the global generator
+    (it has no ``generator=`` of its own). False when nothing was restored.
+
+    >>> s = capture(); restore(s); first = int(torch.empty((), dtype=torch.int64).random_())
+    >>> drew_resume_point(first), drew_resume_point(first + 1)
+    (True, False)
+    """
+    point = _resume_point[0]
+    if point is None:
+        return False
+    g = torch.Generator()
+    g.set_state(point)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=g)) == seed
+
+
 def restore(state: dict[str, Any]) -> None:
     """Put back the generator states of ``capture()``. A state for numpy without numpy, or for
     another number of CUDA devices, raises ValueError.
@@ -45,6 +84,7 @@ def restore(state: dict[str, Any]) -> None:
     True
     """
     torch.set_rng_state(state["torch"])
+    _resume_point[0] = state["torch"].clone()
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "numpy" in state:

@@ -28,12 +28,14 @@ load). After ``load_state_dict`` the object continues at exactly that position.
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .._core import C
+from .._util import rng as _rng
 from .._util.shared_view import SharedInts
 from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
@@ -173,6 +175,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         # in DataLoader workers; start is the resume offset into the shard for this epoch.
         self._view = SharedInts((0, seed, 0))
         self._yielded = 0  # items the container's own iterator delivered after start
+        self._resumed = False  # loaded mid-epoch, not fetched from since (load_state_dict)
         self.data = data
 
     def __copy__(self) -> DistributedDataContainer:
@@ -204,7 +207,31 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             )
         return start + i
 
+    def _first_fetch_after_resume(self) -> None:
+        """The first fetch after ``load_state_dict`` mid-epoch. In this process: the generator
+        states that ``load_checkpoint(rng=True)`` restored are the uninterrupted run's at this
+        point, but the new DataLoader's iterator has since drawn its base seed from torch's
+        generator; put that draw back (_util/rng.py). In a DataLoader worker, where that
+        cannot be done: warn when the loader drew from the global generator."""
+        self._resumed = False
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:
+            _rng.take_resume_point()
+        elif worker.id == 0 and _rng.drew_resume_point(worker.seed - worker.id):
+            # In a worker the main process's draw cannot be undone: say how to avoid it.
+            warnings.warn(
+                "fluxmpi_py: this run resumed mid-epoch with rng=True, and its DataLoader "
+                "(with workers) drew its base seed from torch's global generator, one draw "
+                "more than a run that never stopped: its random numbers (dropout) now differ "
+                "from that run's. Give the DataLoader a generator of its own: "
+                "DataLoader(..., generator=torch.Generator().manual_seed(seed))",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     def __getitem__(self, i: int):
+        if self._resumed:
+            self._first_fetch_after_resume()
         epoch, seed, start = self._view.read()
         return self.data[self._index(epoch, seed, self._position(i, start))]
 
@@ -216,6 +243,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: list[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
+        if self._resumed:
+            self._first_fetch_after_resume()
         epoch, seed, start = self._view.read()
         spec = self._spec(epoch, seed)
         if self.batches is not None:
@@ -314,6 +343,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         if epoch != current:
             start = 0
             self._yielded = 0
+            self._resumed = False
         self._view.write((epoch, seed, start))
 
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
@@ -364,6 +394,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
         self._view.write((s["epoch"], s["seed"], s["position"]))
         self._yielded = 0
+        # mid-epoch: the loop resumes with a new DataLoader iterator (_first_fetch_after_resume)
+        self._resumed = 0 < s["position"] < self._full
 
     def __repr__(self) -> str:
         return (

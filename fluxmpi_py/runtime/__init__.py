@@ -22,6 +22,11 @@ from .printing import (
     fluxmpi_print,
     fluxmpi_println,
 )
+from .stop import (
+    REQUEUE_STATUS,
+    request_stop,
+    stop_requested,
+)
 from .world import (
     Init,
     Initialized,
@@ -42,6 +47,9 @@ __all__ = [
     "node_size",
     "barrier",
     "build_info",
+    "stop_requested",
+    "request_stop",
+    "REQUEUE_STATUS",
     "Group",
     "new_group",
     "fluxmpi_print",

@@ -18,6 +18,7 @@ from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
 from . import recorder as _recorder
 from . import stall as _stall
+from . import stop as _stop
 from ._gpu_route import apply_cuda_schedule, bad_nccl_switch, cuda_route, shared_by_identity
 from .agreement import raise_together, set_debug_mode
 from .entry import local_call
@@ -25,6 +26,7 @@ from .gpu_choice import choose_gpu, cuda_schedule_setting, device_before_init
 from .groups import group_dispatch
 from .preferences import cudampi_enabled
 from .printing import fluxmpi_println
+from .slurm import job_label, srun_without_pmi
 from .stall import DEFAULT
 
 if TYPE_CHECKING:
@@ -90,6 +92,11 @@ def Init(
     ``torch.distributed.init_process_group("fluxmpi")`` needs nothing else. A second call
     applies ``stall_warning``, ``timeout``, ``debug`` and ``flight_dir`` where given, and warns
     about ``gpu_devices``, ``comm`` and ``verbose=True``, which only the first call applies.
+    Under Slurm, ``srun --mpi=pmix -n N python train.py`` makes the step's tasks the ranks (the
+    stall reports name the job and step); a step of several tasks without PMI (``srun -n N``
+    alone) raises RuntimeError on every task before MPI starts, naming ``srun --mpi=pmix``.
+    SIGUSR1 and SIGTERM become an agreed stop at a step boundary once the program asks
+    `stop_requested`; before that they keep their old action.
 
     Args:
         gpu_devices: the GPU of each node-local rank (``gpu_devices[node_local_rank()]``);
@@ -129,6 +136,11 @@ def Init(
         first = not C.initialized()
         early = None
         if first:
+            # srun -n N without PMIx: every task sees the same environment, so each raises
+            # here, before MPI_Init would abort or make N worlds of one.
+            mistake = srun_without_pmi(os.environ)
+            if mistake is not None:
+                raise RuntimeError(mistake)
             # The launcher's local rank picks the GPU before MPI_Init, so that a CUDA-aware
             # MPI starts on it; MPI's node-local rank confirms the choice below.
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -153,6 +165,9 @@ def Init(
             _warn_not_applied(gpu_devices, verbose, comm)
             return
         atexit.register(_at_exit)
+        label = job_label(os.environ)
+        C.set_job_label(label)  # the stall reports name the Slurm job and step
+        _stop.install_handlers()  # SIGUSR1/SIGTERM: an agreed stop once stop_requested() asks
         if flight is not None and flight[2]:
             atexit.register(_recorder.write_timeline, flight[2])
         # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit)
@@ -210,7 +225,10 @@ def Init(
                 stacklevel=2,
             )
         if verbose:
-            fluxmpi_println(f"using {device} (node-local rank {C.node_rank()} of {C.node_size()})")
+            where = f", {label}" if label else ""
+            fluxmpi_println(
+                f"using {device} (node-local rank {C.node_rank()} of {C.node_size()}{where})"
+            )
 
 
 def _warn_not_applied(gpu_devices, verbose: bool, comm) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal
 
 from .._core import C
+from .entry import local_call
 
 __all__ = ["stop_requested", "request_stop", "REQUEUE_STATUS"]
 
@@ -38,6 +39,7 @@ def install_handlers() -> None:
     C.install_stop_signals([int(s) for s in STOP_SIGNALS])
 
 
+@local_call  # reads a flag that the world's agreements set
 def stop_requested() -> bool:
     """True once the ranks have agreed to stop: SIGUSR1 or SIGTERM (or :func:`request_stop`)
     reached some rank, and an agreement on the world has carried it to all since. Reads a flag,
@@ -67,6 +69,7 @@ def stop_requested() -> bool:
     return bool(C.stop_agreed())
 
 
+@local_call  # marks this rank; the next agreement on the world carries it
 def request_stop() -> None:
     """Mark a stop on this rank, as the signal does: the ranks agree on it at the next
     collective on the world, and :func:`stop_requested` reads True on every rank from the

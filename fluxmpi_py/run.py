@@ -18,7 +18,8 @@ A job stopped from outside (Ctrl-C or SIGTERM to the launcher, SIGINT or SIGTERM
 is not relaunched. The launcher returns the last attempt's status (128 + N for signal N).
 
 Options (before the program; everything else goes to mpiexec unchanged):
-    --mpiexec PATH     the mpiexec to run (default: mpiexec)
+    --mpiexec PATH     the mpiexec to run (default: the one beside the MPI library that
+                       fluxmpi_py was built against, such as the venv's; else PATH's)
     --address HOST     the name or address ranks reach this machine by (default: its hostname)
     --grace SECONDS    how long mpiexec may outlive the ranks (default 5)
     --keepalive SECONDS  a rank's host is lost after this long without a TCP answer (default 5)
@@ -47,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+from ._util.mpiexec import default_mpiexec
 from .runtime.launcher_link import ADDRESS_ENV
 
 __all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
@@ -179,6 +181,12 @@ def _keepalive(conn: socket.socket, seconds: float) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def _mpiexec_of(opts: RunOptions) -> str:
+    """The mpiexec to run: ``--mpiexec``'s, or by default the one beside the MPI library that
+    fluxmpi_py loaded (this venv's Open MPI from PyPI), else PATH's."""
+    return default_mpiexec() if opts.mpiexec == "mpiexec" else opts.mpiexec
+
+
 def _is_open_mpi(mpiexec: str) -> bool:
     try:
         out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20)
@@ -272,8 +280,9 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
     port = listener.getsockname()[1]
     address = f"{opts.address or socket.gethostname()}:{port}"
     env = dict(os.environ, **{ADDRESS_ENV: address, RESTART_ENV: str(restart)})
-    cmd = [opts.mpiexec]
-    if _is_open_mpi(opts.mpiexec):
+    mpiexec = _mpiexec_of(opts)
+    cmd = [mpiexec]
+    if _is_open_mpi(mpiexec):
         cmd += ["-x", ADDRESS_ENV, "-x", RESTART_ENV]  # Open MPI passes on only these
     cmd += opts.mpiexec_args
     sel = selectors.DefaultSelector()

@@ -37,6 +37,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .._util.files import write_atomic
+from .._util.mpiexec import default_mpiexec
 from .world import Init, local_rank
 
 try:  # optional: by-value pickling of notebook functions
@@ -152,7 +153,8 @@ def _child_env(np: int, extra: dict | None) -> dict:
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4; 5 (PRRTE) reads the next one
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
         PYTHONUNBUFFERED="1",
     )
     # Share the cores instead of every rank starting one thread per core.
@@ -262,7 +264,10 @@ def _mpiexec() -> list:
     such limit): more ranks than cores is the normal case on a laptop or a notebook server."""
     global _MPIEXEC
     if _MPIEXEC is None:
-        path = shutil.which("mpiexec") or shutil.which("mpirun")
+        path = next(
+            (p for p in (default_mpiexec("mpiexec"), default_mpiexec("mpirun")) if os.sep in p),
+            None,
+        )
         if path is None:
             raise RuntimeError(
                 "launch: mpiexec is not on PATH; install Open MPI "

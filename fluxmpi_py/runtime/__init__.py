@@ -1,6 +1,13 @@
 """The runtime: Init and the world, groups, printing, preferences, stall settings, launch and logs."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
+from .elastic import (
+    RanksLostError,
+    add_recovery_hook,
+    on_failure,
+    recover,
+    recoveries,
+)
 from .groups import (
     Group,
     new_group,
@@ -42,6 +49,11 @@ __all__ = [
     "node_size",
     "barrier",
     "build_info",
+    "RanksLostError",
+    "recover",
+    "recoveries",
+    "on_failure",
+    "add_recovery_hook",
     "Group",
     "new_group",
     "fluxmpi_print",

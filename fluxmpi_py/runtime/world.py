@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .._core import C
+from . import elastic as _elastic
 from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
 from . import recorder as _recorder
@@ -74,6 +75,7 @@ def Init(
     timeout=_stall._UNSET,
     debug: str | None = None,
     flight_dir=_recorder._UNSET,
+    on_failure: str | None = None,
 ) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
@@ -97,6 +99,10 @@ def Init(
     recorder (its last 256 collectives, ``FLUXMPI_FLIGHT_SIZE``) on the stall timeout, an abort
     or SIGTERM/SIGINT, for ``python -m fluxmpi_py.flight DIR``; ``FLUXMPI_TIMELINE=path``
     writes the same records as a Chrome trace at exit.
+    ``on_failure`` (or ``FLUXMPI_ON_FAILURE``) says what a lost rank does: ``"abort"`` (the
+    default) ends the job; ``"shrink"`` lets the survivors go on (:func:`recover`), and needs
+    an MPI with ULFM launched with it on (``python -m fluxmpi_py.run --elastic``): without one
+    it raises on every rank, saying how to get one.
 
     >>> import fluxmpi_py as fm
     >>> fm.Init()
@@ -109,6 +115,11 @@ def Init(
     try:
         flight = _recorder.settings(flight_dir)
     except (TypeError, ValueError) as e:
+        problem = problem or e
+    mode = "abort"
+    try:
+        mode = _elastic.setting(on_failure)
+    except ValueError as e:
         problem = problem or e
     with _lock:
         first = not C.initialized()
@@ -144,6 +155,7 @@ def Init(
             _stall.start_stack_thread()
             _excepthooks.install()
         problem = problem or bad_nccl_switch(C.rank())
+        problem = problem or _elastic.apply(mode)  # the same verdict on every rank
         schedule = ""
         try:
             schedule = cuda_schedule_setting(os.environ, C.rank())

@@ -15,6 +15,9 @@ from .checkpoint_dir import (
 from .consistency import (
     check_consistency,
 )
+from .elastic_step import (
+    elastic_step,
+)
 from .exact_sum import (
     GridOverflowError,
 )
@@ -46,4 +49,5 @@ __all__ = [
     "Join",
     "GridOverflowError",
     "record_step",
+    "elastic_step",
 ]

@@ -7,6 +7,7 @@
                            count. LINGER: seconds the survivors wait before they end
     no_ulfm                Init(on_failure="shrink") where the job was started without ULFM
     bad_value              Init(on_failure="sometimes")
+    ddp                    init_process_group("fluxmpi") in the mode: refused on every rank
 Prints one line per rank at the end: "rank R of N: sums [...] lost [...]".
 """
 
@@ -38,6 +39,15 @@ if mode == "bad_value":
 
 fm.Init(on_failure="shrink")
 assert fm.on_failure() == "shrink"
+if mode == "ddp":
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("fluxmpi")
+    except RuntimeError as e:
+        print(f"RuntimeError: {e}", flush=True)
+        sys.exit(0)
+    sys.exit("init_process_group('fluxmpi') in the shrink mode did not raise")
 victims = [int(v) for v in sys.argv[2].split(",")]
 me = fm.local_rank()  # this rank's number in the first world
 sums, lost = [], []

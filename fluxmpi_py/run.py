@@ -22,11 +22,16 @@ then exit with ``fluxmpi_py.REQUEUE_STATUS`` (75) stopped to be requeued by the 
 are not relaunched either.
 
 Options (before the program; everything else goes to mpiexec unchanged):
-    --mpiexec PATH     the mpiexec to run (default: mpiexec)
+    --mpiexec PATH     the mpiexec to run (default: the one beside the MPI library that
+                       fluxmpi_py was built against, such as the venv's; else PATH's)
     --address HOST     the name or address ranks reach this machine by (default: its hostname)
     --grace SECONDS    how long mpiexec may outlive the ranks (default 5)
     --keepalive SECONDS  a rank's host is lost after this long without a TCP answer (default 5)
     --max-restarts K   relaunch a failed job up to K times (default 0)
+    --elastic          the shrink mode: a lost rank costs a step, not the job. Passes Open MPI
+                       what ULFM needs (--with-ft ulfm, --mca coll ^han,cuda) and
+                       FLUXMPI_ON_FAILURE=shrink to the ranks; the job goes on while ranks
+                       remain, and its status is the survivors'. Lost ranks are named at the end.
 
 The options may come first, or among mpiexec's own options before the program when the
 program is Python (``python``, ``python3.11``, a path to one) or a ``.py`` file:
@@ -51,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+from ._util.mpiexec import default_mpiexec
 from .runtime.launcher_link import ADDRESS_ENV
 from .runtime.stop import REQUEUE_STATUS
 
@@ -76,12 +82,16 @@ class RunOptions:
     grace_s: float = 5.0
     keepalive_s: float = 5.0
     max_restarts: int = 0
+    elastic: bool = False
 
 
 _VALUED = {"--mpiexec": "mpiexec", "--address": "address"}
 _SECONDS = {"--grace": "grace_s", "--keepalive": "keepalive_s"}
 _COUNTS = {"--max-restarts": "max_restarts"}
-_OPTIONS = {**_VALUED, **_SECONDS, **_COUNTS}
+_FLAGS = {"--elastic": "elastic"}
+_OPTIONS = {**_VALUED, **_SECONDS, **_COUNTS, **_FLAGS}
+ELASTIC_MPIEXEC_ARGS = ["--with-ft", "ulfm", "--mca", "coll", "^han,cuda"]
+ON_FAILURE_ENV = "FLUXMPI_ON_FAILURE"  # runtime/elastic.py's
 _PYTHON = re.compile(r"python[0-9.]*")
 
 
@@ -122,6 +132,10 @@ def parse_args(argv: list[str]) -> RunOptions:
             rest.append(flag)
             i += 1
             continue
+        if flag in _FLAGS:
+            setattr(opts, _FLAGS[flag], True)
+            i += 1
+            continue
         if i + 1 >= len(argv):
             raise SystemExit(f"fluxmpi_py.run: {flag} needs a value")
         value = argv[i + 1]
@@ -159,6 +173,7 @@ class _Rank:
     ended: bool = False  # its process exited (end of stream)
     lost: str = ""  # why its connection is dead, when it is
     gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
+    gone_s: float = -1.0  # seconds after the launch when it was
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -183,6 +198,12 @@ def _keepalive(conn: socket.socket, seconds: float) -> None:
     ):
         if hasattr(socket, name):  # Linux names; elsewhere the system's keepalive applies
             conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _mpiexec_of(opts: RunOptions) -> str:
+    """The mpiexec to run: ``--mpiexec``'s, or by default the one beside the MPI library that
+    fluxmpi_py loaded (this venv's Open MPI from PyPI), else PATH's."""
+    return default_mpiexec() if opts.mpiexec == "mpiexec" else opts.mpiexec
 
 
 def _is_open_mpi(mpiexec: str) -> bool:
@@ -253,6 +274,23 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+LOST_BEFORE_S = 2.0  # --elastic: a rank gone this long before the last one was lost
+
+
+def _report_lost(ranks: list[_Rank]) -> None:
+    """--elastic: name the ranks that went (died, were lost) while the others trained on."""
+    gone = [r for r in ranks if r.rank >= 0 and r.gone_s >= 0]
+    if not gone:
+        return
+    last = max(r.gone_s for r in gone)
+    lost = sorted((r for r in gone if r.gone_s < last - LOST_BEFORE_S), key=lambda r: r.gone_s)
+    if lost:
+        who = "; ".join(
+            f"rank {r.rank} (pid {r.pid} on {r.host}) at {r.gone_s:.1f} s" for r in lost
+        )
+        print(f"fluxmpi_py.run: lost while the job went on: {who}", file=sys.stderr, flush=True)
+
+
 def _ended_by(proc: subprocess.Popen, ranks: list[_Rank]) -> _Outcome:
     """mpiexec's ending in words, naming the ranks the launcher saw exit first."""
     code = proc.returncode
@@ -280,9 +318,14 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
     port = listener.getsockname()[1]
     address = f"{opts.address or socket.gethostname()}:{port}"
     env = dict(os.environ, **{ADDRESS_ENV: address, RESTART_ENV: str(restart)})
-    cmd = [opts.mpiexec]
-    if _is_open_mpi(opts.mpiexec):
+    mpiexec = _mpiexec_of(opts)
+    cmd = [mpiexec]
+    if _is_open_mpi(mpiexec):
         cmd += ["-x", ADDRESS_ENV, "-x", RESTART_ENV]  # Open MPI passes on only these
+        if opts.elastic:
+            cmd += [*ELASTIC_MPIEXEC_ARGS, "-x", ON_FAILURE_ENV]
+    if opts.elastic:
+        env[ON_FAILURE_ENV] = "shrink"
     cmd += opts.mpiexec_args
     sel = selectors.DefaultSelector()
     listener.setblocking(False)
@@ -300,6 +343,7 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
         ) from None
     rounds = 0  # select rounds: ranks seen to exit in the same round exited together
     _RUNNING[:] = [proc]
+    started = time.monotonic()
     try:
         while proc.poll() is None:
             rounds += 1
@@ -332,6 +376,7 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
                     continue
                 r.ended = not r.lost
                 r.gone_at = rounds
+                r.gone_s = time.monotonic() - started
                 sel.unregister(key.fileobj)
                 _sock(key).close()
             # Judged once every rank of the world has connected (a rank that dies before it
@@ -347,6 +392,8 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
                     return _Outcome(LOST_STATUS, verdict.removeprefix("fluxmpi_py.run: "))
             else:
                 done_since = None
+        if opts.elastic:
+            _report_lost(ranks)
         return _ended_by(proc, ranks)
     except KeyboardInterrupt:
         _end(proc)

@@ -86,6 +86,14 @@ cd "$WORK"
 step "build (log: $WORK/build.log)"
 unset FLUXMPI_PY_WITH_CUDA
 "$PY" setup.py build_ext --inplace > build.log 2>&1 || { tail -n 60 build.log; fail "build failed"; }
+# The MPI it was built against: make's (MPICC, PyPI's Open MPI in the checkout's .venv, or
+# MPI_FROM=site's mpicc on PATH), the same one whose mpiexec runs the tests below.
+MPI_LINE=$(grep -m 1 "building against the MPI of" build.log) || fail "setup.py found no MPI"
+ok "${MPI_LINE#fluxmpi_py: }"
+# This venv's mpi4py wheel has no MPI of its own: it takes the same library (PyPI's Open MPI in
+# the checkout's venv), not whichever libmpi.so.40 the system has.
+MPI_BIN=$(dirname "${MPI_LINE##* }")
+[ -e "$MPI_BIN/../lib/libmpi.so.40" ] && export MPI4PY_LIBMPI=$(realpath "$MPI_BIN/../lib/libmpi.so.40")
 # torch writes the full compile plan to build.ninja on every build, incremental or not.
 NINJA=$(ls build/temp.*/build.ninja 2>/dev/null | head -n 1)
 [ -n "$NINJA" ] || fail "no build.ninja: was ninja installed in $VENV?"

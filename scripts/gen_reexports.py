@@ -14,7 +14,7 @@ import os
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fluxmpi_py")
 # The public modules of each layer, in the order their names are listed.
 LAYOUT = {
-    "runtime": ["world", "stop", "groups", "printing", "preferences", "launch", "logs"],
+    "runtime": ["world", "stop", "elastic", "groups", "printing", "preferences", "launch", "logs"],
     "collectives": ["inplace", "differentiable", "rows", "objects"],
     "training": [
         "optimizer",
@@ -27,6 +27,7 @@ LAYOUT = {
         "join",
         "exact_sum",
         "record",
+        "elastic_step",
     ],
     "sync": ["synchronize"],
     "data": ["container", "sampler"],

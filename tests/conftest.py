@@ -26,9 +26,9 @@ def pytest_collection_finish(session):
 # workers around them instead of one long group running alone at the end. The order comes
 # from a fresh clone's `make test` (2026-11-27, 2 workers: CPU seconds per file, the slowest
 # tests: the separate launches of test_reproducible 90 s, the bundles at 3 and 2 ranks 64 and
-# 61 s); the from-scratch builds (test_pip_mpi, minutes) lead when selected (make test-builds).
+# 61 s); the from-scratch builds (test_site_mpi, minutes) lead when selected (make test-builds).
 SLOW_FIRST = (
-    "test_pip_mpi.py",
+    "test_site_mpi.py",
     "test_reproducible.py",
     "test_examples.py",
     "test_slurm.py",  # 161 s alone (2026-11-29), most of it waiting on the requeue
@@ -36,6 +36,7 @@ SLOW_FIRST = (
     "bundle-np3",
     "bundle-np2",
     "test_failures.py",
+    "test_elastic.py",  # 4-rank launches with lost ranks, about 3 minutes (2026-11-29)
     "test_resume.py",
     "test_entry_points.py",
     "bundle-np4",

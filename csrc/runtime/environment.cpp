@@ -15,6 +15,7 @@
 #include "runtime/flight.h"
 #include "runtime/stall_watch.h"
 #include "runtime/wait_policy.h"
+#include "runtime/world_change.h"
 
 namespace fluxmpi {
 namespace {
@@ -31,6 +32,7 @@ void write_all(const std::string& text) {
 
 Environment g_env;
 bool g_initialized = false;
+int g_world_changes = 0;
 
 // Registered by add_shutdown_hook. Leaked on purpose, so that a hook registered while the
 // library loads (a static initializer in another file) never sees it unconstructed.
@@ -120,6 +122,27 @@ void init(std::intptr_t comm_handle) {
                               g_env.thread_level >= MPI_THREAD_MULTIPLE, &abort_job});
 }
 
+int world_changes() { return g_world_changes; }
+
+void adopt_world(MPI_Comm comm, MPI_Comm control) {
+  ++g_world_changes;
+  stop_call_watch();  // its thread works on the old control communicator
+  drop_stall_messages();
+  g_env.comm = comm;
+  g_env.control = control;
+  MPI_Comm_rank(comm, &g_env.rank);
+  MPI_Comm_size(comm, &g_env.size);
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, g_env.rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &g_env.node_rank);
+  MPI_Comm_size(node, &g_env.node_size);
+  MPI_Comm_free(&node);
+  share_host_names();
+  if (!flight_dir().empty()) set_flight_dir(flight_dir(), g_env.rank, g_env.size);
+  start_call_watch(WatchedJob{g_env.control, g_env.rank, g_env.size,
+                              g_env.thread_level >= MPI_THREAD_MULTIPLE, &abort_job});
+}
+
 void shutdown() {
   if (!g_initialized) return;
   Engine::get().stop();
@@ -135,7 +158,9 @@ void shutdown() {
   for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
   MPI_Comm_free(&g_env.comm);
   MPI_Comm_free(&g_env.control);
-  if (g_env.we_initialized_mpi) MPI_Finalize();
+  // A survivor of a lost rank can hang in MPI_Finalize (open-mpi/ompi#11404): the process
+  // ends without it, its work done and its peers past the exit handshake above.
+  if (g_env.we_initialized_mpi && world_changes() == 0) MPI_Finalize();
 }
 
 void add_shutdown_hook(std::function<void()> hook) { shutdown_hooks().push_back(std::move(hook)); }

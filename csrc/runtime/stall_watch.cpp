@@ -96,12 +96,18 @@ void reap_sends() {
 std::optional<std::pair<int, std::string>> receive(MPI_Comm comm, int tag) {
   int flag = 0;
   MPI_Status st;
-  MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st);
-  if (!flag) return std::nullopt;
+  // An error (the shrink mode: a lost rank, a revoked communicator) leaves no message.
+  if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag ||
+      st.MPI_SOURCE < 0) {
+    return std::nullopt;
+  }
   int n = 0;
   MPI_Get_count(&st, MPI_CHAR, &n);
   std::string buf(static_cast<std::size_t>(std::max(n, 0)), '\0');
-  MPI_Recv(buf.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+  if (MPI_Recv(buf.data(), n, MPI_CHAR, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE) !=
+      MPI_SUCCESS) {
+    return std::nullopt;
+  }
   return std::make_pair(st.MPI_SOURCE, std::move(buf));
 }
 

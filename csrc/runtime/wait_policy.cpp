@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <mpi.h>
 #include <strings.h>
 
 #include <algorithm>
@@ -86,16 +87,34 @@ std::string ms_text(std::int64_t us) {
   return o.str();
 }
 
+// A symbol of the MPI library or of a library it loaded (Open MPI's libopen-pal), nullptr when
+// there is none. Not through RTLD_DEFAULT alone: the extension is loaded without RTLD_GLOBAL,
+// and only Open MPI 4 opens its library again into the global scope, so under Open MPI 5 its
+// symbols are found through a handle on the library that defines MPI_Init (dlsym on a handle
+// searches that library's dependencies too).
+void* mpi_symbol(const char* name) {
+  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&MPI_Init), &info) == 0 || info.dli_fname == nullptr) {
+    return nullptr;
+  }
+  void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;
+  void* p = dlsym(lib, name);
+  dlclose(lib);  // RTLD_NOLOAD took a reference to a library that stays loaded
+  return p;
+}
+
 }  // namespace
 
 std::string apply_wait_policy() {
   // bool opal_progress_set_yield_when_idle(bool): sets the flag the progress loop reads on
   // each idle pass and returns the previous value. Exported by Open MPI 1.x to 5.x.
   using Setter = bool (*)(bool);
-  auto set = reinterpret_cast<Setter>(dlsym(RTLD_DEFAULT, "opal_progress_set_yield_when_idle"));
+  auto set = reinterpret_cast<Setter>(mpi_symbol("opal_progress_set_yield_when_idle"));
   // int opal_progress_register(int (*)(void)): adds a callback that each progress pass calls.
   using Register = int (*)(int (*)());
-  auto add = reinterpret_cast<Register>(dlsym(RTLD_DEFAULT, "opal_progress_register"));
+  auto add = reinterpret_cast<Register>(mpi_symbol("opal_progress_register"));
   if (set == nullptr) {
     g_policy = "the MPI library's own (not Open MPI)";
     return g_policy;

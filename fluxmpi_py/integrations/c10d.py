@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, urlparse
 import torch.distributed as dist
 
 from ..collectives.torch_backend import torch_backend
+from ..runtime.elastic import on_failure
 from ..runtime.groups import new_local_group
 from ..runtime.world import Init, local_rank, rendezvous_store, total_workers
 
@@ -90,6 +91,14 @@ def _create_backend(opts, backend_options=None):
             "(torchrun, or RANK/WORLD_SIZE/MASTER_ADDR in the environment); launch with "
             f"`mpiexec -n {opts.group_size} python script.py` instead of torchrun, or use "
             'backend "gloo" under torchrun'
+        )
+    if on_failure() == "shrink":
+        # DDP and FSDP keep the world's size and communicator in torch's process group, which
+        # cannot follow a shrunk world: refused, the same on every rank (the mode is agreed).
+        raise RuntimeError(
+            "the fluxmpi backend of torch.distributed (DDP, FSDP) does not support "
+            'Init(on_failure="shrink") yet: use fm.DistributedOptimizer with fm.elastic_step, '
+            'or the default on_failure="abort" with python -m fluxmpi_py.run --max-restarts'
         )
     if default:
         return torch_backend(opts.group_rank, opts.group_size)

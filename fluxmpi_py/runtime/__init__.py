@@ -1,41 +1,48 @@
 """The runtime: Init and the world, groups, printing, preferences, stall settings, launch and logs."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
+from .world import (
+    Init,
+    Initialized,
+    local_rank,
+    total_workers,
+    node_local_rank,
+    node_size,
+    barrier,
+    build_info,
+)
+from .stop import (
+    stop_requested,
+    request_stop,
+    REQUEUE_STATUS,
+)
+from .elastic import (
+    RanksLostError,
+    recover,
+    recoveries,
+    on_failure,
+    add_recovery_hook,
+)
 from .groups import (
     Group,
     new_group,
-)
-from .launch import (
-    LaunchError,
-    launch,
-)
-from .logs import (
-    RANK_FORMAT,
-    RankFilter,
-    get_logger,
-)
-from .preferences import (
-    cudampi_enabled,
-    disable_cudampi_support,
 )
 from .printing import (
     fluxmpi_print,
     fluxmpi_println,
 )
-from .stop import (
-    REQUEUE_STATUS,
-    request_stop,
-    stop_requested,
+from .preferences import (
+    disable_cudampi_support,
+    cudampi_enabled,
 )
-from .world import (
-    Init,
-    Initialized,
-    barrier,
-    build_info,
-    local_rank,
-    node_local_rank,
-    node_size,
-    total_workers,
+from .launch import (
+    launch,
+    LaunchError,
+)
+from .logs import (
+    get_logger,
+    RankFilter,
+    RANK_FORMAT,
 )
 
 __all__ = [
@@ -50,6 +57,11 @@ __all__ = [
     "stop_requested",
     "request_stop",
     "REQUEUE_STATUS",
+    "RanksLostError",
+    "recover",
+    "recoveries",
+    "on_failure",
+    "add_recovery_hook",
     "Group",
     "new_group",
     "fluxmpi_print",

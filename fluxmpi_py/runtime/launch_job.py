@@ -5,10 +5,11 @@ process of the job (``_kill_group``)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
+
+from .._util.mpiexec import default_mpiexec
 
 __all__: list[str] = []
 
@@ -48,7 +49,8 @@ def _child_env(np: int, extra: dict | None) -> dict:
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4; 5 (PRRTE) reads the next one
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
         PYTHONUNBUFFERED="1",
     )
     # Share the cores instead of every rank starting one thread per core.
@@ -118,7 +120,10 @@ def _mpiexec() -> list:
     such limit): more ranks than cores is the normal case on a laptop or a notebook server."""
     global _MPIEXEC
     if _MPIEXEC is None:
-        path = shutil.which("mpiexec") or shutil.which("mpirun")
+        path = next(
+            (p for p in (default_mpiexec("mpiexec"), default_mpiexec("mpirun")) if os.sep in p),
+            None,
+        )
         if path is None:
             raise RuntimeError(
                 "launch: mpiexec is not on PATH; install Open MPI "

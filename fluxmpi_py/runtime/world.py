@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .._core import C
+from . import elastic as _elastic
 from . import excepthooks as _excepthooks
 from . import launcher_link as _launcher_link
 from . import recorder as _recorder
@@ -83,6 +84,7 @@ def Init(
     timeout: float | None = DEFAULT,
     debug: str | None = None,
     flight_dir: str | os.PathLike | None = DEFAULT,
+    on_failure: str | None = None,
 ) -> None:
     """Start fluxmpi_py: MPI (asking for MPI_THREAD_MULTIPLE), or a world of one.
 
@@ -113,6 +115,10 @@ def Init(
         flight_dir: where each rank writes its last 256 collectives on the stall timeout,
             an abort or SIGTERM/SIGINT (read them with ``python -m fluxmpi_py.flight DIR``);
             None: nowhere. DEFAULT: ``FLUXMPI_FLIGHT_DIR``, else nowhere.
+        on_failure: what a lost rank does: ``"abort"`` ends the job; ``"shrink"`` lets the
+            survivors go on (`recover`), and needs an MPI with ULFM launched with it on
+            (``python -m fluxmpi_py.run --elastic``): without one it raises on every rank,
+            saying how to get one. None: ``FLUXMPI_ON_FAILURE``, else ``"abort"``.
 
     Raises:
         ValueError: on every rank, for a bad ``debug``, ``stall_warning``, ``timeout`` or
@@ -131,6 +137,11 @@ def Init(
     try:
         flight = _recorder.settings(flight_dir)
     except (TypeError, ValueError) as e:
+        problem = problem or e
+    mode = "abort"
+    try:
+        mode = _elastic.setting(on_failure)
+    except ValueError as e:
         problem = problem or e
     with _lock:
         first = not C.initialized()
@@ -179,6 +190,7 @@ def Init(
             _stall.start_stack_thread()
             _excepthooks.install()
         problem = problem or bad_nccl_switch(C.rank())
+        problem = problem or _elastic.apply(mode)  # the same verdict on every rank
         schedule = ""
         try:
             schedule = cuda_schedule_setting(os.environ, C.rank())

@@ -2,12 +2,18 @@
 SyncBatchNorm and checkpoints."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
+from .optimizer import (
+    DistributedOptimizer,
+)
+from .gradients import (
+    allreduce_gradients,
+)
 from .buffers import (
     synchronize_buffers_,
 )
 from .checkpoint import (
-    load_checkpoint,
     save_checkpoint,
+    load_checkpoint,
 )
 from .checkpoint_dir import (
     latest_checkpoint,
@@ -15,23 +21,20 @@ from .checkpoint_dir import (
 from .consistency import (
     check_consistency,
 )
-from .exact_sum import (
-    GridOverflowError,
-)
-from .gradients import (
-    allreduce_gradients,
+from .sync_batchnorm import (
+    SyncBatchNorm,
 )
 from .join import (
     Join,
 )
-from .optimizer import (
-    DistributedOptimizer,
+from .exact_sum import (
+    GridOverflowError,
 )
 from .record import (
     record_step,
 )
-from .sync_batchnorm import (
-    SyncBatchNorm,
+from .elastic_step import (
+    elastic_step,
 )
 
 __all__ = [
@@ -46,4 +49,5 @@ __all__ = [
     "Join",
     "GridOverflowError",
     "record_step",
+    "elastic_step",
 ]

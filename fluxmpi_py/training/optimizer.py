@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -20,6 +20,7 @@ from ..collectives.inplace import allreduce_
 from ..runtime.agreement import raise_together, user_call
 from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
+from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
 from ._optimizer_args import byte_size, check_optimizer_args
@@ -37,7 +38,7 @@ _NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent 
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(WrappedOptimizer, Joinable):
+class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
@@ -176,9 +177,7 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
             )
             self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
             self._join_count = 0  # active ranks in this step's join round; 0: no round yet
-            self._plan = ReductionPlan(
-                self._named(),
-                "DistributedOptimizer()",
+            self._plan_options: dict[str, Any] = dict(
                 op=self._op,
                 cap_bytes=self._cap_bytes,
                 direct_min_bytes=self._direct_min_bytes,
@@ -186,30 +185,42 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
                 cuda_direct_min_bytes=cuda_direct,
                 first_cap_bytes=first_cap_bytes,
             )
-            self._num_groups = len(self.param_groups)
-            self._exact = None  # deterministic=True: the exact int64 sums
-            self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
-            if deterministic:
-                planned = [(n, p) for n, p in self._named() if p.requires_grad][::-1]
-                self._exact = exact_sum_for(
-                    [p for _, p in planned],
-                    [n for n, _ in planned],
-                    passes_per_step=backward_passes_per_step,
-                    average=self._op == "average",
-                    cap_bytes=self._cap_bytes,
-                    group=group,
-                )
-            self._hook(self._plan.order)
-            self._buffer_sync = None  # keeps module's buffers equal across ranks
-            self._buffer_watch = None  # warns once when unsynced buffers change
-            if deterministic and module is not None and buffers is not None:
-                self._bn_fold, self._buffer_sync = deterministic_buffers(module, group)
-            elif module is not None and buffers is not None:
-                self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
-            elif module is None:
-                self._buffer_watch = watch_unsynced_buffers(self.param_groups)
+            self._deterministic, self._module, self._buffers = deterministic, module, buffers
+            self._applied_steps = 0  # steps applied; in the shrink mode, agreed by every rank
+            self._bn_fold: Any = None  # deterministic=True with module=: BatchNorm statistics
+            self._build()
 
     # ---- plan and hooks -------------------------------------------------------------
+    def _build(self) -> None:
+        """The reduction plan, the exact sums, the hooks and the buffer sync, for the world
+        (or group) as it is now: a collective of its ranks."""
+        if self._bn_fold is not None:  # a rebuild: the old one's hooks go
+            self._bn_fold.remove()
+        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", **self._plan_options)
+        self._num_groups = len(self.param_groups)
+        self._exact = None  # deterministic=True: the exact int64 sums
+        self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
+        if self._deterministic:
+            planned = [(n, p) for n, p in self._named() if p.requires_grad][::-1]
+            self._exact = exact_sum_for(
+                [p for _, p in planned],
+                [n for n, _ in planned],
+                passes_per_step=self._passes_per_step,
+                average=self._op == "average",
+                cap_bytes=self._cap_bytes,
+                group=self._group,
+            )
+        self._hook(self._plan.order)
+        self._buffer_sync = None  # keeps module's buffers equal across ranks
+        self._buffer_watch = None  # warns once when unsynced buffers change
+        module, buffers = self._module, self._buffers
+        if self._deterministic and module is not None and buffers is not None:
+            self._bn_fold, self._buffer_sync = deterministic_buffers(module, self._group)
+        elif module is not None and buffers is not None:
+            self._buffer_sync = BufferSync(module, buffers, "DistributedOptimizer(module=...)")
+        elif module is None:
+            self._buffer_watch = watch_unsynced_buffers(self.param_groups)
+
     def _named(self):
         return named_candidates(self.param_groups, self._names)
 
@@ -408,6 +419,8 @@ class DistributedOptimizer(WrappedOptimizer, Joinable):
         if self._buffer_watch is not None:
             watch, self._buffer_watch = self._buffer_watch, None
             watch.check()
+        if C.shrink_mode():
+            return self._apply_agreed(closure)
         if self._buffer_sync is None or closure is not None:
             result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
             if self._buffer_sync is not None:

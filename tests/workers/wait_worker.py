@@ -24,8 +24,11 @@ LATE_S = 1.0  # how long the late rank sleeps before it joins
 
 
 def yields():
-    """Open MPI's flag, read from its library: does the progress loop yield when idle?"""
-    return ctypes.c_bool.in_dll(ctypes.CDLL(None), "opal_progress_yield_when_idle").value
+    """Open MPI's flag, read from its library: does the progress loop yield when idle? Through
+    a handle on the loaded libmpi, whose dependencies hold it (Open MPI 5's libopen-pal is not
+    in the global scope, as 4.1's was)."""
+    libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "/libmpi.so" in line})
+    return ctypes.c_bool.in_dll(ctypes.CDLL(libs[0]), "opal_progress_yield_when_idle").value
 
 
 before = yields() if sys.argv[1] == "mpi4py_first" else None

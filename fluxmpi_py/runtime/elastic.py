@@ -1,0 +1,123 @@
+"""The shrink mode: a lost rank costs a step, not the job (``Init(on_failure="shrink")``).
+
+By default a rank that dies ends the job (``on_failure="abort"``). In the shrink mode, with an
+MPI that has ULFM (Open MPI 5, launched by ``python -m fluxmpi_py.run --elastic`` or
+``mpiexec --with-ft ulfm``), a collective that a lost rank can never finish raises
+:class:`RanksLostError` on every survivor instead; :func:`recover` then shrinks the world to
+the survivors (revoke, shrink, confirmed by an agreement) and returns what it did. The world's
+ranks, size, node ranks and the stall watch follow; groups made before are stale.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from .._core import C
+
+__all__ = ["RanksLostError", "recover", "recoveries", "on_failure", "add_recovery_hook"]
+
+#: The environment variable that sets ``Init``'s ``on_failure`` when the argument is not given.
+ON_FAILURE_ENV = "FLUXMPI_ON_FAILURE"
+MODES = ("abort", "shrink")
+
+RanksLostError = C.RanksLostError
+RanksLostError.__doc__ = """A call met a lost rank (the shrink mode only), on every survivor: call
+:func:`recover`, then redo the step (:func:`fluxmpi_py.elastic_step` does both).
+
+>>> issubclass(RanksLostError, RuntimeError)
+True
+"""
+RanksLostError.__module__ = "fluxmpi_py"
+
+_HOOKS: list[Callable[[dict], None]] = []
+_LOG: list[dict] = []
+
+
+def setting(value: str | None) -> str:
+    """``on_failure`` as given, else ``FLUXMPI_ON_FAILURE``, else ``"abort"``; ValueError
+    naming the value when it is neither mode.
+
+    >>> setting("shrink"), setting(None) in MODES
+    ('shrink', True)
+    """
+    source = "Init(on_failure=...)"
+    if value is None:
+        value, source = os.environ.get(ON_FAILURE_ENV, "abort") or "abort", ON_FAILURE_ENV
+    if value not in MODES:
+        raise ValueError(f"{source} must be 'abort' or 'shrink', got {value!r}")
+    return value
+
+
+def apply(mode: str) -> Exception | None:
+    """Turn the mode on after ``C.init``; returns the error to raise on every rank (the same
+    on each: which MPI, how it was launched), or None.
+
+    >>> apply("abort") is None
+    True
+    """
+    if mode != "shrink":
+        C.set_shrink_mode(False)
+        return None
+    why = C.shrink_mode_unavailable() if C.size() > 1 else ""
+    if why:
+        return RuntimeError(why)
+    if C.size() > 1:
+        C.set_shrink_mode(True)
+    return None
+
+
+def on_failure() -> str:
+    """What a lost rank does to this job: ``"abort"`` (the default) or ``"shrink"``.
+
+    >>> import fluxmpi_py as fm; fm.Init(); fm.on_failure() in ("abort", "shrink")
+    True
+    """
+    return "shrink" if C.shrink_mode() else "abort"
+
+
+def add_recovery_hook(hook: Callable[[dict], None]) -> None:
+    """Call ``hook(info)`` on every survivor after each :func:`recover`, with its result:
+    what was built on the old world (a sampler's share of the data, a plan) is rebuilt there.
+
+    >>> add_recovery_hook(lambda info: None)
+    """
+    _HOOKS.append(hook)
+
+
+def recover() -> dict[str, Any]:
+    """After :class:`RanksLostError`, on every survivor: shrink the world to the ranks still
+    alive and go on there. Returns ``{"lost": [old ranks], "old_rank", "old_size", "rank",
+    "size", "attempts", "seconds"}`` and logs it on every survivor (stderr, one line). A
+    collective of the survivors; needs ``Init(on_failure="shrink")``.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> fm.on_failure() == "shrink" or fm.total_workers() >= 1
+    True
+    """
+    t0 = time.monotonic()
+    info = dict(C.shrink_world())
+    info["recovery"] = C.recoveries()
+    for hook in _HOOKS:
+        hook(info)
+    info["seconds_with_hooks"] = time.monotonic() - t0
+    _LOG.append(info)
+    lost = ", ".join(map(str, info["lost"])) or "none"
+    sys.stderr.write(
+        f"[rank {info['rank']} / {info['size']}] fluxmpi_py: lost rank(s) {lost} of "
+        f"{info['old_size']}; the {info['size']} survivors went on (this rank was "
+        f"{info['old_rank']}) after {info['seconds']:.3f} s, {info['attempts']} shrink(s)\n"
+    )
+    sys.stderr.flush()
+    return info
+
+
+def recoveries() -> list[dict]:
+    """Every recovery this process lived through, oldest first (what :func:`recover` returned).
+
+    >>> isinstance(recoveries(), list)
+    True
+    """
+    return list(_LOG)

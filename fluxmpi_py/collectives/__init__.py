@@ -2,43 +2,43 @@
 (gather, scatter, allgather, reduce_scatter, alltoall) and their differentiable forms."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
-from .inplace import (
-    allreduce_,
-    bcast_,
-    reduce_,
-    Iallreduce,
-    Ibcast,
-    Request,
-    OPS,
-    set_sum_order,
-    sum_order,
-)
 from .differentiable import (
     allreduce,
     broadcast,
 )
-from .rows import (
-    allgather,
-    gather,
-    scatter,
-    reduce_scatter,
-    alltoall,
-    Iallgather,
-    Igather,
-    Iscatter,
-    Ireduce_scatter,
-    Ialltoall,
-    grouped_allgather,
-    grouped_gather,
-    grouped_scatter,
-    grouped_reduce_scatter,
-    grouped_alltoall,
-    grouped_allreduce_,
-    grouped_bcast_,
+from .inplace import (
+    OPS,
+    Iallreduce,
+    Ibcast,
+    Request,
+    allreduce_,
+    bcast_,
+    reduce_,
+    set_sum_order,
+    sum_order,
 )
 from .objects import (
-    broadcast_object,
     allgather_object,
+    broadcast_object,
+)
+from .rows import (
+    Iallgather,
+    Ialltoall,
+    Igather,
+    Ireduce_scatter,
+    Iscatter,
+    allgather,
+    alltoall,
+    gather,
+    grouped_allgather,
+    grouped_allreduce_,
+    grouped_alltoall,
+    grouped_bcast_,
+    grouped_gather,
+    grouped_reduce_scatter,
+    grouped_scatter,
+    reduce_scatter,
+    scatter,
 )
 
 __all__ = [

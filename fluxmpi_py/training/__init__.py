@@ -2,18 +2,12 @@
 SyncBatchNorm and checkpoints."""
 
 # --- re-exports (scripts/gen_reexports.py) ---
-from .optimizer import (
-    DistributedOptimizer,
-)
-from .gradients import (
-    allreduce_gradients,
-)
 from .buffers import (
     synchronize_buffers_,
 )
 from .checkpoint import (
-    save_checkpoint,
     load_checkpoint,
+    save_checkpoint,
 )
 from .checkpoint_dir import (
     latest_checkpoint,
@@ -21,20 +15,26 @@ from .checkpoint_dir import (
 from .consistency import (
     check_consistency,
 )
-from .sync_batchnorm import (
-    SyncBatchNorm,
-)
-from .join import (
-    Join,
+from .elastic_step import (
+    elastic_step,
 )
 from .exact_sum import (
     GridOverflowError,
 )
+from .gradients import (
+    allreduce_gradients,
+)
+from .join import (
+    Join,
+)
+from .optimizer import (
+    DistributedOptimizer,
+)
 from .record import (
     record_step,
 )
-from .elastic_step import (
-    elastic_step,
+from .sync_batchnorm import (
+    SyncBatchNorm,
 )
 
 __all__ = [

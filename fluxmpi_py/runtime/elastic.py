@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from .._core import C
+from .entry import local_call
 
 __all__ = ["RanksLostError", "recover", "recoveries", "on_failure", "add_recovery_hook"]
 
@@ -69,6 +70,7 @@ def apply(mode: str) -> Exception | None:
     return None
 
 
+@local_call
 def on_failure() -> str:
     """What a lost rank does to this job: ``"abort"`` (the default) or ``"shrink"``.
 
@@ -78,15 +80,23 @@ def on_failure() -> str:
     return "shrink" if C.shrink_mode() else "abort"
 
 
+@local_call
 def add_recovery_hook(hook: Callable[[dict], None]) -> None:
     """Call ``hook(info)`` on every survivor after each :func:`recover`, with its result:
     what was built on the old world (a sampler's share of the data, a plan) is rebuilt there.
+
+    Args:
+        hook: called with the dict that :func:`recover` returns (``lost``, ``rank``, ``size``,
+            ...), in the order the hooks were added.
 
     >>> add_recovery_hook(lambda info: None)
     """
     _HOOKS.append(hook)
 
 
+# No argument to check, and entered only after RanksLostError, which every survivor gets from
+# the same failed call: the shrink's own agreement (MPIX_Comm_agree) is its meeting.
+@local_call
 def recover() -> dict[str, Any]:
     """After :class:`RanksLostError`, on every survivor: shrink the world to the ranks still
     alive and go on there. Returns ``{"lost": [old ranks], "old_rank", "old_size", "rank",
@@ -114,6 +124,7 @@ def recover() -> dict[str, Any]:
     return info
 
 
+@local_call
 def recoveries() -> list[dict]:
     """Every recovery this process lived through, oldest first (what :func:`recover` returned).
 

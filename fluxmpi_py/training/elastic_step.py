@@ -9,10 +9,14 @@ import torch
 
 from .._core import C
 from ..runtime.elastic import RanksLostError, recover
+from ..runtime.entry import local_call
 
 __all__ = ["elastic_step"]
 
 
+# It checks no argument of its own and calls step as given (step's collectives keep the rule);
+# it communicates only in recover(), after every survivor got RanksLostError from one call.
+@local_call
 def elastic_step(
     step: Callable[..., Any],
     *args: Any,
@@ -30,6 +34,20 @@ def elastic_step(
     every survivor or on none (one agreement before the local update); a step that
     ``optimizer`` had applied when the loss came is not run again (None is returned). Outside
     the shrink mode it only calls ``step``.
+
+    Args:
+        step: the training step, a callable.
+        *args: passed to ``step``.
+        module: the model, whose buffers (BatchNorm's statistics) are put back as the step
+            found them before it runs again; None: none.
+        optimizer: the `DistributedOptimizer` of the step: a step it applied on every
+            survivor before the loss is not run again; None: the step always runs again.
+        on_recover: called with :func:`recover`'s dict before the step runs again, to rebuild
+            what was made for the old world; None: nothing.
+        **kwargs: passed to ``step``.
+
+    Returns:
+        What ``step`` returned; None when the step had been applied before the loss.
 
     >>> import torch, fluxmpi_py as fm; fm.Init()
     >>> model = torch.nn.Linear(4, 2)

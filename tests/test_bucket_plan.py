@@ -36,7 +36,11 @@ def members(plan):
 
 @pytest.mark.parametrize(
     "kw, element_bytes",
-    [({}, None), ({"deterministic": True}, None), ({"deterministic": True, "backward_passes_per_step": 2}, 8)],
+    [
+        ({}, None),
+        ({"deterministic": True}, None),
+        ({"deterministic": True, "backward_passes_per_step": 2}, 8),
+    ],
     ids=["default", "exact_floats", "exact_int64"],
 )
 def test_each_path_plans_with_the_one_planner(kw, element_bytes):

@@ -99,7 +99,9 @@ class ReductionPlan:
 
     def _reducer_options(self, plan_hash: int):
         o = self._options
-        return C.ReducerOptions(plan=o.plan, op=o.op, compression=o.compression, plan_hash=plan_hash)
+        return C.ReducerOptions(
+            plan=o.plan, op=o.op, compression=o.compression, plan_hash=plan_hash
+        )
 
 
 def named_candidates(param_groups, names: dict) -> list[tuple[str, torch.Tensor]]:

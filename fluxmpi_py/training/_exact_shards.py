@@ -38,7 +38,7 @@ SHARDS_AT_ONE_PASS = True
 def exact_sum_for(
     order: Sequence[torch.Tensor],
     names: Sequence[str],
-    options,
+    options: C.ReducerOptions,
     *,
     passes_per_step: int,
     group,
@@ -67,7 +67,7 @@ class ShardedExactSum(ExactSum):
         *,
         world: int,
         rank: int,
-        options,
+        options: C.ReducerOptions,
         group,
     ):
         # buckets of the parameters' own dtypes: they travel as floats

@@ -91,7 +91,7 @@ def reduction_options(
     compression=None,
     first_bucket_cap_mb=None,
     cuda_direct_min_bytes=None,
-):
+) -> C.ReducerOptions:
     """The reduction's options from ``owner``'s arguments (MiB, bytes, None), built once,
     before the first collective, and checked there: the sizes by ``C.PlanOptions`` (the
     planner's one check of its limits), op and compression by ``C.ReducerOptions``

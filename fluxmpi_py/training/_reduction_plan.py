@@ -56,7 +56,9 @@ class ReductionPlan:
     reducer for them, planned and run with ``options`` (a ``C.ReducerOptions``, its
     ``plan_hash`` set here). Constructing it (and ``replan``) is a collective."""
 
-    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], what: str, options):
+    def __init__(
+        self, named: Sequence[tuple[str, torch.Tensor]], what: str, options: C.ReducerOptions
+    ):
         self._what = what
         self._options = options
         self.replan(named)

@@ -103,7 +103,7 @@ INT64_BYTES = 8
 
 
 def plan_exact_buckets(
-    order: Sequence[torch.Tensor], options, element_bytes: int | None
+    order: Sequence[torch.Tensor], options: C.ReducerOptions, element_bytes: int | None
 ) -> list[dict]:
     """The buckets of ``order`` (backward order) from the default path's planner
     (``C.plan_buckets``, csrc/fusion/bucket_plan.cpp) with the reduction's ``options``
@@ -284,7 +284,7 @@ class ExactGradientSum(ExactSum):
         *,
         passes_per_step: int,
         world: int,
-        options,
+        options: C.ReducerOptions,
         group,
     ):
         plan = plan_exact_buckets(order, options, INT64_BYTES)

@@ -302,6 +302,7 @@ def plan_buckets(
     options: PlanOptions,
     devices: Sequence[str] | None = None,
     element_bytes: int | None = None,
+    direct: bool = True,
 ) -> list[dict[str, Any]]: ...
 
 # ---- synchronize_ (bind_sync.cpp) ---------------------------------------------------------

@@ -2,7 +2,8 @@
 options once (``reduction_options``), and the default path's buckets and the exact path's
 (``deterministic=True``: floats at one backward pass a step, int64 sums at more) are what
 ``C.plan_buckets`` (csrc/fusion/bucket_plan.cpp) makes of them, the exact path counting the
-bytes its buffers hold per value. The exact sums' bits at 1-4 ranks: tests/test_reproducible.py."""
+bytes its buffers hold per value (the int64 sums, which copy every value, with no direct
+gradient). The exact sums' bits at 1-4 ranks: tests/test_reproducible.py."""
 
 from __future__ import annotations
 
@@ -35,19 +36,19 @@ def members(plan):
 
 
 @pytest.mark.parametrize(
-    "kw, element_bytes",
+    "kw, element_bytes, direct",
     [
-        ({}, None),
-        ({"deterministic": True}, None),
-        ({"deterministic": True, "backward_passes_per_step": 2}, 8),
+        ({}, None, True),
+        ({"deterministic": True}, None, True),
+        ({"deterministic": True, "backward_passes_per_step": 2}, 8, False),
     ],
     ids=["default", "exact_floats", "exact_int64"],
 )
-def test_each_path_plans_with_the_one_planner(kw, element_bytes):
+def test_each_path_plans_with_the_one_planner(kw, element_bytes, direct):
     params = parameters()
     opt = wrap(params, **kw)
     order = params[::-1]
-    expected = C.plan_buckets(order, OPTIONS, ["cpu"] * len(order), element_bytes)
+    expected = C.plan_buckets(order, OPTIONS, ["cpu"] * len(order), element_bytes, direct)
     assert opt.buckets == expected
     if kw:  # the buckets the exact sums run (their start order and buffers)
         assert opt._exact is not None and opt._exact.buckets == members(expected)
@@ -64,10 +65,11 @@ def test_first_bucket_cap_and_element_size_reach_the_exact_path():
     assert floats == wrap(params).buckets  # floats: bytes as the default path counts them
     assert members(floats) == [[0], [3], [1, 5], [2, 6], [4], [7]]
     assert [b["direct"] for b in floats] == [False, True, False, False, False, False]
-    # int64 sums, 8 bytes a value: 900 float32 values (7200 bytes) go direct too
+    # int64 sums, 8 bytes a value and none direct (each value is copied into their buffers):
+    # float32 takes 64, 2400, 16000, 560 and 7200 bytes
     int64 = wrap(params, deterministic=True, backward_passes_per_step=2).buckets
-    assert members(int64) == [[0], [3], [7], [1, 5], [2, 6], [4]]
-    assert [b["direct"] for b in int64] == [False, True, True, False, False, False]
+    assert members(int64) == [[0], [1], [3], [5], [2, 6], [4], [7]]
+    assert not any(b["direct"] for b in int64)
     # without first_bucket_cap_mb the first float32 bucket takes 8, 300 and 70 values
     no_first = wrap(params, deterministic=True, first_bucket_cap_mb=None).buckets
     assert members(no_first) == [[3], [0, 1, 5], [2, 6], [4], [7]]

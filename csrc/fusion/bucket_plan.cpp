@@ -23,7 +23,7 @@ void check_bucket_options(const PlanOptions& opts) {
 }
 
 std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts,
-                                 std::int64_t element_bytes) {
+                                 std::int64_t element_bytes, bool direct) {
   check_bucket_options(opts);
   TORCH_CHECK_VALUE(element_bytes >= 0,
                     "element_bytes must be positive, or 0 for each dtype's own size, got ",
@@ -38,7 +38,7 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const P
     const auto esz =
         element_bytes > 0 ? element_bytes : static_cast<std::int64_t>(c10::elementSize(t.dtype));
     const auto direct_min = t.device.is_cuda() ? opts.cuda_direct_min_bytes : opts.direct_min_bytes;
-    if (t.numel * esz >= direct_min) {
+    if (direct && t.numel * esz >= direct_min) {
       out.push_back(Bucket{{i}, {0}, t.dtype, t.device, t.numel, true});
       continue;
     }

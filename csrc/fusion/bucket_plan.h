@@ -61,8 +61,9 @@ void check_bucket_options(const PlanOptions& opts);
 // A tensor goes direct at direct_min_bytes on the host, cuda_direct_min_bytes on CUDA.
 // Sizes count element_bytes an element, the bytes the path's buffers hold per value: 0 for
 // the tensor's dtype (the default path, the exact path at one pass a step), 8 for the exact
-// path's int64 sums. Buckets stay per dtype and device either way.
+// path's int64 sums. Buckets stay per dtype and device either way. direct=false: no tensor
+// goes direct (a path that copies every value into its buffers, as the int64 sums do).
 std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts,
-                                 std::int64_t element_bytes = 0);
+                                 std::int64_t element_bytes = 0, bool direct = true);
 
 }  // namespace fluxmpi

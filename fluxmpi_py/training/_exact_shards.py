@@ -71,7 +71,7 @@ class ShardedExactSum(ExactSum):
         group,
     ):
         # buckets of the parameters' own dtypes: they travel as floats
-        plan = plan_exact_buckets(order, options, None)
+        plan = plan_exact_buckets(order, options, int64=False)
         super().__init__(
             order, names, plan, passes_per_step=1, world=world,
             average=options.op == "average", group=group,

@@ -103,14 +103,18 @@ INT64_BYTES = 8
 
 
 def plan_exact_buckets(
-    order: Sequence[torch.Tensor], options: C.ReducerOptions, element_bytes: int | None
+    order: Sequence[torch.Tensor], options: C.ReducerOptions, *, int64: bool
 ) -> list[dict]:
     """The buckets of ``order`` (backward order) from the default path's planner
     (``C.plan_buckets``, csrc/fusion/bucket_plan.cpp) with the reduction's ``options``
-    (``C.ReducerOptions``: the same cap, first cap and direct thresholds), counting
-    ``element_bytes`` a value (None: the dtype's size), and every tensor as a host tensor:
-    the exact sums' buffers are in host memory."""
-    return C.plan_buckets(list(order), options.plan, ["cpu"] * len(order), element_bytes)
+    (``C.ReducerOptions``: the same cap, first cap and direct thresholds), every tensor as a
+    host tensor (the exact sums' buffers are in host memory). The float path (``int64``
+    False) counts its dtype's bytes a value and reduces a direct gradient where it lies; the
+    int64 sums count :data:`INT64_BYTES` a value and have no direct gradient: every value is
+    quantized into their buffers, none is reduced where it lies."""
+    element_bytes = INT64_BYTES if int64 else None
+    devices = ["cpu"] * len(order)
+    return C.plan_buckets(list(order), options.plan, devices, element_bytes, direct=not int64)
 
 
 class ExactSum(ABC):
@@ -287,7 +291,7 @@ class ExactGradientSum(ExactSum):
         options: C.ReducerOptions,
         group,
     ):
-        plan = plan_exact_buckets(order, options, INT64_BYTES)
+        plan = plan_exact_buckets(order, options, int64=True)
         super().__init__(
             order, names, plan, passes_per_step=passes_per_step, world=world,
             average=options.op == "average", group=group,

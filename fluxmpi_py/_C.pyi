@@ -253,7 +253,7 @@ def c10d_backend(
 
 # ---- gradients (bind_gradients.cpp) -------------------------------------------------------
 class PlanOptions:
-    """The bucket planner's limits (bytes)."""
+    """The bucket planner's limits (bytes), checked when built (ValueError)."""
 
     cap_bytes: int
     direct_min_bytes: int
@@ -316,7 +316,11 @@ def exact_shard_bucket(
     label: str,
 ) -> Work: ...
 def plan_buckets(
-    tensors: Sequence[torch.Tensor], options: PlanOptions, devices: Sequence[str] | None = None
+    tensors: Sequence[torch.Tensor],
+    options: PlanOptions,
+    devices: Sequence[str] | None = None,
+    element_bytes: int | None = None,
+    direct: bool = True,
 ) -> list[dict[str, Any]]: ...
 
 # ---- synchronize_ (bind_sync.cpp) ---------------------------------------------------------

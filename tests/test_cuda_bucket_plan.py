@@ -96,5 +96,5 @@ def test_distributed_optimizer_passes_the_options_to_its_plan():
     assert [(b["members"], b["direct"]) for b in plan] == [([0], True), ([1], False), ([2], False)]
     opt = fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.1))
     assert [b["members"] for b in opt._plan.reducer.plan()] == [[0], [1, 2]]
-    with pytest.raises(ValueError, match=r"first_bucket_cap_mb=-1\): expected a size >= 0"):
+    with pytest.raises(ValueError, match="first bucket cap must be positive, or 0 for none"):
         fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), first_bucket_cap_mb=-1)

@@ -50,10 +50,20 @@ struct PlanOptions {
   std::int64_t first_cap_bytes = 0;
 };
 
+// The one check of the limits (ValueError naming the argument): run where Python builds a
+// PlanOptions (DistributedOptimizer and allreduce_gradients, before their first collective)
+// and by plan_buckets, since the fields stay writable.
+void check_bucket_options(const PlanOptions& opts);
+
 // Buckets in issue order: a fused bucket is emitted when it closes (the next tensor of its
 // dtype and device would overflow the cap: first_cap_bytes for the first bucket of each
 // dtype and device when set, cap_bytes after), so earlier-produced gradients go first.
 // A tensor goes direct at direct_min_bytes on the host, cuda_direct_min_bytes on CUDA.
-std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts);
+// Sizes count element_bytes an element, the bytes the path's buffers hold per value: 0 for
+// the tensor's dtype (the default path, the exact path at one pass a step), 8 for the exact
+// path's int64 sums. Buckets stay per dtype and device either way. direct=false: no tensor
+// goes direct (a path that copies every value into its buffers, as the int64 sums do).
+std::vector<Bucket> plan_buckets(const std::vector<TensorMeta>& tensors, const PlanOptions& opts,
+                                 std::int64_t element_bytes = 0, bool direct = true);
 
 }  // namespace fluxmpi

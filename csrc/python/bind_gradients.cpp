@@ -59,7 +59,8 @@ ReduceOp gradient_op(const std::string& name) {
 
 void bind_gradients(py::module_& m) {
   const PlanOptions dp;
-  py::class_<PlanOptions> plan(m, "PlanOptions", "The bucket planner's limits (bytes)");
+  py::class_<PlanOptions> plan(m, "PlanOptions",
+                               "The bucket planner's limits (bytes), checked when built");
   plan.def(py::init([](std::int64_t cap_bytes, std::int64_t direct_min_bytes,
                        std::int64_t cuda_direct_min_bytes, std::int64_t first_cap_bytes) {
              PlanOptions o;
@@ -67,6 +68,7 @@ void bind_gradients(py::module_& m) {
              o.direct_min_bytes = direct_min_bytes;
              o.cuda_direct_min_bytes = cuda_direct_min_bytes;
              o.first_cap_bytes = first_cap_bytes;
+             check_bucket_options(o);
              return o;
            }),
            py::kw_only(), py::arg("cap_bytes") = dp.cap_bytes,
@@ -115,7 +117,8 @@ void bind_gradients(py::module_& m) {
   m.def(
       "plan_buckets",
       [](const std::vector<at::Tensor>& tensors, const PlanOptions& options,
-         const std::optional<std::vector<std::string>>& devices) {
+         const std::optional<std::vector<std::string>>& devices,
+         std::optional<std::int64_t> element_bytes, bool direct) {
         TORCH_CHECK_VALUE(!devices || devices->size() == tensors.size(),
                           "plan_buckets: ", tensors.size(), " tensors but ",
                           devices ? devices->size() : 0, " devices");
@@ -126,13 +129,16 @@ void bind_gradients(py::module_& m) {
           const c10::Device dev = devices ? c10::Device((*devices)[i]) : t.device();
           metas.push_back({t.scalar_type(), dev, t.numel()});
         }
-        return buckets_to_python(plan_buckets(metas, options));
+        return buckets_to_python(plan_buckets(metas, options, element_bytes.value_or(0), direct));
       },
       py::arg("tensors"), py::arg("options"), py::arg("devices") = py::none(),
+      py::arg("element_bytes") = py::none(), py::arg("direct") = true,
       "The bucket plan for tensors' dtypes, devices and sizes: a list of dicts (members, "
       "direct, numel, dtype, device) in issue order. Pure: needs no Init. `devices` plans "
       "tensor i as if it lived on devices[i] (\"cuda:0\"), so that the CUDA plan is tested "
-      "without a GPU");
+      "without a GPU. `element_bytes`: the bytes a value takes in the buckets' buffers (8 for "
+      "the exact path's int64 sums); None: each tensor's dtype size. `direct=False`: no tensor "
+      "goes direct (a path that copies every value into its buffers)");
 
   py::class_<GradientReducer, std::shared_ptr<GradientReducer>>(m, "GradientReducer")
       .def(py::init([](std::vector<at::Tensor> params, const ReducerOptions& options) {

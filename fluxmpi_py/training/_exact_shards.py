@@ -29,7 +29,7 @@ import torch
 
 from .._core import C
 from ..runtime.groups import on_group
-from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, plan_buckets
+from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, plan_exact_buckets
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDS_AT_ONE_PASS = True
@@ -38,25 +38,22 @@ SHARDS_AT_ONE_PASS = True
 def exact_sum_for(
     order: Sequence[torch.Tensor],
     names: Sequence[str],
+    options: C.ReducerOptions,
     *,
     passes_per_step: int,
-    average: bool,
-    cap_bytes: int,
     group,
 ) -> ExactSum:
     """The exact sum for ``passes_per_step`` backward passes a step over ``group`` (None: the
-    world; this rank is a member): the sharded float one at one pass (unless
+    world; this rank is a member), with the reduction's ``options`` (``C.ReducerOptions``:
+    its buckets' limits and its op): the sharded float one at one pass (unless
     :data:`SHARDS_AT_ONE_PASS` is False), else the int64 one."""
     world = C.size() if group is None else group.size
     rank = C.rank() if group is None else int(group.rank)
     if passes_per_step == 1 and SHARDS_AT_ONE_PASS:
-        return ShardedExactSum(
-            order, names, world=world, rank=rank, average=average, cap_bytes=cap_bytes, group=group
-        )
+        return ShardedExactSum(order, names, world=world, rank=rank, options=options, group=group)
     return ExactGradientSum(
-        order, names, passes_per_step=passes_per_step, world=world, average=average,
-        cap_bytes=cap_bytes, group=group,
-    )  # fmt: skip
+        order, names, passes_per_step=passes_per_step, world=world, options=options, group=group
+    )
 
 
 class ShardedExactSum(ExactSum):
@@ -70,14 +67,15 @@ class ShardedExactSum(ExactSum):
         *,
         world: int,
         rank: int,
-        average: bool,
-        cap_bytes: int,
+        options: C.ReducerOptions,
         group,
     ):
-        buckets = plan_buckets(order, cap_bytes, lambda p: p.element_size())
+        # buckets of the parameters' own dtypes: they travel as floats
+        plan = plan_exact_buckets(order, options, int64=False)
         super().__init__(
-            order, names, buckets, passes_per_step=1, world=world, average=average, group=group
-        )
+            order, names, plan, passes_per_step=1, world=world,
+            average=options.op == "average", group=group,
+        )  # fmt: skip
         self.flats: list[torch.Tensor] = []  # per bucket, W shards; the result after step()
         # per bucket, the ranks' values of this rank's shard (without shared memory; untouched,
         # hence never paged in, with it)

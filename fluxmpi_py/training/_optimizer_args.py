@@ -1,4 +1,5 @@
-"""DistributedOptimizer's argument checks, all made before its first collective."""
+"""DistributedOptimizer's argument checks, and the reduction options it and
+allreduce_gradients build from theirs, all before their first collective."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from .._core import C, gradient_op_error
 def check_optimizer_args(
     optimizer,
     op,
-    compression,
     backward_passes_per_step,
     check_every,
-    bucket_cap_mb,
     buffers,
     module,
 ):
-    """Raise TypeError/ValueError naming the bad argument; return the parsed compression."""
+    """Raise TypeError/ValueError naming the bad argument (the reduction's own arguments are
+    checked where :func:`reduction_options` builds them)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         fix = (
             ": to train a model, wrap an optimizer of its parameters and pass the model as "
@@ -33,8 +33,6 @@ def check_optimizer_args(
     op_error = gradient_op_error("DistributedOptimizer", op)
     if op_error:
         raise ValueError(op_error)
-    # Parsed where the reducer reads it (ValueError for an unknown name), before any collective.
-    compression = C.ReducerOptions(compression=compression).compression
     if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
         raise ValueError(
             f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
@@ -45,8 +43,6 @@ def check_optimizer_args(
         raise ValueError(
             f"check_every must be None, 0 (no check at all) or an int >= 1, got {check_every!r}"
         )
-    if not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
     if buffers not in (None, "average", "broadcast"):
         raise ValueError(
             f"DistributedOptimizer(buffers={buffers!r}): expected 'average', 'broadcast' or None"
@@ -59,30 +55,59 @@ def check_optimizer_args(
         raise TypeError(
             f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}"
         )
-    return compression
 
 
+MiB = 1 << 20
 # Sizes in bytes stay below this (the compiled plan takes int64, and sums of them must fit).
 _LIMIT = 1 << 62
+#: direct_min_bytes=None: no gradient goes direct (the planner's kNeverDirect).
+NEVER = _LIMIT
 
 
-def byte_size(
-    name: str, value, scale: int = 1, none: int | None = None, owner: str = "DistributedOptimizer"
-) -> int:
-    """``value * scale`` bytes as an int in [0, 2**62): ``none`` for None where None is
-    allowed; TypeError or ValueError naming ``name`` otherwise. Checked with the other
-    arguments, before the first collective, so that a size one rank alone cannot hold raises
-    on every rank.
+def byte_size(name: str, value, scale: int, none: int | None, owner: str) -> int:
+    """``value * scale`` bytes as an int: ``none`` for None where None is allowed (``none``
+    not None); TypeError or ValueError naming ``name`` for what is no number of bytes (not a
+    number, NaN, beyond +-2**62). The sign is the planner's to check
+    (``C.PlanOptions``).
 
-    >>> byte_size("bucket_cap_mb", 0.5, 1 << 20), byte_size("direct_min_bytes", None, none=7)
+    >>> byte_size("bucket_cap_mb", 0.5, MiB, None, "f"), byte_size("x", None, 1, 7, "f")
     (524288, 7)
     """
     if value is None and none is not None:
         return none
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}({name}=...) takes a number, got {type(value).__name__}")
-    if not (value >= 0 and value * scale < _LIMIT):  # NaN fails here too
-        raise ValueError(
-            f"{owner}({name}={value!r}): expected a size >= 0 and below {_LIMIT // scale}"
-        )
+    if not abs(value * scale) < _LIMIT:  # NaN fails here too
+        raise ValueError(f"{owner}({name}={value!r}): expected a size below {_LIMIT // scale}")
     return int(value * scale)
+
+
+def reduction_options(
+    owner: str,
+    *,
+    op: str,
+    bucket_cap_mb,
+    direct_min_bytes,
+    compression=None,
+    first_bucket_cap_mb=None,
+    cuda_direct_min_bytes=None,
+) -> C.ReducerOptions:
+    """The reduction's options from ``owner``'s arguments (MiB, bytes, None), built once,
+    before the first collective, and checked there: the sizes by ``C.PlanOptions`` (the
+    planner's one check of its limits), op and compression by ``C.ReducerOptions``
+    (ValueError naming the bad one). Both paths plan with its ``plan`` (the exact one through
+    ``C.plan_buckets``, told its element size).
+
+    >>> o = reduction_options("f", op="avg", bucket_cap_mb=1, direct_min_bytes=None)
+    >>> o.op, o.plan.cap_bytes, o.plan.direct_min_bytes == NEVER, o.plan.first_cap_bytes
+    ('average', 1048576, True, 0)
+    """
+    plan = C.PlanOptions(
+        cap_bytes=byte_size("bucket_cap_mb", bucket_cap_mb, MiB, None, owner),
+        first_cap_bytes=byte_size("first_bucket_cap_mb", first_bucket_cap_mb, MiB, 0, owner),
+        direct_min_bytes=byte_size("direct_min_bytes", direct_min_bytes, 1, NEVER, owner),
+        cuda_direct_min_bytes=byte_size(
+            "cuda_direct_min_bytes", cuda_direct_min_bytes, 1, NEVER, owner
+        ),
+    )
+    return C.ReducerOptions(plan=plan, op=op, compression=compression)

@@ -53,23 +53,14 @@ def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], 
 
 class ReductionPlan:
     """The parameters of ``named`` that require grad, in backward order, and the compiled
-    reducer for them. Constructing it (and ``replan``) is a collective."""
+    reducer for them, planned and run with ``options`` (a ``C.ReducerOptions``, its
+    ``plan_hash`` set here). Constructing it (and ``replan``) is a collective."""
 
     def __init__(
-        self,
-        named: Sequence[tuple[str, torch.Tensor]],
-        what: str,
-        *,
-        op: str,
-        cap_bytes: int,
-        direct_min_bytes: int,
-        compression: str = "",
-        cuda_direct_min_bytes: int = 1 << 62,
-        first_cap_bytes: int = 0,
+        self, named: Sequence[tuple[str, torch.Tensor]], what: str, options: C.ReducerOptions
     ):
         self._what = what
-        self._options = (cap_bytes, direct_min_bytes, op, compression)
-        self._cuda_options = (cuda_direct_min_bytes, first_cap_bytes)
+        self._options = options
         self.replan(named)
 
     def replan(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -78,8 +69,8 @@ class ReductionPlan:
         params = [p for _, p in named]
         flags = list(map(_requires_grad, params))
         h = check_same_parameters(names, params, self._what)
-        cap, direct, op, comp = self._options
-        self._hash = hash64("\n".join(map(str, (h, op, comp, cap, direct, *self._cuda_options))))
+        o = self._options
+        self._hash = hash64("\n".join(map(str, (h, o.op, o.compression, o.plan))))
         before = set(map(id, getattr(self, "order", ())))
         # Backward produces gradients roughly in reverse registration order: plan buckets so.
         self.order = [p for p, f in zip(params, flags) if f][::-1]
@@ -109,18 +100,9 @@ class ReductionPlan:
         C.GradientReducer(list(params), self._reducer_options(h)).finalize()
 
     def _reducer_options(self, plan_hash: int):
-        cap, direct, op, comp = self._options
-        cuda_direct, first_cap = self._cuda_options
+        o = self._options
         return C.ReducerOptions(
-            plan=C.PlanOptions(
-                cap_bytes=cap,
-                direct_min_bytes=direct,
-                cuda_direct_min_bytes=cuda_direct,
-                first_cap_bytes=first_cap,
-            ),
-            op=op,
-            compression=comp or None,
-            plan_hash=plan_hash,
+            plan=o.plan, op=o.op, compression=o.compression, plan_hash=plan_hash
         )
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -98,27 +98,29 @@ def plain_gradient_of(g: torch.Tensor, p: torch.Tensor) -> bool:
     )
 
 
-def plan_buckets(
-    order: Sequence[torch.Tensor], cap_bytes: int, element_bytes: Callable[[torch.Tensor], int]
-) -> list[list[int]]:
-    """Consecutive parameters of ``order`` in buckets of at most ``cap_bytes`` (one at least),
-    counting ``element_bytes(p)`` a value; a change of dtype starts a bucket too."""
-    buckets: list[list[int]] = []
-    size = 0
-    for i, p in enumerate(order):
-        nbytes = element_bytes(p) * p.numel()
-        if not buckets or size + nbytes > cap_bytes or order[buckets[-1][-1]].dtype != p.dtype:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(i)
-        size += nbytes
-    return buckets
+#: Bytes a value takes in the int64 path's buckets, as its planner counts them.
+INT64_BYTES = 8
+
+
+def plan_exact_buckets(
+    order: Sequence[torch.Tensor], options: C.ReducerOptions, *, int64: bool
+) -> list[dict]:
+    """The buckets of ``order`` (backward order) from the default path's planner
+    (``C.plan_buckets``, csrc/fusion/bucket_plan.cpp) with the reduction's ``options``
+    (``C.ReducerOptions``: the same cap, first cap and direct thresholds), every tensor as a
+    host tensor (the exact sums' buffers are in host memory). The float path (``int64``
+    False) counts its dtype's bytes a value and reduces a direct gradient where it lies; the
+    int64 sums count :data:`INT64_BYTES` a value and have no direct gradient: every value is
+    quantized into their buffers, none is reduced where it lies."""
+    element_bytes = INT64_BYTES if int64 else None
+    devices = ["cpu"] * len(order)
+    return C.plan_buckets(list(order), options.plan, devices, element_bytes, direct=not int64)
 
 
 class ExactSum(ABC):
     """What both exact sums share, for the parameters ``order`` (backward order): the grid,
-    the backward passes' bookkeeping, the buckets' start order, and ``step()``'s agreement and
-    checks. A subclass takes each pass's gradient (``_take``), starts a bucket's collective
+    the backward passes' bookkeeping, the buckets (``plan``, the planner's, in issue order)
+    and their start order, and ``step()``'s agreement and checks. A subclass takes each pass's gradient (``_take``), starts a bucket's collective
     (``_start``, appending to ``requests``), finishes the sums (``_complete``: this rank's
     largest |g| per parameter, -1 for none) and gives a parameter's result (``_result``).
     Collectives go to ``group`` (None: the world)."""
@@ -127,7 +129,7 @@ class ExactSum(ABC):
         self,
         order: Sequence[torch.Tensor],
         names: Sequence[str],
-        buckets: list[list[int]],
+        plan: list[dict],
         *,
         passes_per_step: int,
         world: int,
@@ -140,14 +142,15 @@ class ExactSum(ABC):
                     f"DistributedOptimizer(deterministic=True): parameter {name} is "
                     f"{p.dtype}; only real floating parameters are summed exactly"
                 )
-        self.order, self.names, self.buckets = list(order), list(names), buckets
+        self.order, self.names, self.plan = list(order), list(names), plan
+        self.buckets: list[list[int]] = [b["members"] for b in plan]
         self.k = passes_per_step
         self.micro_batches = passes_per_step * world
         self.bits = 62 - (self.micro_batches - 1).bit_length()  # P
         self.average, self.group = average, group
         self.top = [FIRST_TOP_LOG2] * len(self.order)  # T per parameter
         self.bucket_of = [0] * len(self.order)
-        for b, members in enumerate(buckets):
+        for b, members in enumerate(self.buckets):
             for i in members:
                 self.bucket_of[i] = b
         self._reset_step()
@@ -285,14 +288,13 @@ class ExactGradientSum(ExactSum):
         *,
         passes_per_step: int,
         world: int,
-        average: bool,
-        cap_bytes: int,
+        options: C.ReducerOptions,
         group,
     ):
-        buckets = plan_buckets(order, cap_bytes, lambda p: 8)
+        plan = plan_exact_buckets(order, options, int64=True)
         super().__init__(
-            order, names, buckets,
-            passes_per_step=passes_per_step, world=world, average=average, group=group,
+            order, names, plan, passes_per_step=passes_per_step, world=world,
+            average=options.op == "average", group=group,
         )  # fmt: skip
         self.flats = []
         self.acc: list[torch.Tensor] = [torch.empty(0)] * len(self.order)

@@ -11,10 +11,10 @@ import torch
 
 from .._core import gradient_op_error
 from ..runtime.entry import entry_point
-from ._optimizer_args import byte_size
+from ._optimizer_args import reduction_options
 from ._reduction_plan import ReductionPlan, replan_if_changed
 from .consistency import _check as _check_consistency
-from .optimizer import _NEVER, DEFAULT_DIRECT_MIN_BYTES, _MiB
+from .optimizer import DEFAULT_DIRECT_MIN_BYTES
 
 __all__ = ["allreduce_gradients"]
 
@@ -58,11 +58,12 @@ def allreduce_gradients(
     op_error = gradient_op_error("allreduce_gradients", op)
     if op_error:
         raise ValueError(op_error)
-    owner = "allreduce_gradients"
-    direct = byte_size("direct_min_bytes", direct_min_bytes, none=_NEVER, owner=owner)
-    cap_bytes = byte_size("bucket_cap_mb", bucket_cap_mb, _MiB, owner=owner)
-    if cap_bytes == 0:
-        raise ValueError(f"allreduce_gradients(bucket_cap_mb={bucket_cap_mb!r}): expected > 0")
+    options = reduction_options(
+        "allreduce_gradients",
+        op=op,
+        bucket_cap_mb=bucket_cap_mb,
+        direct_min_bytes=direct_min_bytes,
+    )
     is_module = isinstance(model_or_params, torch.nn.Module)
     given = (
         list(model_or_params.parameters())
@@ -77,20 +78,14 @@ def allreduce_gradients(
 
     # The same parameters as last time (checked by identity, at C speed): reuse the plan, its
     # reducer and its buffers; per call that leaves the requires_grad check and the reduction.
-    key = (id(model_or_params), len(given), op, bucket_cap_mb, direct)
+    key = (id(model_or_params), len(given), repr(options))
     hit = _plan_cache.get(key)
     if hit is None or not all(map(operator.is_, hit[0], given)):
         if not is_module and not all(isinstance(p, torch.Tensor) for p in given):
             raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
         if len(_plan_cache) > 8:
             _plan_cache.clear()
-        plan = ReductionPlan(
-            named(),
-            "allreduce_gradients()",
-            op=op,
-            cap_bytes=cap_bytes,
-            direct_min_bytes=direct,
-        )
+        plan = ReductionPlan(named(), "allreduce_gradients()", options)
         # A new plan (the first call): the ranks must start from the same parameters, or each
         # would apply the averaged gradients to its own weights (see DistributedOptimizer's
         # first-step check). One pass over them and one tiny allreduce, per plan.

@@ -23,7 +23,7 @@ from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
-from ._optimizer_args import byte_size, check_optimizer_args
+from ._optimizer_args import check_optimizer_args, reduction_options
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from ._step_checks import StepChecks
 from ._wrapped import WrappedOptimizer
@@ -32,8 +32,6 @@ from .join import Joinable, grad_scale, round_
 
 __all__ = ["DistributedOptimizer"]
 
-_MiB = 1 << 20
-_NEVER = 1 << 62  # direct_min_bytes=None: every gradient lives in a persistent fused buffer
 #: Gradients of at least this many bytes are reduced in their own storage, without a copy.
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
@@ -117,30 +115,29 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         try:
             if isinstance(optimizer, DistributedOptimizer):
                 raise TypeError("the optimizer is already a DistributedOptimizer")
-            compression = check_optimizer_args(
-                optimizer,
-                op,
-                compression,
-                backward_passes_per_step,
-                check_every,
-                bucket_cap_mb,
-                buffers,
-                module,
+            check_optimizer_args(
+                optimizer, op, backward_passes_per_step, check_every, buffers, module
+            )
+            # The reduction's options, built once from the arguments (and checked there),
+            # before the first collective: both paths plan their buckets with them.
+            options = reduction_options(
+                "DistributedOptimizer",
+                op=op,
+                compression=compression,
+                bucket_cap_mb=bucket_cap_mb,
+                first_bucket_cap_mb=first_bucket_cap_mb,
+                direct_min_bytes=direct_min_bytes,
+                cuda_direct_min_bytes=cuda_direct_min_bytes,
             )
             if not isinstance(deterministic, bool):
                 raise TypeError(
                     f"DistributedOptimizer(deterministic=...) takes a bool, got {deterministic!r}"
                 )
-            if deterministic and compression not in (None, "none", ""):
+            if deterministic and options.compression is not None:
                 raise ValueError(
                     f"DistributedOptimizer(deterministic=True) sums exactly in int64: "
                     f"compression={compression!r} is not supported with it"
                 )
-            # Everything derived from the arguments, here, before the first collective.
-            cap_bytes = byte_size("bucket_cap_mb", bucket_cap_mb, _MiB)
-            first_cap_bytes = byte_size("first_bucket_cap_mb", first_bucket_cap_mb, _MiB, 0)
-            direct = byte_size("direct_min_bytes", direct_min_bytes, none=_NEVER)
-            cuda_direct = byte_size("cuda_direct_min_bytes", cuda_direct_min_bytes, none=_NEVER)
             names = {id(p): n for n, p in named_parameters} if named_parameters is not None else {}
         except Exception as e:  # noqa: BLE001 - raised below, on every rank of the group
             error = e
@@ -156,10 +153,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             # Share the wrapped optimizer's groups and state: LR schedulers and checkpoints that
             # touch this object touch the real optimizer.
             self._wrap(optimizer)
-            self._op = "average" if op in ("avg", "mean") else op
-            self._cap_bytes = cap_bytes
-            self._direct_min_bytes = direct
-            self._compression = "" if compression in (None, "none") else compression
+            self._op = options.op  # "average" for "avg" and "mean" too
             self._passes_per_step = backward_passes_per_step
             self._names = names
             self._passes = 0  # backward passes since the last step
@@ -177,14 +171,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             )
             self._join = None  # (JoinState, index) inside fluxmpi_py.Join (see join.py)
             self._join_count = 0  # active ranks in this step's join round; 0: no round yet
-            self._plan_options: dict[str, Any] = dict(
-                op=self._op,
-                cap_bytes=self._cap_bytes,
-                direct_min_bytes=self._direct_min_bytes,
-                compression=self._compression,
-                cuda_direct_min_bytes=cuda_direct,
-                first_cap_bytes=first_cap_bytes,
-            )
+            self._options = options  # the reduction's options (op, caps, compression)
             self._deterministic, self._module, self._buffers = deterministic, module, buffers
             self._applied_steps = 0  # steps applied; in the shrink mode, agreed by every rank
             self._bn_fold: Any = None  # deterministic=True with module=: BatchNorm statistics
@@ -196,7 +183,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         (or group) as it is now: a collective of its ranks."""
         if self._bn_fold is not None:  # a rebuild: the old one's hooks go
             self._bn_fold.remove()
-        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", **self._plan_options)
+        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", self._options)
         self._num_groups = len(self.param_groups)
         self._exact = None  # deterministic=True: the exact int64 sums
         self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
@@ -205,9 +192,8 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             self._exact = exact_sum_for(
                 [p for _, p in planned],
                 [n for n, _ in planned],
+                self._options,
                 passes_per_step=self._passes_per_step,
-                average=self._op == "average",
-                cap_bytes=self._cap_bytes,
                 group=self._group,
             )
         self._hook(self._plan.order)
@@ -446,7 +432,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         return super().add_param_group(param_group)
 
     def __repr__(self) -> str:
-        return f"DistributedOptimizer(op={self._op!r}, buckets={len(self._reducer.plan())}, {self.optimizer!r})"
+        return f"DistributedOptimizer(op={self._op!r}, buckets={len(self.buckets)}, {self.optimizer!r})"
 
     def exact_grid(self) -> dict[str, tuple[int, float]]:
         """deterministic=True: parameter name -> (T, q): the current step's grid keeps
@@ -457,5 +443,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
 
     @property
     def buckets(self) -> list:
-        """The bucket plan, in issue order (for inspection): dicts with members, direct, numel."""
-        return self._reducer.plan()
+        """The bucket plan, in issue order (for inspection): dicts with members, direct, numel.
+        With ``deterministic=True``, the exact sums' buckets (the same planner, counting 8
+        bytes a value where the sums travel as int64)."""
+        return self._reducer.plan() if self._exact is None else self._exact.plan

@@ -76,6 +76,8 @@ def build(shards, group=None, passes=1, shapes=SHAPES):
             deterministic=True,
             backward_passes_per_step=passes,
             bucket_cap_mb=700 / 2**20,  # 700 bytes: several buckets, shards across parameters
+            first_bucket_cap_mb=200 / 2**20,  # and a smaller first one per dtype (issue 48)
+            direct_min_bytes=2400,  # 300 float64 values go alone (at one pass a step)
             check_every=0,
             group=group,
         )

@@ -14,15 +14,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import slurm_cluster  # noqa: E402
+import stop_runs  # noqa: E402
 import virtual_hosts  # noqa: E402
-from mpi_util import ROOT, run_mpi, worker_path  # noqa: E402
+from mpi_util import ROOT  # noqa: E402
+from stop_runs import STEPS, TIMEOUT, TRAIN, digests  # noqa: E402
 
 WHY_NOT = slurm_cluster.unavailable_reason()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster: {WHY_NOT}")
-
-TRAIN = worker_path("stop_train.py")
-STEPS = 40
-TIMEOUT = 240
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +44,10 @@ def srun(cluster, args, timeout=TIMEOUT, mpi="pmix", check=True):
     return cluster.run(argv, timeout=timeout, check=check, env=task_env(cluster))
 
 
-def digests(out):
-    """{rank: (model and optimizer digest, generator digest)} from stop_train.py's output."""
-    found = re.findall(r"rank (\d+): digest (\w+) rng (\w+) at step (\d+)", out)
-    return {int(r): (d, g) for r, d, g, s in found if int(s) == STEPS}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """stop_train.py's digests after STEPS uninterrupted steps under mpiexec."""
-    d = tmp_path_factory.mktemp("mpiexec")
-    _, out = run_mpi(TRAIN, 2, str(d), STEPS, timeout=TIMEOUT)
-    found = digests(out)
-    assert set(found) == {0, 1}, out[-3000:]
-    assert found[0][0] == found[1][0], out[-3000:]  # the same model and optimizer
-    return found
+    return stop_runs.uninterrupted(tmp_path_factory.mktemp("mpiexec"))
 
 
 def test_srun_pmix_trains_as_mpiexec_does(cluster, tmp_path, uninterrupted):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import stop_runs  # noqa: E402
 from mpi_util import (  # noqa: E402
     ROOT,
     find_mpiexec,
@@ -23,26 +24,14 @@ from mpi_util import (  # noqa: E402
     run_mpi,
     singleton_env,
     worker_params,
-    worker_path,
 )
-
-TRAIN = worker_path("stop_train.py")
-STEPS = 40
-TIMEOUT = 240
-
-
-def digests(out):
-    found = re.findall(r"rank (\d+): digest (\w+) rng (\w+) at step (\d+)", out)
-    return {int(r): (d, g) for r, d, g, s in found if int(s) == STEPS}
+from stop_runs import STEPS, TIMEOUT, TRAIN, digests  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    d = tmp_path_factory.mktemp("full")
-    _, out = run_mpi(TRAIN, 2, str(d), STEPS, timeout=TIMEOUT)
-    found = digests(out)
-    assert set(found) == {0, 1} and found[0][0] == found[1][0], out[-3000:]
-    return found
+    """stop_train.py's digests after STEPS uninterrupted steps under mpiexec."""
+    return stop_runs.uninterrupted(tmp_path_factory.mktemp("full"))
 
 
 def test_signal_to_one_rank_stops_every_rank_and_resumes_exactly(tmp_path, uninterrupted):

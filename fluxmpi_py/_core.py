@@ -170,10 +170,18 @@ def gradient_op_error(call: str, op) -> str:
     return f"{call}(op={op!r}): expected one of {names} ('avg' and 'mean' are 'average')"
 
 
+ROOT_LIMIT = 1 << 63
+"""The compiled calls take a root as a C++ int64: one outside it is refused here, as a rank
+that cannot exist, rather than by the binding's own text."""
+
+
 def parse_root(root_rank) -> tuple[int, str]:
     """``(root, "")`` for an int-like ``root_rank``; else ``(0, message)``. Callers fold the
     message into the call's agreement, so that every rank raises it and none waits alone."""
     try:
-        return operator.index(root_rank), ""
+        root = operator.index(root_rank)
     except TypeError:
         return 0, f"root_rank must be an int, got {root_rank!r} ({type(root_rank).__name__})"
+    if not -ROOT_LIMIT <= root < ROOT_LIMIT:
+        return 0, f"root_rank must be a rank (0 <= root_rank < world size), got {root}"
+    return root, ""

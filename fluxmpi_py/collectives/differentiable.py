@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core import GRADIENT_OPS, C
+from .._core import GRADIENT_OPS, ROOT_LIMIT, C
 from ..runtime.groups import group_dispatch, on_handle
 from . import row_calls as rows
 from .inplace import allreduce_, bcast_, reduce_
@@ -229,7 +229,7 @@ def broadcast(
     >>> y.tolist(), x.grad.tolist() == ([float(fm.total_workers())] * 2 if fm.local_rank() == 0 else [0.0, 0.0])
     ([0.0, 0.0], True)
     """
-    if _needs_grad(tensor) and type(root_rank) is int:
+    if _needs_grad(tensor) and type(root_rank) is int and -ROOT_LIMIT <= root_rank < ROOT_LIMIT:
         return _Broadcast.apply(tensor, root_rank)
     if not isinstance(tensor, torch.Tensor):
         return bcast_(tensor, root_rank)  # raises on every rank

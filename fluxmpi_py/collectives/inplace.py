@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import torch
 
-from .._core import REDUCE_OPS, C, parse_root
+from .._core import REDUCE_OPS, ROOT_LIMIT, C, parse_root
 from ..runtime.entry import local_call
 from ..runtime.groups import group_dispatch
 
@@ -47,7 +47,9 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
     it is passed on as text, and the compiled core raises it on every rank together, so
     that no rank is left waiting in the collective."""
     has_root = root_rank is not _NO_ROOT
-    if isinstance(tensor, torch.Tensor) and (not has_root or type(root_rank) is int):
+    if isinstance(tensor, torch.Tensor) and (
+        not has_root or (type(root_rank) is int and -ROOT_LIMIT <= root_rank < ROOT_LIMIT)
+    ):
         return fn(tensor, *args, root_rank) if has_root else fn(tensor, *args)
     errors = []
     if not isinstance(tensor, torch.Tensor):
@@ -107,7 +109,11 @@ def bcast_(
 
     With ``group=``, ``root_rank`` is a rank in the group.
     """
-    if isinstance(tensor, torch.Tensor) and type(root_rank) is int:
+    if (
+        isinstance(tensor, torch.Tensor)
+        and type(root_rank) is int
+        and -ROOT_LIMIT <= root_rank < ROOT_LIMIT
+    ):
         C.bcast_(tensor, root_rank)
     else:
         _call(C.bcast_, tensor, root_rank=root_rank)

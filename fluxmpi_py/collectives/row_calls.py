@@ -78,6 +78,14 @@ def _splits(splits, grouped: bool, errors: list) -> list[list[int]]:
         return []
 
 
+def _flag(name: str, value, errors: list) -> bool:
+    """``value`` as a bool where it is one (an int 0 or 1 too); else False, with the error."""
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    errors.append(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return False
+
+
 def _root(root_rank, errors: list) -> int:
     root, error = parse_root(root_rank)
     if error:
@@ -103,6 +111,8 @@ def start(
     (True, True)
     """
     errors: list[str] = [error] if error else []
+    if type(async_op) is not bool:
+        async_op = _flag("async_op", async_op, errors)
     if async_op and not grouped:
         call = "I" + call  # the name the user called: Iallgather()
     if kind in _CHECKS_ITEMS and type(tensors) in (list, tuple):

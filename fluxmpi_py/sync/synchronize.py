@@ -19,14 +19,13 @@ How a call travels (every step is a collective that every rank makes in the same
 
 from __future__ import annotations
 
-import operator
 import pickle
 import weakref
 
 import torch
 from torch import nn
 
-from .._core import C
+from .._core import C, parse_root
 from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
 from ._apply import _Planner
@@ -38,7 +37,6 @@ from ._walk import (
     _module_walk,
     _pickle_error,
     _SyncError,
-    _type_name,
 )
 
 __all__ = ["synchronize_"]
@@ -64,10 +62,8 @@ def note_synchronized_module(module: torch.nn.Module) -> None:
 
 
 def _root_index(root_rank):
-    try:
-        return operator.index(root_rank), None
-    except TypeError:
-        return -1, _SyncError(_TYPE, f"root_rank must be an int, got {_type_name(root_rank)}")
+    root, error = parse_root(root_rank)
+    return (root, None) if not error else (-1, _SyncError(_TYPE, error))
 
 
 @entry_point("synchronize_()")

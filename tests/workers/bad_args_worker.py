@@ -218,11 +218,18 @@ def alike(outcomes):
     return bool(set.intersection(*(set(o) for o in outcomes)))
 
 
+# pybind11's own words for arguments it cannot convert: a user should read what is wrong
+# (the parameter, the value, the rank), never the compiled signature's overloads.
+RAW_BINDING_TEXT = "incompatible function arguments"
+
+
 def one_call(face, name, fn, args, kwargs):
     try:
         finish(face, name, fn(*args, **kwargs))
         return "returned"
     except Exception as e:  # noqa: BLE001 - the type is what every rank must share
+        if RAW_BINDING_TEXT in str(e):
+            return ("raw binding text: " + str(e).splitlines()[0],)
         return family(e)
 
 
@@ -247,7 +254,10 @@ def try_bad(face, name, param, label, bad):
         in_step()  # (keep going: each rank raised inside a call of its own, so in step again)
         return
     outcomes = fm.allgather_object(outcome)
-    if not alike(outcomes):
+    raw = [o[0] for o in outcomes if o != "returned" and o[0].startswith("raw binding")]
+    if raw:
+        fail(f"{where}: {raw[0]}")
+    elif not alike(outcomes):
         fail(f"{where}: the ranks ended it differently: {outcomes}")
 
 

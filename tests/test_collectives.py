@@ -66,12 +66,12 @@ def test_ring_options_round_trip_and_checks():
         ),
     ],
 )
-def test_ring_min_bytes_environment_variable(value, expect, zygote):
+def test_ring_min_bytes_environment_variable(value, expect, forked):
     # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
     code = (
         "from fluxmpi_py._core import C\n"
         "try:\n    print(repr(C.ring_options()))\n"
         "except ValueError as e:\n    print('ValueError:', e)\n"
     )
-    proc = zygote.run(code, env_extra={"FLUXMPI_RING_MIN_BYTES": value}, timeout=120)
+    proc = forked.run(code, env_extra={"FLUXMPI_RING_MIN_BYTES": value}, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith(expect), proc.stdout + proc.stderr

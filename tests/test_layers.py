@@ -230,3 +230,39 @@ def test_the_face_check_fails_on_a_module_left_out_of_all(tmp_path):
     mods, listed = _reexported(str(init))
     assert sorted(mods) == ["a", "b"] and listed == ["a"]
 
+
+# --- the suite: scripts/check_py_layers.py --tests --------------------------------------------
+
+
+def check_suite(tests):
+    proc = subprocess.run(
+        [sys.executable, PY_SCRIPT, "--tests", tests], capture_output=True, text=True, timeout=60
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_suite_follows_its_layers_without_a_circle():
+    rc, out = check_suite(os.path.join(ROOT, "tests"))
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(
+    "path, line, fault",
+    [
+        # the circle this check was written for (mpi_util <-> the fork server's pytest side)
+        ("forks.py", "import mpi_util", "import cycle: tests/forks.py -> tests/mpi_util.py"),
+        ("virtual_hosts.py", "import slurm_cluster", "tests/slurm_cluster.py -> tests/virtual"),
+        ("mpi_util.py", "def f():\n    import stop_runs", "imports tests/stop_runs.py inside"),
+        ("stop_runs.py", "import test_stop", "helpers may not import tests"),
+        ("workers/harness.py", "import mpi_util", "workers may not import helpers"),
+    ],
+)
+def test_suite_checker_fails_on_a_bad_import(tmp_path, path, line, fault):
+    tests = tmp_path / "tests"
+    shutil.copytree(
+        os.path.join(ROOT, "tests"), tests, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    f = tests / path
+    f.write_text(line + "\n" + f.read_text())
+    rc, out = check_suite(str(tests))
+    assert rc == 1 and fault in out, out

@@ -125,7 +125,7 @@ def test_wrapper_follows_the_wrapped_optimizers_groups_after_a_load():
         pickle.dumps(opt)
 
 
-def test_planners_need_no_init(zygote):
+def test_planners_need_no_init(forked):
     # A fresh interpreter that never calls Init reaches both pure planners.
     code = (
         "import torch\n"
@@ -136,7 +136,7 @@ def test_planners_need_no_init(zygote):
         "assert not C.initialized()\n"
         "print(len(b), len(s))\n"
     )
-    out = zygote.run(code, timeout=120)  # a process of its own, forked before any Init
+    out = forked.run(code, timeout=120)  # a process of its own, forked before any Init
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
 
 

@@ -197,16 +197,27 @@ class WorkerCase:
         return launch.output
 
 
-def worker_params(script, world_sizes, timeout=180, bundle=True):
-    """pytest parameters: every case of `script` at every world size (None: without mpiexec),
-    then a clean-exit check per world size, with ids like ``np=2-case_x``. `bundle=False`: the
-    worker gets a launch of its own (one that changes process-wide state for good)."""
+def worker_params(scripts, world_sizes, timeout=180, bundle=True):
+    """pytest parameters: every case of each worker of `scripts` (one name, or a list: a
+    feature's workers, split to keep each file small) at every world size (None: without
+    mpiexec), then a clean-exit check per worker and world size, with ids like ``np=2-case_x``
+    (the clean exit of a list's first worker ``np=2-clean_exit``, of the others
+    ``np=2-clean_exit-WORKER``). `bundle=False`: the workers get launches of their own (ones
+    that change process-wide state for good)."""
+    scripts = [scripts] if isinstance(scripts, str) else list(scripts)
+    names = [n for script in scripts for n in worker_cases(script)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # their ids would clash
+        raise ValueError(f"{', '.join(twice)}: defined in more than one of {scripts}")
     params = []
     for np in world_sizes:
         prefix = "" if np is None else f"np={np}-"
-        for name in worker_cases(script, np) + [CLEAN_EXIT]:
-            case = WorkerCase(script, np, name, timeout, bundle)
-            params.append(pytest.param(case, id=prefix + name))
+        for i, script in enumerate(scripts):
+            for name in worker_cases(script, np) + [CLEAN_EXIT]:
+                case = WorkerCase(script, np, name, timeout, bundle)
+                stem = os.path.splitext(os.path.basename(script))[0]
+                suffix = f"-{stem}" if i and name == CLEAN_EXIT else ""
+                params.append(pytest.param(case, id=prefix + name + suffix))
     return params
 
 

@@ -1,5 +1,6 @@
 """allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2, 3 and 4 (and a world of
-one started without mpiexec). The cases live in tests/workers/collectives_worker.py."""
+one started without mpiexec). The cases live in tests/workers/collectives_worker.py,
+collectives_layouts_worker.py and collectives_bad_input_worker.py."""
 
 import os
 import re
@@ -10,7 +11,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
 
-WORKER = "collectives_worker.py"
+# closed forms, async and the runtime; layouts and 16-bit accumulation; bad input
+WORKER = [
+    "collectives_worker.py",
+    "collectives_layouts_worker.py",
+    "collectives_bad_input_worker.py",
+]
 
 
 def check_ordered_stdout(out, np):

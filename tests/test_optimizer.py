@@ -8,8 +8,11 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import run_mpi, worker_params  # noqa: E402
 
+# the equivalences with one process; the checks and gradient paths
+WORKERS = ["optimizer_worker.py", "optimizer_checks_worker.py"]
 
-@pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
+
+@pytest.mark.parametrize("case", worker_params(WORKERS, [1, 2, 3], timeout=300))
 def test_optimizer_multirank(case):
     case.check_passed()
 

@@ -117,7 +117,7 @@ lint: $(VENV)/.deps
 	echo "== ruff format --check"; $(VENV)/bin/ruff format --check . || status=1; \
 	echo "== clang-format"; $(VENV)/bin/clang-format --dry-run -Werror --ferror-limit=1 $(CXX_SOURCES) || status=1; \
 	echo "== codespell"; $(VENV)/bin/codespell || status=1; \
-	echo "== layers (csrc/, fluxmpi_py/)"; { $(PY) scripts/check_layers.py && $(PY) scripts/check_py_layers.py; } || status=1; \
+	echo "== layers (csrc/, fluxmpi_py/, tests/)"; { $(PY) scripts/check_layers.py && $(PY) scripts/check_py_layers.py; } || status=1; \
 	echo "== mypy"; $(VENV)/bin/mypy || status=1; \
 	[ $$status = 0 ] && echo "lint: all clean" || { echo "lint failed: make format fixes the mechanical findings"; exit 1; }
 

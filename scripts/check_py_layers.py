@@ -24,6 +24,19 @@ back: the cycle check sees that. integrations/ build on the public API only, as 
 would: they may not import ``_core``, nor an underscore-named module or name of another layer
 (their own private modules, such as ``integrations/horovod/_handles.py``, are theirs).
 
+The suite, tests/, is checked the same way (``--tests DIR`` alone): its modules import each other
+by top-level name (``import mpi_util``) from three layers, top to bottom: the test files
+(``test_*.py``, ``conftest.py``), the helpers they share (the other ``tests/*.py``), and apart
+from both the workers (``tests/workers/``, run as scripts under mpiexec: they import each other
+and harness.py, and nothing of tests/ imports them). No circle, and no import of a tests module
+inside a function.
+
+    python3 scripts/check_py_layers.py                 # fluxmpi_py/ and tests/
+    python3 scripts/check_py_layers.py --tests TESTS_DIR
+
+>>> test_layer_of("test_data.py"), test_layer_of("mpi_util.py"), test_layer_of("workers/x.py")
+('tests', 'helpers', 'workers')
+
 >>> layer_of("training/join.py"), layer_of("_core.py"), layer_of("__init__.py")
 ('training', '_core', 'face')
 >>> allowed("training", "runtime"), allowed("runtime", "collectives"), allowed("sync", "data")
@@ -247,20 +260,105 @@ def _find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# --- tests/ ---------------------------------------------------------------------------------
+# layer -> the layers it may import (its own included)
+TEST_LAYERS = {
+    "tests": ("tests", "helpers"),
+    "helpers": ("helpers",),
+    "workers": ("workers",),
+    "typecheck": (),
+}
+
+
+def test_layer_of(rel: str) -> str:
+    """The layer of a path relative to tests/."""
+    if "/" in rel:
+        return rel.split("/", 1)[0]
+    name = rel.rsplit("/", 1)[-1]
+    return "tests" if name.startswith("test_") or name == "conftest.py" else "helpers"
+
+
+def check_tests(root: str) -> tuple[list[str], int]:
+    """(faults, number of modules checked) for the suite at `root` (a tests/ directory). A
+    module finds another by top-level name in its own folder, then in tests/ itself (each adds
+    its own folder, or tests/, to sys.path)."""
+    faults: list[str] = []
+    rels = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        rels += [
+            os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+            for f in sorted(files)
+            if f.endswith(".py")
+        ]
+    known = set(rels)
+    edges: dict[str, set[str]] = {}
+    for rel in rels:
+        src = test_layer_of(rel)
+        if src not in TEST_LAYERS:
+            faults.append(f"tests/{rel}: outside every layer of tests/")
+            continue
+        folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), rel)
+        inner = _functions_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".", 1)[0] + ".py"
+                target = folder + top if folder + top in known else top
+                if target not in known or target == rel:
+                    continue
+                where = f"tests/{rel}:{node.lineno}"
+                dst = test_layer_of(target)
+                if id(node) in inner:
+                    faults.append(
+                        f"{where}: imports tests/{target} inside a function; import it at the "
+                        "top of the module (a circle it dodges is a fault of its own)"
+                    )
+                if dst not in TEST_LAYERS.get(src, ()):
+                    faults.append(f"{where}: imports tests/{target}: {src} may not import {dst}")
+                edges.setdefault(rel, set()).add(target)
+    for cycle in _find_cycles(edges):
+        faults.append("import cycle: " + " -> ".join(f"tests/{m}" for m in cycle))
+    return faults, len(rels)
+
+
 def main(argv: list[str]) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
-    root = argv[1] if len(argv) > 1 else os.path.join(here, "..", PACKAGE)
-    faults, n = check(root)
-    for f in faults:
-        print(f)
-    if faults:
-        print(f"check_py_layers: {len(faults)} fault(s) in {n} modules", file=sys.stderr)
-        return 1
-    print(
-        f"check_py_layers: {n} modules follow face > integrations > training > sync | data > "
-        "collectives > runtime > _core | _util"
-    )
-    return 0
+    status = 0
+    if len(argv) == 3 and argv[1] == "--tests":
+        runs = [("tests", argv[2])]
+    elif len(argv) > 1:
+        runs = [("package", argv[1])]
+    else:
+        runs = [
+            ("package", os.path.join(here, "..", PACKAGE)),
+            ("tests", os.path.join(here, "..", "tests")),
+        ]
+    for kind, root in runs:
+        faults, n = (check if kind == "package" else check_tests)(root)
+        for f in faults:
+            print(f)
+        if faults:
+            print(f"check_py_layers: {len(faults)} fault(s) in {n} modules", file=sys.stderr)
+            status = 1
+        elif kind == "package":
+            print(
+                f"check_py_layers: {n} modules follow face > integrations > training > "
+                "sync | data > collectives > runtime > _core | _util"
+            )
+        else:
+            print(
+                f"check_py_layers: {n} modules of tests/ follow tests > helpers | workers, "
+                "no circle"
+            )
+    return status
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import forks  # noqa: E402
 import mpi_util  # noqa: E402
-import warm_ranks  # noqa: E402
 
 
 def pytest_collection_finish(session):
@@ -91,18 +91,17 @@ SAME_WORKER = {"test_runtime.py": "test_stalls.py"}
 
 
 @pytest.fixture(scope="session")
-def zygote():
-    """A fork server for world-of-one subprocesses (tests/zygote.py): torch and fluxmpi_py
-    imported once for the session instead of once per process."""
-    import zygote as zygote_module
-
-    return zygote_module.shared()
+def forked():
+    """Worlds of one forked from the suite's fork server (tests/forks.py: ``forked.run(code,
+    args)``, ``forked.run_file(path, args)``): torch and fluxmpi_py imported once for the
+    session instead of once per process."""
+    return forks
 
 
 # CPU seconds per test (the test's process and its finished children: the ranks under mpiexec,
-# the warm ranks (tests/warm_ranks.py) as they end; the zygote's children are not counted until
-# it exits), printed with FLUXMPI_TEST_CPU=N as the N costliest: wall time on a loaded machine
-# says little, CPU time says what a test costs. Each test's figure rides on its teardown
+# the forked ranks and worlds of one (tests/forks.py) as they end), printed with
+# FLUXMPI_TEST_CPU=N as the N costliest: wall time on a loaded machine says little, CPU time
+# says what a test costs. Each test's figure rides on its teardown
 # report, so that it reaches the controller under xdist.
 _CPU = {}
 _CPU_START = pytest.StashKey[float]()
@@ -116,7 +115,7 @@ def _cpu_now():
         resource.getrusage(resource.RUSAGE_SELF),
         resource.getrusage(resource.RUSAGE_CHILDREN),
     )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + warm_ranks.cpu_seconds()
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + forks.cpu_seconds()
 
 
 @pytest.hookimpl(tryfirst=True)

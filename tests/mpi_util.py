@@ -30,41 +30,14 @@ import sys
 import tempfile
 import time
 
+import forks
 import pytest
-import warm_ranks
+from launch_env import ROOT, mpi_env, singleton_env  # noqa: F401  (the tests' names)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "workers")
 RESULTS_ENV = "HARNESS_RESULTS"  # the names harness.py reads
 CASES_ENV = "HARNESS_CASES"
 TAIL = 3000  # characters of output shown when no case explains a failure
-
-
-def mpi_env(extra=None):
-    # torch's rendezvous variables, which fm.Init() in this process may have set, are the
-    # launch's own business: a test that wants them passes them in `extra`
-    drop = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FLUXMPI_TORCH_ENV")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4's launcher; 5's (PRRTE):
-        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
-        PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    env.update(warm_ranks.env())  # where the warm ranks' server listens, once started
-    if extra:
-        env.update(extra)
-    return env
-
-
-def singleton_env(extra=None):
-    """mpi_env without the variables mpiexec sets: a plain `python` is a world of one."""
-    env = mpi_env(extra)
-    for k in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMIX_", "OMPI_MCA_orte"))]:
-        del env[k]
-    return env
 
 
 def worker_path(script):
@@ -85,18 +58,18 @@ def find_mpiexec():
 
 def _command(path, np, args, fresh=False):
     """The command line that runs `path` on `np` ranks. Under mpiexec the ranks are forked from
-    a process that imported torch and fluxmpi_py once (tests/warm_ranks.py), unless `fresh`:
+    a process that imported torch and fluxmpi_py once (tests/fork_server.py), unless `fresh`:
     a test of what happens while Python starts (import order) needs fresh interpreters."""
     if np is None:
         return [sys.executable, path, *map(str, args)]
-    python = warm_ranks.python(fresh)
+    python = forks.python(fresh)
     return [find_mpiexec(), "-n", str(np), "--oversubscribe", *python, path, *map(str, args)]
 
 
 def _launch(path, np, args, timeout, env, cwd=ROOT):
     """Run the worker in `cwd`; return (exit code, stdout+stderr, timed out). A job still
     running after `timeout` seconds is killed with its whole session."""
-    command = _command(path, np, args)  # first: it starts the warm server mpi_env names
+    command = _command(path, np, args)  # first: it starts the fork server mpi_env names
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -224,16 +197,27 @@ class WorkerCase:
         return launch.output
 
 
-def worker_params(script, world_sizes, timeout=180, bundle=True):
-    """pytest parameters: every case of `script` at every world size (None: without mpiexec),
-    then a clean-exit check per world size, with ids like ``np=2-case_x``. `bundle=False`: the
-    worker gets a launch of its own (one that changes process-wide state for good)."""
+def worker_params(scripts, world_sizes, timeout=180, bundle=True):
+    """pytest parameters: every case of each worker of `scripts` (one name, or a list: a
+    feature's workers, split to keep each file small) at every world size (None: without
+    mpiexec), then a clean-exit check per worker and world size, with ids like ``np=2-case_x``
+    (the clean exit of a list's first worker ``np=2-clean_exit``, of the others
+    ``np=2-clean_exit-WORKER``). `bundle=False`: the workers get launches of their own (ones
+    that change process-wide state for good)."""
+    scripts = [scripts] if isinstance(scripts, str) else list(scripts)
+    names = [n for script in scripts for n in worker_cases(script)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # their ids would clash
+        raise ValueError(f"{', '.join(twice)}: defined in more than one of {scripts}")
     params = []
     for np in world_sizes:
         prefix = "" if np is None else f"np={np}-"
-        for name in worker_cases(script, np) + [CLEAN_EXIT]:
-            case = WorkerCase(script, np, name, timeout, bundle)
-            params.append(pytest.param(case, id=prefix + name))
+        for i, script in enumerate(scripts):
+            for name in worker_cases(script, np) + [CLEAN_EXIT]:
+                case = WorkerCase(script, np, name, timeout, bundle)
+                stem = os.path.splitext(os.path.basename(script))[0]
+                suffix = f"-{stem}" if i and name == CLEAN_EXIT else ""
+                params.append(pytest.param(case, id=prefix + name + suffix))
     return params
 
 

@@ -3,7 +3,7 @@ Work and futures, send/recv, object collectives, agreement errors on every rank,
 ZeroRedundancyOptimizer / FSDP against gloo or one process, at 1, 2 and 3 ranks and without
 mpiexec; sub-groups, a 2-D DeviceMesh and HSDP also at 4; groups made by their members alone,
 unsorted and split; bitwise ops and PREMUL_SUM. The cases live in tests/workers/c10d_worker.py,
-c10d_groups_worker.py, c10d_group_forms_worker.py and c10d_reduce_ops_worker.py."""
+c10d_async_worker.py, c10d_ddp_worker.py, c10d_groups_worker.py, c10d_group_forms_worker.py and c10d_reduce_ops_worker.py."""
 
 import os
 import subprocess
@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import run_mpi, singleton_env, worker_params, worker_path  # noqa: E402
 
-WORKER = "c10d_worker.py"
+# the collectives; async work, point-to-point and objects; training (DDP, ZeRO, FSDP)
+WORKER = ["c10d_worker.py", "c10d_async_worker.py", "c10d_ddp_worker.py"]
 
 
 @pytest.mark.parametrize("case", worker_params(WORKER, [None, 1, 2, 3], timeout=400))

@@ -1,5 +1,6 @@
 """allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2, 3 and 4 (and a world of
-one started without mpiexec). The cases live in tests/workers/collectives_worker.py."""
+one started without mpiexec). The cases live in tests/workers/collectives_worker.py,
+collectives_layouts_worker.py and collectives_bad_input_worker.py."""
 
 import os
 import re
@@ -10,7 +11,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
 
-WORKER = "collectives_worker.py"
+# closed forms, async and the runtime; layouts and 16-bit accumulation; bad input
+WORKER = [
+    "collectives_worker.py",
+    "collectives_layouts_worker.py",
+    "collectives_bad_input_worker.py",
+]
 
 
 def check_ordered_stdout(out, np):
@@ -66,12 +72,12 @@ def test_ring_options_round_trip_and_checks():
         ),
     ],
 )
-def test_ring_min_bytes_environment_variable(value, expect, zygote):
+def test_ring_min_bytes_environment_variable(value, expect, forked):
     # FLUXMPI_RING_MIN_BYTES sets the plain-sum threshold on first use; 0 turns the ring off.
     code = (
         "from fluxmpi_py._core import C\n"
         "try:\n    print(repr(C.ring_options()))\n"
         "except ValueError as e:\n    print('ValueError:', e)\n"
     )
-    proc = zygote.run(code, env_extra={"FLUXMPI_RING_MIN_BYTES": value}, timeout=120)
+    proc = forked.run(code, env_extra={"FLUXMPI_RING_MIN_BYTES": value}, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith(expect), proc.stdout + proc.stderr

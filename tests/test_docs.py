@@ -124,9 +124,9 @@ def mpi_blocks(request, tmp_path_factory):
         for i, where in enumerate(BLOCKS.values())
     ],
 )
-def test_python_block_runs(where, np, code, tmp_path, zygote, mpi_blocks):
+def test_python_block_runs(where, np, code, tmp_path, forked, mpi_blocks):
     # In a directory of its own: a block may write files (a checkpoint). A world of one runs in
-    # a process forked from the session's zygote (tests/zygote.py), the others under mpiexec,
+    # a process forked from the suite's fork server (tests/forks.py), the others under mpiexec,
     # in one launch per world size (its own directory still, and its own record).
     if np is not None:
         launch = mpi_blocks(np)
@@ -147,6 +147,6 @@ def test_python_block_runs(where, np, code, tmp_path, zygote, mpi_blocks):
             f"{launch.timed_out}):\n{launch.output[-4000:]}"
         )
         return
-    p = zygote.run(code, cwd=tmp_path, timeout=300)
+    p = forked.run(code, cwd=tmp_path, timeout=300)
     rc, out = p.returncode, p.stdout + p.stderr
     assert rc == 0, f"block in {where!r} failed on 1 rank:\n{code}\n{out[-4000:]}"

@@ -1,5 +1,5 @@
 """The docstring examples of every fluxmpi_py module, each module in a process of its own (forked
-from the session's zygote, tests/zygote.py, which has imported torch and fluxmpi_py), a world of
+from the suite's fork server, tests/forks.py, which has imported torch and fluxmpi_py), a world of
 one (no mpiexec); and every public callable has one. Modules are found on disk, so a new one is
 covered by itself (a module with neither examples nor __all__ has nothing to run). Examples that
 need several ranks are marked ``# doctest: +SKIP`` and run for real elsewhere (e.g.
@@ -51,9 +51,9 @@ print("DOCTEST " + json.dumps(dict(attempted=res.attempted, failed=res.failed,
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_docstring_examples(module, tmp_path, zygote):
+def test_docstring_examples(module, tmp_path, forked):
     # Preferences written by an example go to a directory of this test's own.
-    p = zygote.run(RUN_EXAMPLES, [module], env_extra={"FLUXMPI_PY_CONFIG_DIR": str(tmp_path)})
+    p = forked.run(RUN_EXAMPLES, [module], env_extra={"FLUXMPI_PY_CONFIG_DIR": str(tmp_path)})
     out = p.stdout + p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("DOCTEST ")]
     assert p.returncode == 0 and lines, out[-4000:]

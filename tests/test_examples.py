@@ -14,7 +14,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import warm_ranks  # noqa: E402
+import forks  # noqa: E402
 from mpi_util import ROOT, mpi_env, run_mpi  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -36,8 +36,8 @@ def example(name):
         "benchmarks/plot_scaling.py",
     ],
 )
-def test_help(script, zygote):
-    out = zygote.run_file(os.path.join(ROOT, script), ["--help"], timeout=60)
+def test_help(script, forked):
+    out = forked.run_file(os.path.join(ROOT, script), ["--help"], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:") and "--" in out.stdout
 
@@ -169,8 +169,8 @@ def test_scaling_plot_quick(tmp_path):
             str(js),
             "--timeout",
             "120",
-            "--python",  # the ranks forked from the suite's warm server (tests/warm_ranks.py)
-            shlex.join(warm_ranks.python()),
+            "--python",  # the ranks forked from the suite's fork server (tests/forks.py)
+            shlex.join(forks.python()),
         ],
         capture_output=True,
         text=True,

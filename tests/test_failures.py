@@ -42,8 +42,8 @@ def test_uncaught_exception_ends_job_with_its_message(mode):
     assert "[rank 1 / 2] uncaught RuntimeError, aborting the job" in out, out[-3000:]
     assert "the collective returned" not in out
     # the traceback starts at the worker's frame, as a fresh interpreter's does (the ranks may
-    # be forked from the suite's warm server: tests/warm_ranks.py)
-    assert "warm_ranks.py" not in out and "<frozen runpy>" not in out, out[-3000:]
+    # be forked from the suite's fork server: tests/fork_server.py)
+    assert "fork_server.py" not in out and "<frozen runpy>" not in out, out[-3000:]
 
 
 def test_uncaught_exception_in_a_thread_ends_job():

@@ -1,6 +1,6 @@
 """allgather, gather, scatter, reduce_scatter, alltoall (single, grouped, async, differentiable),
 grouped allreduce_/bcast_ and the object collectives at world sizes 1, 2 and 3. The cases live
-in tests/workers/gather_collectives_worker.py."""
+in tests/workers/gather_collectives_worker.py, gather_grouped_worker.py and gather_gradients_worker.py."""
 
 import os
 import sys
@@ -10,7 +10,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import run_mpi, worker_params  # noqa: E402
 
-WORKER = "gather_collectives_worker.py"
+# closed forms and errors; grouped and async forms; gradients and objects
+WORKER = [
+    "gather_collectives_worker.py",
+    "gather_grouped_worker.py",
+    "gather_gradients_worker.py",
+]
 
 
 @pytest.mark.parametrize("case", worker_params(WORKER, [1, 2, 3], timeout=300))

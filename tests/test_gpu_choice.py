@@ -4,8 +4,12 @@ rank takes, and which ranks would share one (NCCL refuses that)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mpi_util import ROOT, run_mpi  # noqa: E402
 
 from fluxmpi_py.runtime.gpu_choice import (
     LOCAL_RANK_VARIABLES,
@@ -215,7 +219,6 @@ os.write(1, (line + "\\n").encode())  # one write: the ranks' lines do not inter
 def test_cuda_route_is_agreed_by_every_rank(tmp_path, rank1_value):
     """FLUXMPI_CUDA_OVER_MPI on rank 1 alone: "1" sends every rank over MPI (a rank on NCCL
     and one on MPI would never meet); a bad value raises on both ranks, naming it."""
-    from mpi_util import run_mpi
 
     script = tmp_path / "route.py"
     script.write_text(ROUTE_SCRIPT)
@@ -247,7 +250,6 @@ def test_nccl_switches(tmp_path, name, value):
     rank 0: NCCL on its own stream, no host wait, group= on NCCL); another value raises on both
     ranks. FLUXMPI_NCCL_GROUPS picks a route, which the ranks must share: 0 on rank 1 alone
     stages group= over MPI on every rank."""
-    from mpi_util import run_mpi
 
     script = tmp_path / "switch.py"
     script.write_text(ROUTE_SCRIPT)
@@ -279,7 +281,6 @@ def test_nccl_switches(tmp_path, name, value):
 def test_gpu_ranks_check_passes_on_host_tensors(np):
     # scripts/gpu_ranks_check.py is what a GPU session runs; --cpu runs its checks on host
     # tensors, so that an expected value it gets wrong fails here, not first on the GPU.
-    from mpi_util import ROOT, run_mpi
 
     script = os.path.join(ROOT, "scripts", "gpu_ranks_check.py")
     _, out = run_mpi(script, np, "--cpu", timeout=180)
@@ -297,7 +298,6 @@ def test_gpu_kill_check_ends_the_job_on_host_tensors():
     # scripts/gpu_kill_check.py is the GPU session's stop test; on host tensors rank 1 stops
     # after 20 collectives and the stall timeout must end the job with an error, well before
     # the script's own "still running" failure.
-    from mpi_util import ROOT, run_mpi
 
     script = os.path.join(ROOT, "scripts", "gpu_kill_check.py")
     rc, out = run_mpi(script, 2, "--cpu", "--mode", "stop", "--timeout", "4", timeout=120,

@@ -20,8 +20,8 @@ print("RESULT " + json.dumps(found))
 """
 
 
-def test_a_second_init_says_what_it_does_not_apply(zygote, tmp_path):
-    p = zygote.run(SECOND_CALLS, cwd=tmp_path, timeout=120)
+def test_a_second_init_says_what_it_does_not_apply(forked, tmp_path):
+    p = forked.run(SECOND_CALLS, cwd=tmp_path, timeout=120)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert p.returncode == 0 and line, p.stdout + p.stderr
     found = json.loads(line[-1][len("RESULT ") :])

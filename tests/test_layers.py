@@ -162,21 +162,107 @@ def test_package_checker_fails_on_a_module_outside_the_layers(tmp_path):
     assert rc == 1 and "helpers.py: outside every layer" in out, out
 
 
+def _reexported(init_path):
+    """(modules star-imported, modules whose __all__ is added to the package's) by an
+    __init__.py: each public module's names are written once, in its own __all__."""
+    import ast
+
+    tree = ast.parse(open(init_path, encoding="utf-8").read())
+    aliases = {
+        a.asname or a.name: a.name
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module is None
+        for a in n.names
+    }
+    starred = [
+        n.module
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.level == 1 and n.names[0].name == "*"
+    ]
+    added = [
+        aliases.get(e.value.value.id, e.value.value.id)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]
+        for e in n.value.elts
+        if isinstance(e, ast.Starred)
+        and isinstance(e.value, ast.Attribute)
+        and e.value.attr == "__all__"
+        and isinstance(e.value.value, ast.Name)
+    ]
+    return starred, added
+
+
 def test_the_face_exports_every_public_module_name():
-    # fm.X for every name a public module lists in __all__, the same object, and nothing else
-    # (scripts/gen_reexports.py writes the re-export blocks).
+    # fm.X for every name a public module lists in __all__, the same object, and nothing else:
+    # each package's __init__ star-imports its public modules and builds its own __all__ from
+    # the same modules' __all__, and the package's face does so with the five layers.
     import importlib
 
     import fluxmpi_py as fm
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from gen_reexports import LAYOUT
-
+    layers, added = _reexported(os.path.join(ROOT, "fluxmpi_py", "__init__.py"))
+    assert sorted(layers) == sorted(added) == sorted(LAYER_PACKAGES), (layers, added)
     expected = {}
-    for pkg, mods in LAYOUT.items():
-        for m in mods:
+    for pkg in added:  # in the face's order
+        mods, listed = _reexported(os.path.join(ROOT, "fluxmpi_py", pkg, "__init__.py"))
+        assert sorted(mods) == sorted(listed) and len(set(listed)) == len(listed), (pkg, mods)
+        for m in listed:
             mod = importlib.import_module(f"fluxmpi_py.{pkg}.{m}")
             for name in mod.__all__:
+                assert name not in expected, f"{name} is exported twice"
                 expected[name] = getattr(mod, name)
-    assert sorted(fm.__all__) == sorted(expected), set(fm.__all__) ^ set(expected)
+    assert fm.__all__ == list(expected), set(fm.__all__) ^ set(expected)
     assert [n for n, obj in expected.items() if getattr(fm, n) is not obj] == []
+
+
+LAYER_PACKAGES = ["runtime", "collectives", "training", "sync", "data"]
+
+
+def test_the_face_check_fails_on_a_module_left_out_of_all(tmp_path):
+    # a module star-imported but not added to __all__ (or the other way round) is caught
+    init = tmp_path / "__init__.py"
+    init.write_text(
+        "import typing as _typing\nfrom . import a as _a\nfrom . import b as _b\n"
+        "from .a import *\nfrom .b import *\n"
+        "if not _typing.TYPE_CHECKING:\n    __all__ = [*_a.__all__]\n"
+    )
+    mods, listed = _reexported(str(init))
+    assert sorted(mods) == ["a", "b"] and listed == ["a"]
+
+
+# --- the suite: scripts/check_py_layers.py --tests --------------------------------------------
+
+
+def check_suite(tests):
+    proc = subprocess.run(
+        [sys.executable, PY_SCRIPT, "--tests", tests], capture_output=True, text=True, timeout=60
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_suite_follows_its_layers_without_a_circle():
+    rc, out = check_suite(os.path.join(ROOT, "tests"))
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(
+    "path, line, fault",
+    [
+        # the circle this check was written for (mpi_util <-> the fork server's pytest side)
+        ("forks.py", "import mpi_util", "import cycle: tests/forks.py -> tests/mpi_util.py"),
+        ("virtual_hosts.py", "import slurm_cluster", "tests/slurm_cluster.py -> tests/virtual"),
+        ("mpi_util.py", "def f():\n    import stop_runs", "imports tests/stop_runs.py inside"),
+        ("stop_runs.py", "import test_stop", "helpers may not import tests"),
+        ("workers/harness.py", "import mpi_util", "workers may not import helpers"),
+    ],
+)
+def test_suite_checker_fails_on_a_bad_import(tmp_path, path, line, fault):
+    tests = tmp_path / "tests"
+    shutil.copytree(
+        os.path.join(ROOT, "tests"), tests, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    f = tests / path
+    f.write_text(line + "\n" + f.read_text())
+    rc, out = check_suite(str(tests))
+    assert rc == 1 and fault in out, out

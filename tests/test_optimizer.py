@@ -8,8 +8,11 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import run_mpi, worker_params  # noqa: E402
 
+# the equivalences with one process; the checks and gradient paths
+WORKERS = ["optimizer_worker.py", "optimizer_checks_worker.py"]
 
-@pytest.mark.parametrize("case", worker_params("optimizer_worker.py", [1, 2, 3], timeout=300))
+
+@pytest.mark.parametrize("case", worker_params(WORKERS, [1, 2, 3], timeout=300))
 def test_optimizer_multirank(case):
     case.check_passed()
 
@@ -125,7 +128,7 @@ def test_wrapper_follows_the_wrapped_optimizers_groups_after_a_load():
         pickle.dumps(opt)
 
 
-def test_planners_need_no_init(zygote):
+def test_planners_need_no_init(forked):
     # A fresh interpreter that never calls Init reaches both pure planners.
     code = (
         "import torch\n"
@@ -136,7 +139,7 @@ def test_planners_need_no_init(zygote):
         "assert not C.initialized()\n"
         "print(len(b), len(s))\n"
     )
-    out = zygote.run(code, timeout=120)  # a process of its own, forked before any Init
+    out = forked.run(code, timeout=120)  # a process of its own, forked before any Init
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
 
 

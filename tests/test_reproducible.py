@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import warm_ranks  # noqa: E402
+import forks  # noqa: E402
 from mpi_util import ROOT, singleton_env, worker_params, worker_path  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
@@ -44,8 +44,8 @@ def reproduce(out, ranks, steps, *script_args, timeout=400, run_timeout=None, mp
     cmd += [str(steps), "--timeout", str(run_timeout or timeout // 3), "--out", str(out)]
     if mpiexec_args is not None:  # as the docs write it: two words, the value starting with -
         cmd += ["--mpiexec-args", mpiexec_args]
-    # the ranks forked from the suite's warm server (tests/warm_ranks.py), through --python
-    cmd += ["--python", shlex.join(warm_ranks.python())]
+    # the ranks forked from the suite's fork server (tests/forks.py), through --python
+    cmd += ["--python", shlex.join(forks.python())]
     cmd += ["--", *script_args] if script_args else []
     proc = subprocess.Popen(
         cmd,

@@ -3,26 +3,19 @@ fresh subprocesses (a world of one, no mpiexec); Init with mpi4py and on sub-com
 runs under mpiexec (tests/workers/init_worker.py)."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import zygote  # noqa: E402
-from mpi_util import ROOT, run_mpi, singleton_env, worker_params  # noqa: E402
+import forks  # noqa: E402
+from mpi_util import run_mpi, worker_params  # noqa: E402
 
 
 def run_py(code, *args, env=None, timeout=180):
-    """Run Python code in a process of its own without mpiexec (forked from the session's
-    zygote, tests/zygote.py, unless `env` sets what the imports read); return (rc, output)."""
-    if zygote.read_at_import(env):
-        cmd = [sys.executable, "-c", code, *args]
-        p = subprocess.run(
-            cmd, env=singleton_env(env), cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    else:
-        p = zygote.shared().run(code, args, env_extra=env, timeout=timeout)
+    """Run Python code in a process of its own without mpiexec (forked from the suite's fork
+    server, tests/forks.py, unless `env` sets what the imports read); return (rc, output)."""
+    p = forks.run(code, args, env_extra=env, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
 

@@ -97,6 +97,11 @@ def test_plan_mixes_dtypes_in_one_byte_buffer():
     ]
 
 
-@pytest.mark.parametrize("case", worker_params("sync_worker.py", [1, 2, 3], timeout=240))
+# synchronize_'s cases, by feature: tensors, modules and optimizers; relocation into flat
+# storages; containers, values and what it refuses
+SYNC_WORKERS = ["sync_worker.py", "sync_relocation_worker.py", "sync_values_worker.py"]
+
+
+@pytest.mark.parametrize("case", worker_params(SYNC_WORKERS, [1, 2, 3], timeout=240))
 def test_sync_worker(case):
     case.check_passed()

@@ -1,4 +1,4 @@
-"""The suite's warm ranks (tests/warm_ranks.py): a rank forked from the server sees what a rank
+"""The suite's warm ranks (tests/fork_server.py, tests/forks.py): a rank forked from the server sees what a rank
 in a fresh interpreter sees, its job ends as that job would, and nothing outlives the job.
 Each check runs the probe both ways in one test and compares (tests/workers/warm_probe.py)."""
 
@@ -12,12 +12,12 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import warm_ranks  # noqa: E402
+import forks  # noqa: E402
 from mpi_util import ROOT, _command, mpi_env, worker_path  # noqa: E402
 
 PROBE = worker_path("warm_probe.py")
 
-pytestmark = pytest.mark.skipif(not warm_ranks.enabled(), reason="FLUXMPI_TEST_WARM=0")
+pytestmark = pytest.mark.skipif(not forks.enabled(), reason="FLUXMPI_TEST_WARM=0")
 
 
 def probe(tmp_path, mode, np=2, fresh=False, env=None, timeout=120):

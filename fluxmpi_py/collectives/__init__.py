@@ -1,75 +1,24 @@
 """Collectives on tensors and objects: in-place reductions and broadcasts, the row collectives
 (gather, scatter, allgather, reduce_scatter, alltoall) and their differentiable forms."""
 
-# --- re-exports (scripts/gen_reexports.py) ---
-from .differentiable import (
-    allreduce,
-    broadcast,
-)
-from .inplace import (
-    OPS,
-    Iallreduce,
-    Ibcast,
-    Request,
-    allreduce_,
-    bcast_,
-    reduce_,
-    set_sum_order,
-    sum_order,
-)
-from .objects import (
-    allgather_object,
-    broadcast_object,
-)
-from .rows import (
-    Iallgather,
-    Ialltoall,
-    Igather,
-    Ireduce_scatter,
-    Iscatter,
-    allgather,
-    alltoall,
-    gather,
-    grouped_allgather,
-    grouped_allreduce_,
-    grouped_alltoall,
-    grouped_bcast_,
-    grouped_gather,
-    grouped_reduce_scatter,
-    grouped_scatter,
-    reduce_scatter,
-    scatter,
-)
+# Each public module writes its names once, in its own __all__; the star imports re-export
+# them. mypy reads a star import's names as public where the module has no __all__ it can
+# read, and a computed one it reads as empty: so it is computed where mypy does not look.
+import typing as _typing
 
-__all__ = [
-    "allreduce_",
-    "bcast_",
-    "reduce_",
-    "Iallreduce",
-    "Ibcast",
-    "Request",
-    "OPS",
-    "set_sum_order",
-    "sum_order",
-    "allreduce",
-    "broadcast",
-    "allgather",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "alltoall",
-    "Iallgather",
-    "Igather",
-    "Iscatter",
-    "Ireduce_scatter",
-    "Ialltoall",
-    "grouped_allgather",
-    "grouped_gather",
-    "grouped_scatter",
-    "grouped_reduce_scatter",
-    "grouped_alltoall",
-    "grouped_allreduce_",
-    "grouped_bcast_",
-    "broadcast_object",
-    "allgather_object",
-]
+from . import differentiable as _differentiable
+from . import inplace as _inplace
+from . import objects as _objects
+from . import rows as _rows
+from .differentiable import *  # noqa: F403
+from .inplace import *  # noqa: F403
+from .objects import *  # noqa: F403
+from .rows import *  # noqa: F403
+
+if not _typing.TYPE_CHECKING:
+    __all__ = [
+        *_inplace.__all__,
+        *_differentiable.__all__,
+        *_rows.__all__,
+        *_objects.__all__,
+    ]

@@ -1,18 +1,17 @@
 """Data sharding: DistributedDataContainer and DistributedSampler."""
 
-# --- re-exports (scripts/gen_reexports.py) ---
-from .container import (
-    DistributedDataContainer,
-)
-from .sampler import (
-    DistributedSampler,
-    FullDatasetWarning,
-    check_dataloader,
-)
+# Each public module writes its names once, in its own __all__; the star imports re-export
+# them. mypy reads a star import's names as public where the module has no __all__ it can
+# read, and a computed one it reads as empty: so it is computed where mypy does not look.
+import typing as _typing
 
-__all__ = [
-    "DistributedDataContainer",
-    "DistributedSampler",
-    "FullDatasetWarning",
-    "check_dataloader",
-]
+from . import container as _container
+from . import sampler as _sampler
+from .container import *  # noqa: F403
+from .sampler import *  # noqa: F403
+
+if not _typing.TYPE_CHECKING:
+    __all__ = [
+        *_container.__all__,
+        *_sampler.__all__,
+    ]

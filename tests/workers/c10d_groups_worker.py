@@ -14,17 +14,14 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_worker import (  # noqa: E402
-    check_equal,
+from c10d_ddp_worker import (  # noqa: E402
     fully_shard_matches_one_process,
     gloo_order,
     noisy,
-    rank,
     same_params,
-    setup,
     train_ddp,
-    world,
 )
+from c10d_worker import check_equal, rank, setup, world  # noqa: E402
 from harness import raises, run_cases  # noqa: E402
 
 

@@ -1,10 +1,10 @@
 """Collectives at any world size: every dtype, op, root and size (0, 1, odd), against closed
-forms; non-contiguous tensors; 16-bit accumulation; async requests; bad input on every rank.
+forms; async requests; the runtime helpers (non-contiguous tensors and 16-bit accumulation:
+collectives_layouts_worker.py; bad input on every rank: collectives_bad_input_worker.py).
 
 Run by tests/test_collectives.py under mpiexec at 1, 2 and 4 ranks (and once without mpiexec).
 """
 
-import functools
 import io
 import math
 import os
@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import only_at, raises, run_cases  # noqa: E402
+from harness import only_at, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
@@ -243,113 +243,7 @@ def case_bool():
 # ---------------------------------------------------------------- layouts
 
 
-def case_noncontiguous_allreduce():
-    n, r = world(), rank()
-    base = torch.arange(35, dtype=torch.float32).reshape(5, 7) + r
-    view = base.t()  # transposed: 7 x 5, not contiguous
-    assert not view.is_contiguous()
-    fm.allreduce_(view)
-    want = torch.arange(35, dtype=torch.float32).reshape(5, 7) * n + n * (n - 1) / 2
-    check_equal(base, want, "transposed view, seen through its base")
-
-    base = torch.full((20,), float(r + 1))
-    sl = base[1::3]  # strided slice with a storage offset
-    fm.allreduce_(sl, op="sum")
-    want = torch.full((20,), float(r + 1))
-    want[1::3] = n * (n + 1) / 2
-    check_equal(base, want, "strided slice: only the slice changes")
-
-    base = torch.full((4, 6), rank() + 1, dtype=torch.float16)
-    col = base[:, 2]
-    fm.allreduce_(col, op="average")
-    want = torch.full((4, 6), rank() + 1, dtype=torch.float16)
-    want[:, 2] = (n + 1) / 2
-    check_equal(base, want, "fp16 column average")
-
-
-def case_noncontiguous_bcast_and_reduce():
-    n, r = world(), rank()
-    for root in range(n):
-        base = torch.arange(24, dtype=torch.int32).reshape(4, 6) * 0 + r
-        view = base[:, ::2]
-        fm.bcast_(view, root_rank=root)
-        want = torch.full((4, 6), r, dtype=torch.int32)
-        want[:, ::2] = root
-        check_equal(base, want, f"bcast_ strided, root {root}")
-
-        base = torch.full((6, 4), r + 1, dtype=torch.float64)
-        view = base.t()
-        fm.reduce_(view, op="sum", root_rank=root)
-        want = torch.full(
-            (6, 4), float(n * (n + 1) // 2 if r == root else r + 1), dtype=torch.float64
-        )
-        check_equal(base, want, f"reduce_ transposed, root {root}")
-
-
-def case_zero_dim_and_requires_grad():
-    n, r = world(), rank()
-    t = torch.tensor(float(r + 1))  # a 0-d tensor: one element
-    fm.allreduce_(t)
-    assert t.item() == n * (n + 1) / 2
-    p = torch.nn.Parameter(torch.full((3,), float(r + 1)))  # a leaf that requires grad
-    v0 = p._version
-    fm.allreduce_(p, op="average")
-    assert p.requires_grad and p._version > v0, "in-place write must bump the version counter"
-    check_equal(p.detach(), torch.full((3,), (n + 1) / 2), "parameter average")
-    q = torch.nn.Parameter(torch.full((3, 2), float(r + 1)))
-    fm.bcast_(q.t(), root_rank=0)  # non-contiguous view of a leaf requiring grad
-    check_equal(q.detach(), torch.full((3, 2), 1.0), "bcast_ into a parameter view")
-
-
 # ---------------------------------------------------------------- 16-bit accumulation
-
-
-def case_half_average_does_not_overflow():
-    n = world()
-    for t in (torch.full((9,), 40000.0, dtype=torch.float16),):
-        fm.allreduce_(t, op="average")
-        check_equal(t, torch.full((9,), 40000.0, dtype=torch.float16), "fp16 average of 40000")
-    t = torch.full((9,), 40000.0, dtype=torch.float16)
-    fm.reduce_(t, op="average", root_rank=n - 1)
-    if rank() == n - 1:
-        check_equal(t, torch.full((9,), 40000.0, dtype=torch.float16), "fp16 reduce_ average")
-    t = torch.full((9,), 40000.0, dtype=torch.float16)
-    fm.Iallreduce(t, op="average").wait()
-    check_equal(t, torch.full((9,), 40000.0, dtype=torch.float16), "fp16 Iallreduce average")
-
-
-def case_half_sum_rounds_once():
-    # Rank 0 holds 2048 (fp16) / 256 (bf16), every other rank 1: the fp32 sum rounded once.
-    # Rounding after each pairwise add would lose every +1 (2048 + 1 is a tie that rounds
-    # back to 2048); with 4 ranks the two results differ (2052 against 2048 or 2050).
-    n, r = world(), rank()
-    for dtype, big in ((torch.float16, 2048.0), (torch.bfloat16, 256.0)):
-        t = torch.full((5,), big if r == 0 else 1.0, dtype=dtype)
-        fm.allreduce_(t)
-        want = torch.full((5,), big + (n - 1), dtype=torch.float32).to(dtype)
-        check_equal(t, want, f"{dtype} sum rounded once")
-        t = torch.full((5,), big if r == 0 else 1.0, dtype=dtype)
-        fm.reduce_(t, root_rank=0)
-        if r == 0:
-            check_equal(t, want, f"{dtype} reduce_ sum rounded once")
-    if n == 4:
-        assert torch.tensor(2051.0).half().item() == 2052.0
-
-
-def case_integer_average_is_floor_without_wrap():
-    n, r = world(), rank()
-    t = torch.full((3,), 100 + r, dtype=torch.int8)  # int8 sum would wrap at 4 ranks
-    fm.allreduce_(t, op="average")
-    check_equal(
-        t, torch.full((3,), (sum(100 + k for k in range(n))) // n, dtype=torch.int8), "int8 avg"
-    )
-    t = torch.full((3,), -1 - r, dtype=torch.int32)
-    fm.allreduce_(t, op="average")
-    check_equal(
-        t,
-        torch.full((3,), sum(-1 - k for k in range(n)) // n, dtype=torch.int32),
-        "floor of negative mean",
-    )
 
 
 # ---------------------------------------------------------------- async
@@ -425,162 +319,6 @@ def case_async_errors_raise_at_wait():
 
 
 # ---------------------------------------------------------------- bad input
-
-
-def case_complex_allreduce_bcast_reduce_as_pairs():
-    n, r = world(), rank()
-    for dtype in (torch.complex64, torch.complex128):
-        t = torch.tensor([1 + 2j, -3j], dtype=dtype) * (r + 1)
-        check_equal(fm.allreduce_(t.clone()), t / (r + 1) * (n * (n + 1) / 2), f"sum {dtype}")
-        got = fm.allreduce_(t.clone(), "average")
-        torch.testing.assert_close(got, t / (r + 1) * ((n + 1) / 2))
-        check_equal(fm.bcast_(t.clone(), root_rank=n - 1), t / (r + 1) * n, f"bcast {dtype}")
-        got = fm.reduce_(t.clone(), root_rank=0)
-        if r == 0:
-            check_equal(got, t * (n * (n + 1) / 2), f"reduce {dtype}")
-        check_equal(fm.Iallreduce(t.clone()).wait(), t / (r + 1) * (n * (n + 1) / 2), "async")
-        # grouped, with real tensors of the pairs' dtype between them and a 0-dim one
-        real = torch.arange(3.0, dtype=torch.float64) * (r + 1)
-        zero_dim = torch.tensor(2 - 1j, dtype=dtype) * (r + 1)
-        group = [t.clone(), real.clone(), zero_dim.clone()]
-        fm.grouped_allreduce_(group, op="sum")
-        check_equal(group[0], t / (r + 1) * (n * (n + 1) / 2), f"grouped {dtype}")
-        check_equal(group[1], real / (r + 1) * (n * (n + 1) / 2), "grouped real")
-        check_equal(group[2], zero_dim / (r + 1) * (n * (n + 1) / 2), "grouped 0-dim")
-        group = [t.clone(), real.clone()]
-        fm.grouped_allreduce_(group, op="average")
-        torch.testing.assert_close(group[0], t / (r + 1) * ((n + 1) / 2))
-    # non-contiguous: the real view writes through
-    base = torch.ones(4, 4, dtype=torch.complex64)
-    fm.allreduce_(base[:, 1])
-    assert base[:, 1].eq(n).all() and base[:, 0].eq(1).all(), base
-    if n > 1:
-        # a complex tensor on one rank and its pairs as reals on another: ranks disagree
-        t = torch.ones(3, dtype=torch.complex64) if r == 0 else torch.ones(3, 2)
-        raises(RuntimeError, lambda: fm.allreduce_(t), "dtype", "torch.complex64")
-        raises(RuntimeError, lambda: fm.grouped_allreduce_([t]), "dtype", "torch.complex64")
-
-
-def case_bad_input_raises_on_every_rank():
-    n, r = world(), rank()
-    raises(
-        TypeError,
-        lambda: fm.allreduce_(torch.ones(3, dtype=torch.uint32)),
-        "rank 0",
-        "torch.uint32",
-        "not supported",
-    )
-    # complex values reduce as pairs of reals only where that is right: sum and average
-    raises(
-        TypeError,
-        lambda: fm.allreduce_(torch.ones(3, dtype=torch.complex64), op="max"),
-        "rank 0",
-        "torch.complex64",
-        "not supported",
-        "op 'sum' or 'average' only",
-    )
-    raises(
-        TypeError,
-        lambda: fm.grouped_allreduce_([torch.ones(2), torch.ones(3, dtype=torch.complex64)], "min"),
-        "rank 0",
-        "tensor 1",
-        "op 'sum' or 'average' only",
-    )
-    raises(TypeError, lambda: fm.allreduce_(torch.ones(2, dtype=torch.complex64).conj()),
-           "resolve_conj()")  # fmt: skip
-    raises(TypeError, lambda: fm.bcast_(torch.ones(2, 2).to_sparse()), "layout", "rank 0")
-    raises(
-        ValueError, lambda: fm.allreduce_(torch.ones(3), op="median"), "'median'", "sum, average"
-    )
-    raises(ValueError, lambda: fm.reduce_(torch.ones(3), op="avg!", root_rank=0), "'avg!'")
-    for bad_root in (n, -1):
-        raises(
-            ValueError,
-            functools.partial(fm.bcast_, torch.ones(3), root_rank=bad_root),
-            f"root_rank {bad_root} is out of range",
-            f"< {n}",
-        )
-        raises(
-            ValueError,
-            functools.partial(fm.reduce_, torch.ones(3), root_rank=bad_root),
-            f"root_rank {bad_root} is out of range",
-        )
-    raises(TypeError, lambda: fm.bcast_(torch.ones(3), root_rank="0"), "root_rank must be an int")
-    raises(TypeError, lambda: fm.allreduce_([1.0, 2.0]), "must be a torch.Tensor, got list")
-    raises(ValueError, lambda: fm.allreduce_(torch.zeros(1).expand(4)), "share memory")
-    # a tensor left as it was by a failed call
-    t = torch.full((3,), float(r))
-    raises(ValueError, lambda: fm.allreduce_(t, op="nope"))
-    check_equal(t, torch.full((3,), float(r)), "untouched after an error")
-
-
-def case_bad_input_on_one_rank_only():
-    n, r = world(), rank()
-    bad = n - 1
-    t = torch.ones(3, dtype=torch.uint32) if r == bad else torch.ones(3)
-    raises(TypeError, lambda: fm.allreduce_(t), f"rank {bad}", "torch.uint32")
-    t = [1] if r == bad else torch.ones(3)
-    raises(TypeError, lambda: fm.bcast_(t), f"rank {bad}", "got list")
-    op = "bogus" if r == bad else "sum"
-    raises(ValueError, lambda: fm.reduce_(torch.ones(3), op=op), f"rank {bad}", "'bogus'")
-    root = 99 if r == bad else 0
-    raises(
-        ValueError, lambda: fm.bcast_(torch.ones(3), root_rank=root), f"rank {bad}", "root_rank 99"
-    )
-
-
-def case_mismatch_across_ranks():
-    n, r = world(), rank()
-    if n == 1:
-        return
-    raises(
-        RuntimeError,
-        lambda: fm.allreduce_(torch.ones(r + 1)),
-        "disagree on numel",
-        "rank 0 has 1",
-        "rank 1 has 2",
-    )
-    dt = torch.float32 if r == 0 else torch.float64
-    raises(
-        RuntimeError,
-        lambda: fm.allreduce_(torch.ones(4, dtype=dt)),
-        "disagree on dtype",
-        "rank 0 has torch.float32",
-        "rank 1 has torch.float64",
-    )
-    shape = (2, 3) if r == 0 else (3, 2)
-    raises(
-        RuntimeError, lambda: fm.bcast_(torch.ones(shape)), "disagree on shape", "[2, 3]", "[3, 2]"
-    )
-    op = "sum" if r == 0 else "max"
-    raises(
-        RuntimeError,
-        lambda: fm.allreduce_(torch.ones(3), op=op),
-        "disagree on op",
-        "rank 1 has max",
-    )
-    raises(
-        RuntimeError,
-        lambda: fm.bcast_(torch.ones(3), root_rank=r % 2),
-        "disagree on root_rank",
-        "rank 0 has 0",
-        "rank 1 has 1",
-    )
-    # different collectives at the same point
-    call = (lambda: fm.bcast_(torch.ones(3))) if r == 0 else (lambda: fm.allreduce_(torch.ones(3)))
-    raises(
-        RuntimeError,
-        call,
-        "ranks are in different calls",
-        "rank 0 is in bcast_()",
-        "rank 1 is in allreduce_()",
-    )
-    req = fm.Iallreduce(torch.ones(r + 2))
-    raises(RuntimeError, req.wait, "disagree on numel")
-    # and the ranks are still in step afterwards
-    t = torch.full((2,), float(r + 1))
-    fm.allreduce_(t)
-    check_equal(t, torch.full((2,), n * (n + 1) / 2), "after mismatches")
 
 
 # ---------------------------------------------------------------- runtime

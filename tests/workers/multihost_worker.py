@@ -17,6 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import collectives_bad_input_worker  # noqa: E402
 import collectives_worker  # noqa: E402
 import optimizer_worker  # noqa: E402
 import sync_worker  # noqa: E402
@@ -157,7 +158,7 @@ def case_iallreduce_ibcast_wait_and_test():
 
 
 def case_mismatch_across_ranks():
-    collectives_worker.case_mismatch_across_ranks()
+    collectives_bad_input_worker.case_mismatch_across_ranks()
 
 
 def case_distributed_optimizer_matches_one_process():

@@ -1,5 +1,6 @@
-"""What a rank sees of how it was started (tests/test_warm_ranks.py): a JSON file per rank in
-$WARM_PROBE_DIR (mpiexec may interleave the ranks' lines). Usage: warm_probe.py MODE [ARGS];
+"""What a rank sees of how it was started (tests/test_warm_ranks.py; the server:
+tests/fork_server.py): a JSON file per rank in $WARM_PROBE_DIR (mpiexec may interleave the
+ranks' lines). Usage: warm_probe.py MODE [ARGS];
 MODE exit:N, signal:N, print, or sleep (before Init: nothing of MPI's would end it)."""
 
 import json

@@ -1,9 +1,9 @@
-"""Ranks forked from a warm process, for the suite's mpiexec launches.
+"""The suite's fork server: ranks and worlds of one forked from a warm process.
 
 Each rank of a test's ``mpiexec -n N python script.py`` pays for starting Python and importing
 torch and fluxmpi_py (and torch._dynamo at its first optimizer): about 3 CPU seconds, most of
 what a short multi-rank test costs, and the suite launches some 200 such ranks. Here mpiexec
-starts a small client instead (``python -S warm_ranks.py script.py ARGS``, no torch): it hands
+starts a small client instead (``python -S fork_server.py script.py ARGS``, no torch): it hands
 its standard streams, environment, working directory and arguments to a server that imported
 those modules once, and the server forks the rank from there. The rank is then what the
 script would be in a fresh interpreter: its own process, with mpiexec's environment (so
@@ -27,7 +27,12 @@ Lifetimes, so that nothing outlives its job:
 - the client passes on the signals mpiexec sends (SIGTERM, SIGINT, ...) to the rank;
 - the server ends when its parent closes its standard input (the pytest process ending).
 
-``FLUXMPI_TEST_WARM=0`` turns it off for a session (every rank a fresh interpreter);
+The suite's worlds of one (``python -c CODE ARGS`` without mpiexec: doc blocks, docstring
+examples, world-of-one checks) are forked the same way: tests/forks.py hands the server such a
+job, with files for its output, as this file's client hands it a rank.
+
+This file is the server and mpiexec's client; tests/forks.py is pytest's side (it starts the
+server). ``FLUXMPI_TEST_WARM=0`` turns it off for a session (every rank a fresh interpreter);
 ``FLUXMPI_TEST_WARM_LOG=path`` keeps the servers' log (which ranks ran fresh, and why). A test
 of what happens while Python starts passes ``fresh=True`` to ``mpi_util._command``.
 """
@@ -120,16 +125,15 @@ def _fresh(argv):
     os.execv(sys.executable, [sys.executable, *argv])
 
 
-def client(argv):
-    path = os.environ.get(SOCKET_ENV)
-    if not path:
-        _fresh(argv)
+def submit(path, job, fds):
+    """Hand `job` and its three standard streams' fds to the server at `path`: (the socket,
+    what the monitor said so far) once a monitor runs it, or None where the server refused it
+    (a job for a fresh interpreter) or is not there."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     buf = b""
     try:
         sock.connect(path)
-        job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "ns": _namespaces()}
-        _send(sock, job, fds=(0, 1, 2))
+        _send(sock, job, fds)
         while b"\n" not in buf:
             chunk = sock.recv(4096)
             if not chunk:
@@ -139,7 +143,34 @@ def client(argv):
         pass
     if not buf.startswith(b"pid "):
         sock.close()
+        return None
+    return sock, buf
+
+
+def exit_status(sock, buf, idle):
+    """The job's exit status as the monitor reports it (-N: killed by signal N), or None where
+    the monitor ended without one. `idle()` runs each half second without news (a caller's
+    deadline, a parent's death)."""
+    while b"exit " not in buf or not buf.endswith(b"\n"):
+        if not select.select([sock], [], [], 0.5)[0]:
+            idle()
+            continue
+        chunk = sock.recv(4096)
+        if not chunk:
+            return None
+        buf += chunk
+    return int(buf[buf.index(b"exit ") :].split()[1])
+
+
+def client(argv):
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        _fresh(argv)
+    job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "ns": _namespaces()}
+    got = submit(path, job, fds=(0, 1, 2))
+    if got is None:
         _fresh(argv)  # refused (its environment) or no server: a fresh interpreter
+    sock, buf = got
 
     def forward(signum, _frame):
         try:
@@ -150,19 +181,17 @@ def client(argv):
     for s in FORWARDED:
         signal.signal(s, forward)
     parent = os.getppid()
-    while b"exit " not in buf or not buf.endswith(b"\n"):
+
+    def orphaned():
         # mpiexec puts each rank in a process group of its own: one that is killed (a test's
         # timeout) leaves its ranks running. A client that outlives it ends, and so its rank.
-        if not select.select([sock], [], [], 0.5)[0]:
-            if os.getppid() != parent:
-                os._exit(1)
-            continue
-        chunk = sock.recv(4096)
-        if not chunk:
-            sys.stderr.write("warm_ranks: the rank's monitor ended without an exit status\n")
+        if os.getppid() != parent:
             os._exit(1)
-        buf += chunk
-    code = int(buf[buf.index(b"exit ") :].split()[1])
+
+    code = exit_status(sock, buf, orphaned)
+    if code is None:
+        sys.stderr.write("fork_server: the rank's monitor ended without an exit status\n")
+        os._exit(1)
     if code < 0:  # the rank died of a signal: so does the client
         for s in FORWARDED:
             signal.signal(s, signal.SIG_DFL)
@@ -211,7 +240,7 @@ def serve(path, preload):
             continue
         why = _why_fresh(job, start_env, set_by_imports, namespaces)
         if why:
-            print(f"warm_ranks: fresh interpreter for {job['argv'][:1]}: {why}", file=sys.stderr)
+            print(f"fork_server: fresh interpreter for {job['argv'][:1]}: {why}", file=sys.stderr)
             conn.sendall(b"fresh\n")
         elif os.fork() == 0:  # the monitor
             listener.close()
@@ -241,20 +270,23 @@ def _why_fresh(job, start_env, set_by_imports, namespaces):
     if other:
         return "it runs in other namespaces: " + ", ".join(other)
     argv = job["argv"]
-    if not argv or argv[0].startswith("-"):
-        return "not `python SCRIPT ARGS` (the only form the client serves)"
-    if _imports_mpi4py(os.path.join(job["cwd"], argv[0])):
+    if argv[:1] == ["-c"] and len(argv) > 1:
+        text = argv[1]
+    elif not argv or argv[0].startswith("-"):
+        return "not `python SCRIPT ARGS` nor `python -c CODE ARGS` (the forms served)"
+    else:
+        text = _text_of(os.path.join(job["cwd"], argv[0]))
+    if "import mpi4py" in text or "from mpi4py" in text:
         return "it imports mpi4py, whose order against fluxmpi_py's import matters"
     return None
 
 
-def _imports_mpi4py(script):
+def _text_of(script):
     try:
         with open(script, encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except (OSError, UnicodeDecodeError):
-        return False
-    return "import mpi4py" in text or "from mpi4py" in text
+        return ""
 
 
 def _monitor(conn, pid, fds, cpu_log):
@@ -308,8 +340,8 @@ def _namespaces():
 
 
 def become_rank(job, fds, set_by_imports):
-    """In the rank, at the top level: become ``python SCRIPT ARGS`` as mpiexec started it and
-    run it. The interpreter's own exit follows (threads joined, exit functions, mpi4py's
+    """In the rank, at the top level: become ``python SCRIPT ARGS`` (or ``python -c CODE ARGS``)
+    as it was started and run it. The interpreter's own exit follows (threads joined, exit functions, mpi4py's
     finalize, the exit status of a SystemExit or an uncaught exception)."""
     import ctypes
     import runpy
@@ -334,6 +366,8 @@ def become_rank(job, fds, set_by_imports):
     preferences._CUDAMPI_ENABLED = not preferences._read_prefs().get("disable_cudampi", False)
     base_path = sys.path[1:]  # sys.path[0] is this file's folder
     argv = job["argv"]
+    if argv[0] == "-c":
+        os._exit(_run_code(argv, base_path))
     sys.argv = list(argv)
     sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *base_path]
     try:
@@ -355,76 +389,37 @@ def become_rank(job, fds, set_by_imports):
         sys.exit(1)
 
 
-# --- the pytest side: one server per pytest process, started at its first launch ----------------
-
-_SERVER = []
-CLIENT = os.path.abspath(__file__)
-
-
-def enabled():
-    return os.environ.get("FLUXMPI_TEST_WARM", "1") != "0"
-
-
-def python(fresh=False):
-    """The interpreter part of an mpiexec command line: the client (``python -S`` this file,
-    with the server started) unless `fresh` or turned off."""
-    if fresh or not enabled():
-        return [sys.executable]
-    start()
-    return [sys.executable, "-S", CLIENT]
-
-
-def env():
-    """The variable that leads the client to the server, once it is started."""
-    return {SOCKET_ENV: _SERVER[0][1]} if _SERVER else {}
-
-
-def cpu_seconds():
-    """The CPU seconds of every warm rank that has ended, so far (they are the server's
-    grandchildren: no rusage of this process counts them)."""
-    try:
-        with open(_SERVER[0][1] + ".cpu") as f:
-            return sum(float(x) for x in f.read().split())
-    except (IndexError, OSError):
-        return 0.0
-
-
-def start():
-    if _SERVER:
-        return
+def _run_code(argv, base_path):
+    """A world of one (tests/forks.py), ``python -c CODE ARGS``: run it, then end as the
+    interpreter does (threads joined, exit functions, streams flushed) but for its teardown of
+    every module, seconds with torch imported. Returns the exit status. The job has a process
+    group of its own: the caller kills it at its timeout, with whatever the job started."""
     import atexit
-    import shutil
-    import subprocess
-    import tempfile
+    import threading
 
-    from mpi_util import ROOT, singleton_env
-
-    folder = tempfile.mkdtemp(prefix="warm-ranks-")
-    path = os.path.join(folder, "socket")
-    # which ranks ran fresh, and why: FLUXMPI_TEST_WARM_LOG=path keeps it
-    log = open(os.environ.get("FLUXMPI_TEST_WARM_LOG") or os.path.join(folder, "log"), "a")
-    proc = subprocess.Popen(
-        [sys.executable, CLIENT, "--serve", path, "torch._dynamo"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=singleton_env(),
-        cwd=ROOT,
-        text=True,
-    )
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"the warm-rank server did not start: see {log.name}")
-    _SERVER.append((proc, path, folder, log))
-
-    def stop():
-        proc.stdin.close()
-        proc.wait(timeout=30)
-        proc.stdout.close()
-        log.close()
-        shutil.rmtree(folder, ignore_errors=True)
-
-    atexit.register(stop)
+    os.setpgid(0, 0)
+    sys.argv = ["-c", *argv[2:]]
+    sys.path[:] = ["", *base_path]
+    main = type(sys)("__main__")
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ else None  # from the code's own frame
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":

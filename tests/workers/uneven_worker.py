@@ -4,7 +4,8 @@ BatchNorm, accumulation) train to the same bits on the world of 3 as on the grou
 [1, 2] of the same launch (1 and 2 ranks, 8 and 4 + 4 micro-batches): equal per-step digests
 and torch.equal tensors. Without it, each rank dividing its losses by its own count, the
 reduced gradient is the mean over the 8 micro-batches (each rank weighed by its share), as one
-process computes it. More ranks than micro-batches raise on every rank. Run at 3 ranks by
+process computes it. Each rank's passes are checked against its own count; more ranks than
+micro-batches raise on every rank. Run at 3 ranks by
 tests/test_reproducible.py.
 """
 
@@ -92,6 +93,30 @@ def case_the_default_weighs_every_micro_batch_alike():
         )
     with opt.skip_synchronize():
         opt.step()
+
+
+@only_at(3)
+def case_each_rank_runs_its_own_count_or_every_rank_raises():
+    # backward_passes_per_step 3, 3 and 2: each rank is checked against its own count, and
+    # rank 2 running 3 passes (as the others) raises on every rank at step()
+    k = [3, 3, 2][fm.local_rank()]
+    model = torch.nn.Linear(3, 1)
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        deterministic=True,
+        backward_passes_per_step=k,
+        check_every=0,
+    )
+    assert opt._exact.micro_batches == 8
+    for _ in range(k):
+        model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()  # the right counts: M = 8, the mean of 8 equal gradients
+    assert torch.equal(model.bias.grad, torch.ones(1))
+    with opt.skip_synchronize():
+        opt.step()
+    for _ in range(3):
+        model(torch.ones(1, 3)).sum().backward()
+    raises(ValueError, opt.step, f"ran 3 of its {k}", "up to 1 more than their own")
 
 
 @only_at(3)

@@ -27,7 +27,8 @@ class AtomicSteps:
         (the plan, the exact sums and the buffer sync were made for the old one): a collective
         of the survivors. The wrapped optimizer and its state stay; this step's gradients and
         passes are dropped. ``backward_passes_per_step`` changes the passes per step (a
-        survivor's share of the micro-batches).
+        survivor's share of the micro-batches, which may differ by one between survivors:
+        the plan counts the step's micro-batches over all of them again).
 
         >>> import torch, fluxmpi_py as fm; fm.Init()
         >>> model = torch.nn.Linear(4, 2)

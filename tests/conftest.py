@@ -36,7 +36,7 @@ SLOW_FIRST = (
     "bundle-np3",
     "bundle-np2",
     "test_failures.py",
-    "test_elastic.py",  # 4-rank launches with lost ranks, about 3 minutes (2026-11-29)
+    "test_elastic.py",  # 4-rank launches with lost ranks, about 5 minutes (2026-11-29)
     "test_resume.py",
     "test_entry_points.py",
     "bundle-np4",

@@ -415,6 +415,8 @@ def test_pickle_keeps_only_plain_state():
 def test_global_batches_do_not_depend_on_the_world_size():
     # Step s's G samples, cut into micro-batches of m, are the same at any world size; rank r
     # takes micro-batches r*k .. r*k+k-1 of each step, and knows each one's global index.
+    # Where W does not divide the 6 micro-batches (4, 5 ranks), the first 6 mod W ranks take
+    # one more, in the same contiguous rank order (issue 51); 7 ranks are more than 6.
     n, G, m = 50, 12, 2
     data = list(range(n))
 
@@ -436,23 +438,28 @@ def test_global_batches_do_not_depend_on_the_world_size():
 
     for make in (sampler, container):
         results = []
-        for world in (1, 2, 3, 6):
+        for world in (1, 2, 3, 4, 5, 6):
             per_step = [[None] * (G // m) for _ in range(n // G)]
+            firsts = []
             for r in range(world):
                 obj = make(r, world)
                 obj.set_epoch(2)
                 got = list(obj)
-                assert len(got) == len(obj) == (n // G) * G // world
+                k = G // m // world + (r < G // m % world)
+                assert obj.micro_batches_per_rank == k
+                assert len(got) == len(obj) == (n // G) * k * m
+                firsts.append(obj.micro_batch(0)[1])
                 for j in range(len(got) // m):
                     step, index = obj.micro_batch(j)
                     per_step[step][index] = got[j * m : (j + 1) * m]
+            assert firsts == sorted(firsts) and firsts[0] == 0  # rank order: global order
             results.append(per_step)
         assert all(res == results[0] for res in results)
         flat = [i for step in results[0] for mb in step for i in mb]
         assert len(set(flat)) == len(flat) == (n // G) * G
         assert flat != sorted(flat)  # shuffled
-    for world in (4, 5):
-        with pytest.raises(ValueError, match=f"which {world} ranks cannot share.*work: 1, 2, 3, 6"):
+    for world in (7, 12):
+        with pytest.raises(ValueError, match=f"6 micro-batches.*fewer than the {world} ranks"):
             fm.DistributedSampler(
                 n, num_replicas=world, rank=0, global_batch_size=G, micro_batch_size=m
             )

@@ -3,7 +3,8 @@ the global-batch data mode. `python -m fluxmpi_py.reproduce` runs tests/workers/
 (a CNN and an MLP: AdamW, BatchNorm, accumulation, 30 steps) in separate launches at 1, 2, 3, 4
 and 2 ranks and compares every step's digests and the final tensors; the same script with
 deterministic=False differs, and the tool names where. tests/workers/repro_worker.py trains the
-same models over sub-groups of one 4-rank launch (3 + 1, then 2 + 2 ranks)."""
+same models over sub-groups of one 4-rank launch (3 + 1, then 2 + 2 ranks);
+tests/workers/uneven_worker.py deals 8 micro-batches unevenly over 3 ranks."""
 
 import json
 import math
@@ -34,6 +35,12 @@ def test_repro_multirank(case):
 
 @pytest.mark.parametrize("case", worker_params("exact_paths_worker.py", [1, 2, 3], timeout=240))
 def test_exact_paths_multirank(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("uneven_worker.py", [3], timeout=240))
+def test_uneven_shares_multirank(case):
+    # 8 micro-batches a step at 3 ranks (3, 3, 2): the bits of 1 and 2 ranks (issue 51)
     case.check_passed()
 
 

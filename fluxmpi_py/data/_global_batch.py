@@ -4,11 +4,14 @@ size.
 
 Each epoch has one order of the n indices (the permutation of ``(seed, epoch)``, computed as
 for a world of one, so it does not depend on the world size). Step s's global batch is
-positions ``[s*G, (s+1)*G)`` of that order, cut into ``M = G/m`` micro-batches of m; rank r
-of W takes the ``k = M/W`` contiguous micro-batches ``r*k .. r*k+k-1`` of every step. The
-last ``n mod G`` positions of the order are left out of the epoch (no short step). A world
-size that does not divide M is a ValueError, naming the world sizes that do; every rank
-computes it the same way, so every rank raises it.
+positions ``[s*G, (s+1)*G)`` of that order, cut into ``M = G/m`` micro-batches of m, dealt
+to the W ranks in contiguous runs: with ``M = q*W + e`` (``0 <= e < W``), the first ``e``
+ranks take ``q + 1`` micro-batches of every step and the others ``q`` (rank r's run starts at
+micro-batch ``r*q + min(r, e)``), so that rank order is the global micro-batch order. An even
+share (W divides M) is the case ``e = 0``. The last ``n mod G`` positions of the order are
+left out of the epoch (no short step). More ranks than micro-batches (``W > M``) would leave
+a rank none, with no backward pass to take part in a step: a ValueError, naming the largest
+world size that works; every rank computes it the same way, so every rank raises it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,15 @@ from .._core import C
 from ._args import _check_range
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def deal(micro_batches: int, world: int, rank: int) -> tuple[int, int]:
+    """(first, count): the run of a step's ``micro_batches`` that ``rank`` of ``world`` takes
+    (the module docstring's dealing: the first ``micro_batches mod world`` ranks one more).
+
+    >>> [deal(8, 3, r) for r in range(3)]
+    [(0, 3), (3, 3), (6, 2)]
+    """
+    q, e = divmod(micro_batches, world)
+    return rank * q + min(rank, e), q + (rank < e)
 
 
 class GlobalBatches:
@@ -33,6 +43,7 @@ class GlobalBatches:
         "rank",
         "world",
         "micro_batches",
+        "first",
         "per_rank",
         "steps",
     )
@@ -55,17 +66,18 @@ class GlobalBatches:
                 f"(a global batch is cut into whole micro-batches)"
             )
         M = G // m
-        if M % world:
-            works = ", ".join(map(str, _divisors(M)))
+        if M < world:
             raise ValueError(
                 f"{owner}: global_batch_size={G} is {M} micro-batches of micro_batch_size={m}, "
-                f"which {world} ranks cannot share equally (rank {rank} of {world}); world "
-                f"sizes that work: {works}"
+                f"fewer than the {world} ranks (rank {rank} of {world}): every rank needs at "
+                f"least one micro-batch a step; use at most {M} ranks, or a smaller "
+                f"micro_batch_size"
             )
         self.n, self.global_batch_size, self.micro_batch_size = n, G, m
         self.rank, self.world = rank, world
         self.micro_batches = M  # per step, over all ranks
-        self.per_rank = M // world  # per step, on this rank
+        # this rank's micro-batches of a step: first .. first+per_rank-1 (per_rank: k)
+        self.first, self.per_rank = deal(M, world, rank)
         self.steps = n // G  # per epoch
 
     @property
@@ -77,13 +89,13 @@ class GlobalBatches:
         """The position in the epoch's order of this rank's ``i``-th sample of the epoch."""
         span = self.per_rank * self.micro_batch_size
         step, offset = divmod(i, span)
-        return step * self.global_batch_size + self.rank * span + offset
+        return step * self.global_batch_size + self.first * self.micro_batch_size + offset
 
     def micro_batch(self, j: int) -> tuple[int, int]:
         """(step, index of the micro-batch in the step's global order) of this rank's
         ``j``-th micro-batch of the epoch."""
         step, within = divmod(j, self.per_rank)
-        return step, self.rank * self.per_rank + within
+        return step, self.first + within
 
     def indices(self, shuffle: bool, seed: int, epoch: int, start: int, count: int) -> list[int]:
         """The dataset indices of this rank's samples ``start .. start+count-1``."""

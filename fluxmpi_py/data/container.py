@@ -77,10 +77,12 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         world_size: the number of shards; None: ``total_workers()`` (or the group's size).
         group: a [`Group`][fluxmpi_py.Group]: shard over its members; None: every rank.
         global_batch_size: G samples per step at any world size (with ``micro_batch_size``).
-        micro_batch_size: m samples per micro-batch; rank r of W takes ``G/(m*W)`` of them.
+        micro_batch_size: m samples per micro-batch; the ``M = G/m`` of a step are dealt in
+            contiguous runs, the first ``M mod W`` ranks taking one more than the others.
 
     Raises:
-        ValueError: on every rank, for a bad size, rank or world size.
+        ValueError: on every rank, for a bad size, rank or world size (more ranks than
+            ``G/m`` micro-batches, too).
 
     >>> import fluxmpi_py as fm
     >>> shard = fm.DistributedDataContainer(list("abcdefg"), rank=1, world_size=2)
@@ -301,13 +303,19 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     @property
     def micro_batches_per_rank(self) -> int:
-        """With ``global_batch_size=``: the micro-batches this rank takes per step (``k``).
+        """With ``global_batch_size=``: the micro-batches this rank takes per step (``k``);
+        where the world size does not divide the step's micro-batches, the first ranks take
+        one more (here 8 at 3 ranks: 3, 3 and 2).
 
         >>> import fluxmpi_py as fm
         >>> d = fm.DistributedDataContainer(range(64), rank=1, world_size=4,
         ...                                 global_batch_size=16, micro_batch_size=2)
         >>> d.micro_batches_per_rank, len(d), d.micro_batch(1)
         (2, 16, (0, 3))
+        >>> d = fm.DistributedDataContainer(range(64), rank=2, world_size=3,
+        ...                                 global_batch_size=16, micro_batch_size=2)
+        >>> d.micro_batches_per_rank, len(d), d.micro_batch(1)
+        (2, 16, (0, 7))
         """
         if self.batches is None:
             raise ValueError(

@@ -57,10 +57,11 @@ class DistributedSampler(torch.utils.data.Sampler):
         pad: True: every rank gets ``ceil(n/p)`` samples, the last wrapping around; False:
             every sample exactly once (ranks may then differ by one).
         global_batch_size: G samples per step at any world size (with ``micro_batch_size``).
-        micro_batch_size: m samples per micro-batch; rank r of W takes ``G/(m*W)`` of them.
+        micro_batch_size: m samples per micro-batch; the ``M = G/m`` of a step are dealt in
+            contiguous runs, the first ``M mod W`` ranks taking one more than the others.
 
     Raises:
-        ValueError: for a bad size, or a ``num_replicas`` that does not divide ``G/m``.
+        ValueError: for a bad size, or more ``num_replicas`` than ``G/m`` micro-batches.
         TypeError: ``dataset`` is a DistributedDataContainer already sharded.
 
     >>> import fluxmpi_py as fm, torch
@@ -247,13 +248,17 @@ class DistributedSampler(torch.utils.data.Sampler):
     @property
     def micro_batches_per_rank(self) -> int:
         """With ``global_batch_size=``: the micro-batches this rank takes per step (``k``);
-        pass it as the DistributedOptimizer's ``backward_passes_per_step``.
+        pass it as the DistributedOptimizer's ``backward_passes_per_step``. Where the world
+        size does not divide the step's micro-batches, the first ranks take one more.
 
         >>> import fluxmpi_py as fm
         >>> s = fm.DistributedSampler(64, num_replicas=2, rank=1, global_batch_size=16,
         ...                           micro_batch_size=4)
         >>> s.micro_batches_per_rank, len(s), s.micro_batch(0), s.micro_batch(2)
         (2, 32, (0, 2), (1, 2))
+        >>> [fm.DistributedSampler(64, num_replicas=3, rank=r, global_batch_size=16,
+        ...                        micro_batch_size=4).micro_batches_per_rank for r in range(3)]
+        [2, 1, 1]
         """
         if self.batches is None:
             raise ValueError("DistributedSampler: micro_batches_per_rank needs global_batch_size=")

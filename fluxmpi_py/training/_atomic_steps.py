@@ -7,6 +7,7 @@ from typing import Any
 
 from .._core import C
 from ..runtime.agreement import user_call
+from ._optimizer_args import check_passes
 
 
 class AtomicSteps:
@@ -27,7 +28,8 @@ class AtomicSteps:
         (the plan, the exact sums and the buffer sync were made for the old one): a collective
         of the survivors. The wrapped optimizer and its state stay; this step's gradients and
         passes are dropped. ``backward_passes_per_step`` changes the passes per step (a
-        survivor's share of the micro-batches).
+        survivor's share of the micro-batches, which may differ by one between survivors:
+        the plan counts the step's micro-batches over all of them again).
 
         >>> import torch, fluxmpi_py as fm; fm.Init()
         >>> model = torch.nn.Linear(4, 2)
@@ -40,11 +42,9 @@ class AtomicSteps:
                 "stale; build the optimizer on the world"
             )
         if backward_passes_per_step is not None:
-            if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-                raise ValueError(
-                    "DistributedOptimizer.rebuild(backward_passes_per_step=...) takes an int "
-                    f">= 1, got {backward_passes_per_step!r}"
-                )
+            error = check_passes(backward_passes_per_step)
+            if error:
+                raise ValueError(f"DistributedOptimizer.rebuild(): {error}")
             self._passes_per_step = backward_passes_per_step
         self.optimizer.zero_grad(set_to_none=True)
         self._passes, self._pass_hooked, self._synchronized = 0, False, False

@@ -28,7 +28,8 @@ class BatchNormFold:
     momentum 1, which makes them that micro-batch's own statistics, and records them; the
     running statistics themselves stay the step's until ``step()``. At ``step()`` the ranks gather every micro-batch's
     statistics in rank order, which is the step's global micro-batch order (each rank holds
-    contiguous micro-batches), and every rank folds them into the running statistics in that
+    contiguous micro-batches, the first ranks one more where the world size does not divide
+    them: the gather takes each rank's own count), and every rank folds them into the running statistics in that
     order, as one process running the micro-batches one after another would:
     ``r = (1 - f) * r + f * b_i`` in float64 with ``f`` the momentum (or ``1 / (n + i + 1)``
     for ``momentum=None``), then rounded once to the buffer's dtype; ``num_batches_tracked``

@@ -27,10 +27,13 @@ def deterministic_buffers(
 
 def finish_exact_step(exact, bn_fold: BatchNormFold | None, requires_grad_changed: bool) -> None:
     """Finish the exact sums, with two more values in their agreement: did a parameter's
-    requires_grad change on some rank, and how many training forwards each BatchNorm ran;
-    then fold the BatchNorm statistics. Either fault raises ValueError on every rank."""
-    fewest, most = bn_fold.forwards() if bn_fold is not None else (0, 0)
-    changed, most_bn, neg_fewest_bn = exact.finish([float(requires_grad_changed), most, -fewest])
+    requires_grad change on some rank, and how many training forwards each BatchNorm ran
+    against this rank's passes (ranks may hold different numbers of micro-batches); then fold
+    the BatchNorm statistics. Either fault raises ValueError on every rank."""
+    fewest, most = bn_fold.forwards() if bn_fold is not None else (exact.k, exact.k)
+    changed, more, fewer = exact.finish(
+        [float(requires_grad_changed), most - exact.k, exact.k - fewest]
+    )
     if changed:
         raise mark_raised_on_every_rank(
             ValueError(
@@ -40,13 +43,13 @@ def finish_exact_step(exact, bn_fold: BatchNormFold | None, requires_grad_change
             )
         )
     if bn_fold is not None and bn_fold.mods:
-        k = exact.k
-        if most_bn != k or -neg_fewest_bn != k:
+        if more > 0 or fewer > 0:
             raise mark_raised_on_every_rank(
                 ValueError(
                     f"DistributedOptimizer(deterministic=True, module=...): every "
-                    f"BatchNorm must run {k} training forwards (one per micro-batch) "
-                    f"per step on every rank; they ran {-neg_fewest_bn:g} to {most_bn:g}"
+                    f"BatchNorm must run one training forward per micro-batch (a rank's "
+                    f"backward_passes_per_step, here {exact.k}) per step on every rank; they "
+                    f"ran up to {max(more, 0):g} more and {max(fewer, 0):g} fewer"
                 )
             )
         bn_fold.finish(exact.micro_batches)

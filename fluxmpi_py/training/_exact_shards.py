@@ -1,5 +1,5 @@
-"""The exact sum of one backward pass a step (``DistributedOptimizer(deterministic=True)``
-with ``backward_passes_per_step=1``), moved as floats: the same integers, and bits, as the
+"""The exact sum of one backward pass a step on every rank (``DistributedOptimizer(
+deterministic=True)`` with ``backward_passes_per_step=1`` everywhere), moved as floats: the same integers, and bits, as the
 int64 path of :mod:`.exact_sum` (whose docstring has the grid and the error bound), at a
 float allreduce's traffic.
 
@@ -41,18 +41,26 @@ def exact_sum_for(
     options: C.ReducerOptions,
     *,
     passes_per_step: int,
+    micro_batches: int,
     group,
 ) -> ExactSum:
-    """The exact sum for ``passes_per_step`` backward passes a step over ``group`` (None: the
-    world; this rank is a member), with the reduction's ``options`` (``C.ReducerOptions``:
-    its buckets' limits and its op): the sharded float one at one pass (unless
-    :data:`SHARDS_AT_ONE_PASS` is False), else the int64 one."""
+    """The exact sum for ``passes_per_step`` backward passes a step on this rank and
+    ``micro_batches`` on all ranks together, over ``group`` (None: the world; this rank is a
+    member), with the reduction's ``options`` (``C.ReducerOptions``: its buckets' limits and
+    its op): the sharded float one when every rank runs one pass (``micro_batches`` is the
+    world size; unless :data:`SHARDS_AT_ONE_PASS` is False), else the int64 one. Every rank
+    chooses from the same agreed numbers, hence the same path."""
     world = C.size() if group is None else group.size
     rank = C.rank() if group is None else int(group.rank)
-    if passes_per_step == 1 and SHARDS_AT_ONE_PASS:
+    if micro_batches == world and SHARDS_AT_ONE_PASS:
         return ShardedExactSum(order, names, world=world, rank=rank, options=options, group=group)
     return ExactGradientSum(
-        order, names, passes_per_step=passes_per_step, world=world, options=options, group=group
+        order,
+        names,
+        passes_per_step=passes_per_step,
+        micro_batches=micro_batches,
+        options=options,
+        group=group,
     )
 
 
@@ -73,7 +81,7 @@ class ShardedExactSum(ExactSum):
         # buckets of the parameters' own dtypes: they travel as floats
         plan = plan_exact_buckets(order, options, int64=False)
         super().__init__(
-            order, names, plan, passes_per_step=1, world=world,
+            order, names, plan, passes_per_step=1, micro_batches=world,
             average=options.op == "average", group=group,
         )  # fmt: skip
         self.flats: list[torch.Tensor] = []  # per bucket, W shards; the result after step()

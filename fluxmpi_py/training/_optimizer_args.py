@@ -33,10 +33,9 @@ def check_optimizer_args(
     op_error = gradient_op_error("DistributedOptimizer", op)
     if op_error:
         raise ValueError(op_error)
-    if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
-        raise ValueError(
-            f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
-        )
+    passes_error = check_passes(backward_passes_per_step)
+    if passes_error:
+        raise ValueError(passes_error)
     if check_every is not None and not (
         isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 0
     ):
@@ -55,6 +54,25 @@ def check_optimizer_args(
         raise TypeError(
             f"DistributedOptimizer(module=...) takes an nn.Module, got {type(module).__name__}"
         )
+
+
+#: The most backward passes a step on one rank: the ranks' sum (the step's micro-batches)
+#: travels as int64, and the exact sums need it far below 2**62.
+MAX_PASSES = 1 << 31
+
+
+def check_passes(backward_passes_per_step) -> str:
+    """The error message for a ``backward_passes_per_step`` that is not an int from 1 to
+    :data:`MAX_PASSES`, else "" (checked before the first collective: ranks may pass
+    different good counts, never a bad one).
+
+    >>> check_passes(3), check_passes(0) != ""
+    ('', True)
+    """
+    passes = backward_passes_per_step
+    if isinstance(passes, int) and not isinstance(passes, bool) and 1 <= passes <= MAX_PASSES:
+        return ""
+    return f"backward_passes_per_step must be an int from 1 to 2**31, got {passes!r}"
 
 
 MiB = 1 << 20

@@ -5,7 +5,9 @@ A float sum rounds differently in different orders, and the order of a data-para
 depends on the world size (which rank holds which micro-batch, how a rank's backward passes
 accumulate, how the ranks' partial sums meet). Here every micro-batch's gradient is rounded
 once onto a fixed-point grid and added as int64, whose addition is exact and associative:
-any grouping, over any number of ranks, gives the same integers.
+any grouping, over any number of ranks, gives the same integers, also when the ranks hold
+different numbers of micro-batches (``backward_passes_per_step`` may differ by rank: the
+step's M is their sum, agreed when the optimizer is built).
 
 The grid of a parameter, for one step: values ``|g| < 2**T`` are kept as ``round(g / q)``
 with the quantum ``q = 2**(T - P)``, ``P = 62 - bit_length(M - 1)`` for ``M`` micro-batches a
@@ -16,7 +18,7 @@ largest ``|g|`` over all micro-batches and ranks (a MAX allreduce: exact, order-
 
 Two ways to the same integers, and the same bits (``tests/workers/exact_paths_worker.py``):
 
-- one backward pass a step (``backward_passes_per_step=1``, :mod:`._exact_shards`): the
+- one backward pass a step on every rank (M = W, :mod:`._exact_shards`): the
   gradients travel as floats of their dtype. Each bucket is split into one equal shard per
   rank; once its gradients are in, each rank gets every rank's values of its shard (through
   a shared-memory window on one host, else an alltoall), which one compiled pass quantizes,
@@ -24,7 +26,7 @@ Two ways to the same integers, and the same bits (``tests/workers/exact_paths_wo
   (``exact_sum_rows``), and every rank gets the results back (from the window, or an
   allgather), all as one item of engine work during backward (``C.exact_shard_bucket``). No
   int64 array is written; the traffic is a float allreduce's.
-- k passes a step (:class:`ExactGradientSum`): each pass quantizes into an int64 accumulator
+- any other count (:class:`ExactGradientSum`): each pass quantizes into an int64 accumulator
   per parameter (``exact_quantize``), the buckets are allreduced as int64 and ``step()``
   converts back (``exact_dequantize``).
 
@@ -120,10 +122,13 @@ def plan_exact_buckets(
 class ExactSum(ABC):
     """What both exact sums share, for the parameters ``order`` (backward order): the grid,
     the backward passes' bookkeeping, the buckets (``plan``, the planner's, in issue order)
-    and their start order, and ``step()``'s agreement and checks. A subclass takes each pass's gradient (``_take``), starts a bucket's collective
-    (``_start``, appending to ``requests``), finishes the sums (``_complete``: this rank's
-    largest |g| per parameter, -1 for none) and gives a parameter's result (``_result``).
-    Collectives go to ``group`` (None: the world)."""
+    and their start order, and ``step()``'s agreement and checks. A subclass takes each
+    pass's gradient (``_take``), starts a bucket's collective (``_start``, appending to
+    ``requests``), finishes the sums (``_complete``: this rank's largest |g| per parameter,
+    -1 for none) and gives a parameter's result (``_result``). This rank runs
+    ``passes_per_step`` backward passes a step, all ranks ``micro_batches`` together (the
+    sum of their passes: the grid's and the average's M). Collectives go to ``group`` (None:
+    the world)."""
 
     def __init__(
         self,
@@ -132,7 +137,7 @@ class ExactSum(ABC):
         plan: list[dict],
         *,
         passes_per_step: int,
-        world: int,
+        micro_batches: int,
         average: bool,
         group,
     ):
@@ -144,8 +149,8 @@ class ExactSum(ABC):
                 )
         self.order, self.names, self.plan = list(order), list(names), plan
         self.buckets: list[list[int]] = [b["members"] for b in plan]
-        self.k = passes_per_step
-        self.micro_batches = passes_per_step * world
+        self.k = passes_per_step  # this rank's
+        self.micro_batches = micro_batches  # every rank's
         self.bits = 62 - (self.micro_batches - 1).bit_length()  # P
         self.average, self.group = average, group
         self.top = [FIRST_TOP_LOG2] * len(self.order)  # T per parameter
@@ -232,19 +237,27 @@ class ExactSum(ABC):
         n = len(self.order)
         # a NaN travels as inf (a MAX reduction may drop a NaN; both make the result NaN)
         maxima = [math.inf if math.isnan(m) else m for m in self._complete()]
+        # each rank's passes against its own backward_passes_per_step (ranks may differ)
+        more, fewer = self.passes - self.k, self.k - self.passes
         agreed = torch.tensor(
-            [*maxima, *map(float, self.written), self.passes, -self.passes, *extra],
-            dtype=torch.float64,
+            [*maxima, *map(float, self.written), more, fewer, *extra], dtype=torch.float64
         )
         allreduce_(agreed, "max", group=self.group)
-        most, fewest = int(agreed[2 * n]), -int(agreed[2 * n + 1])
-        if most != self.k or fewest != self.k:
+        most_more, most_fewer = int(agreed[2 * n]), int(agreed[2 * n + 1])
+        if most_more or most_fewer:
+            passes = self.passes
             self._reset_step()
+            off = " and ".join(
+                f"{count} {word}"
+                for count, word in ((most_more, "more"), (most_fewer, "fewer"))
+                if count > 0
+            )
             raise mark_raised_on_every_rank(
                 ValueError(
-                    f"DistributedOptimizer(deterministic=True): every rank must run "
-                    f"backward_passes_per_step={self.k} backward passes (one per micro-batch) "
-                    f"before step(); the ranks ran {fewest} to {most}"
+                    f"DistributedOptimizer(deterministic=True): every rank must run its "
+                    f"backward_passes_per_step backward passes (one per micro-batch) before "
+                    f"step(); this rank ran {passes} of its {self.k}, and the ranks ran up to "
+                    f"{off} than their own"
                 )
             )
         over = []
@@ -287,13 +300,13 @@ class ExactGradientSum(ExactSum):
         names: Sequence[str],
         *,
         passes_per_step: int,
-        world: int,
+        micro_batches: int,
         options: C.ReducerOptions,
         group,
     ):
         plan = plan_exact_buckets(order, options, int64=True)
         super().__init__(
-            order, names, plan, passes_per_step=passes_per_step, world=world,
+            order, names, plan, passes_per_step=passes_per_step, micro_batches=micro_batches,
             average=options.op == "average", group=group,
         )  # fmt: skip
         self.flats = []

@@ -23,6 +23,7 @@ from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
+from ._micro_batches import micro_batch_share
 from ._optimizer_args import check_optimizer_args, reduction_options
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from ._step_checks import StepChecks
@@ -56,8 +57,9 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             and device).
         compression: None, ``"fp16"`` or ``"bf16"``: buckets travel in 16 bits and come back
             into the full-precision gradients.
-        backward_passes_per_step: backward passes accumulated locally before one reduction
-            (or use the ``no_sync()`` context).
+        backward_passes_per_step: backward passes (micro-batches) accumulated locally before
+            one reduction (or use ``no_sync()``); it may differ by rank (the global-batch
+            sampler's ``micro_batches_per_rank``): every micro-batch then weighs alike.
         direct_min_bytes: host gradients of at least this many bytes are reduced in their own
             storage, without a copy; None: every gradient lives in a flat bucket buffer.
         cuda_direct_min_bytes: the same for CUDA gradients; None: all in flat buffers, as DDP.
@@ -185,6 +187,12 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             self._bn_fold.remove()
         self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", self._options)
         self._num_groups = len(self.param_groups)
+        # every rank's passes (M) and this rank's weight in the default path (._micro_batches)
+        self._micro_batches, self._pass_weight = self._passes_per_step, 1.0
+        if self._weigh_uneven_passes or self._deterministic:
+            self._micro_batches, self._pass_weight = micro_batch_share(
+                self._passes_per_step, self._group
+            )
         self._exact = None  # deterministic=True: the exact int64 sums
         self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics
         if self._deterministic:
@@ -194,6 +202,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
                 [n for n, _ in planned],
                 self._options,
                 passes_per_step=self._passes_per_step,
+                micro_batches=self._micro_batches,
                 group=self._group,
             )
         self._hook(self._plan.order)
@@ -245,6 +254,8 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             ):
                 if reducer_ref._join is not None and not reducer_ref._join_count:
                     reducer_ref._join_round()  # before this step's first bucket
+                if reducer_ref._pass_weight != 1.0 and param.grad is not None:
+                    param.grad.mul_(reducer_ref._pass_weight)  # an uneven share of M
                 reducer_ref._reducer.mark_ready(index)
 
         return hook
@@ -400,6 +411,9 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
     #: message names.
     _unequal_start = "raise"
     _start_remedy = "fm.synchronize_(model) after building or loading it"
+    #: Ranks with different backward_passes_per_step weigh by their share of the step's
+    #: micro-batches (:mod:`._micro_batches`); False: alike, as Horovod's average.
+    _weigh_uneven_passes = True
 
     def _step_and_sync_buffers(self, closure):
         if self._buffer_watch is not None:

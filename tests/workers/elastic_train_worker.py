@@ -2,13 +2,15 @@
 and AdamW, deterministic=True, 12 micro-batches of 2 samples a step dealt by the global-batch
 sampler, 40 steps, each run by fm.elastic_step. Usage:
 
-    elastic_train_worker.py OUT VICTIMS [default]
+    elastic_train_worker.py OUT VICTIMS [default] [global=G] [steps=S]
         VICTIMS: "rank@step,..." (world ranks of the first world, each SIGKILLs itself as that
         step begins), or "none"; default: deterministic=False, each micro-batch's loss divided
-        by the rank's micro-batches as usual (the same global batch, not the same bits)
+        by the rank's micro-batches as usual (the same global batch, not the same bits);
+        global=G: G samples a step instead of 24 (global=32: 16 micro-batches, which 3
+        survivors of 4 share unevenly, 6, 5 and 5); steps=S: S steps instead of 40
 The survivors recover, deal the global batch among themselves (rebuild the optimizer with
 their new share of micro-batches), redo the step and go on. Rank 0 saves the model's and the
-optimizer's state to OUT at the end; each rank prints its world at the end.
+optimizer's state to OUT at the end; each rank prints its world and its share at the end.
 """
 
 import os
@@ -22,11 +24,13 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import fluxmpi_py as fm  # noqa: E402
 
-STEPS, MICRO, GLOBAL = 40, 2, 24  # 12 micro-batches a step: 4, 3 or 2 ranks share them evenly
+out, victims, more = sys.argv[1], sys.argv[2], sys.argv[3:]
+deterministic = "default" not in more
+given = dict(a.split("=") for a in more if "=" in a)
+STEPS, MICRO = int(given.get("steps", 40)), 2
+GLOBAL = int(given.get("global", 24))  # 12 micro-batches a step: 4, 3 or 2 ranks share them evenly
 N = STEPS * GLOBAL
 
-out, victims = sys.argv[1], sys.argv[2]
-deterministic = sys.argv[3:] != ["default"]
 kills = (
     {}
     if victims == "none"
@@ -94,6 +98,9 @@ def rebuilt(info):
 
 for step in range(STEPS):
     fm.elastic_step(train, step, module=model, optimizer=opt, on_recover=rebuilt)
-print(f"rank {me} finished on a world of {fm.total_workers()}", flush=True)
+print(
+    f"rank {me} finished on a world of {fm.total_workers()}, {share['k']} micro-batches a step",
+    flush=True,
+)
 if fm.local_rank() == 0:
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, out)

@@ -48,13 +48,20 @@ def make_model(kind):
     )
 
 
-def trainer(kind, deterministic, group=None, steps=STEPS):
-    """`steps` steps over the world (or `group`); yields (model, optimizer) after each."""
+def trainer(kind, deterministic, group=None, steps=STEPS, global_batch=GLOBAL):
+    """`steps` steps over the world (or `group`) of `global_batch` samples (micro-batches of
+    MICRO, dealt by the sampler, unevenly where the world size does not divide them); yields
+    (model, optimizer) after each."""
     rank = fm.local_rank() if group is None else group.rank
     world = fm.total_workers() if group is None else group.size
     model = make_model(kind)
     sampler = fm.DistributedSampler(
-        N, num_replicas=world, rank=rank, seed=5, global_batch_size=GLOBAL, micro_batch_size=MICRO
+        N,
+        num_replicas=world,
+        rank=rank,
+        seed=5,
+        global_batch_size=global_batch,
+        micro_batch_size=MICRO,
     )
     k = sampler.micro_batches_per_rank
     opt = fm.DistributedOptimizer(

@@ -171,6 +171,7 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
     _parameter_names: dict  # parameter -> name, as Horovod's (set by DistributedOptimizer)
     _unequal_start = "warn"
     _start_remedy = "hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training"
+    _weigh_uneven_passes = False  # Horovod averages ranks alike, whatever their passes
 
     # Sparse gradients (nn.Embedding(sparse=True)): made dense when backward accumulates them,
     # reduced in the buckets with the rest, and made sparse again before the wrapped optimizer

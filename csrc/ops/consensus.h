@@ -89,7 +89,13 @@ struct Signature {
   std::int64_t veto = 0;
   // Compared only when some rank has joined (a call the active ranks disagree on is No).
   Joinable joinable = Joinable::No;
+  // The bytes this call's data would take in its agreement's message (ops/carried.h), 0 where
+  // it never rides there. Never raises: where every rank gives the same, the group's next
+  // agreement makes room for that many.
+  std::int64_t carry_bytes = 0;
 };
+
+struct Carry;  // ops/carried.h
 
 // `what` names the call for messages ("allreduce_()") when no user call is named
 // (runtime/user_call.h); a named one takes its place. `text` is this rank's error
@@ -107,9 +113,11 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 
 // The same, but the description is made only when the ranks disagree (formatting a shape on
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
+// With `carry`, the call's data rides in the agreement's message where the group's room lets it
+// (carry->carried says whether it did; ops/carried.h).
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe, bool* vetoed = nullptr,
-           bool* joined = nullptr);
+           bool* joined = nullptr, Carry* carry = nullptr);
 
 // A joined rank's part in the active ranks' next agreement on the current group (the world,
 // or a process set it is in: ops/join.h), and what they agreed on.

@@ -240,7 +240,9 @@ def inplace_ops(kind, buf, arr, comm):
     else:
         ours = functools.partial(fm.reduce_, buf, "sum", 0)
         send = MPI.IN_PLACE if rank == 0 else arr
-        theirs = functools.partial(comm.Reduce, send, arr if rank == 0 else None, op=MPI.SUM, root=0)
+        theirs = functools.partial(
+            comm.Reduce, send, arr if rank == 0 else None, op=MPI.SUM, root=0
+        )
         expect = [size * (size + 1) / 2 if rank == 0 else rank + 1] * 2
 
     def check():

@@ -26,9 +26,9 @@ constexpr std::int64_t kEnvelopePoisoned = -1;
 
 struct EnvelopeHead {
   std::int64_t kind = kEnvelopeNone;
-  std::int64_t dtype = -1;  // c10::ScalarType of the payload's elements (kEnvelopeReduce)
-  std::int64_t op = -1;     // ReduceOp (kEnvelopeReduce)
-  std::int64_t bytes = 0;   // the payload's bytes
+  std::int64_t dtype = -1;   // c10::ScalarType of the payload's elements (kEnvelopeReduce)
+  std::int64_t op = -1;      // ReduceOp (kEnvelopeReduce)
+  std::int64_t bytes = 0;    // the payload's bytes
   std::int64_t present = 0;  // kEnvelopeTake: 1 on the rank whose payload everyone takes
   std::int64_t lanes = 0;    // int64 words after the head, reduced by max
 };

@@ -27,10 +27,10 @@ constexpr std::int64_t kMaxCarryBytes = std::int64_t(64) << 10;
 
 // What a call offers to carry in its agreement (ops/consensus.h agree).
 struct Carry {
-  std::int64_t kind = kEnvelopeNone;  // kEnvelopeReduce, or kEnvelopeTake (a broadcast)
+  std::int64_t kind = kEnvelopeNone;   // kEnvelopeReduce, or kEnvelopeTake (a broadcast)
   c10::ScalarType dtype = c10::kByte;  // kEnvelopeReduce: the payload's elements
   ReduceOp op = ReduceOp::Sum;         // kEnvelopeReduce: how they combine
-  const void* data = nullptr;  // this rank's payload (kEnvelopeTake: read on the root only)
+  const void* data = nullptr;          // this rank's payload (kEnvelopeTake: read on the root only)
   std::int64_t bytes = 0;
   bool present = false;  // kEnvelopeTake: this rank is the root
   // Set by the agreement: whether the payload travelled, and the result (valid until this

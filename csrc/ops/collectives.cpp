@@ -345,8 +345,8 @@ struct Offer {
   bool divided = false;  // an average of floats divided as allreduce_divided does
 };
 
-bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, bool allreduce,
-                     Signature& s, Offer& o) {
+bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, bool allreduce, Signature& s,
+                     Offer& o) {
   const Group& e = current_group();
   if (s.error != ErrorClass::None || e.size() < 2 || !t.is_cpu() || t.numel() == 0) return false;
   if (order != SumOrder::Fastest) return false;
@@ -403,8 +403,9 @@ void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
   bool joined = false;
   Offer o;
   const bool offered = offer_reduction(t, op, order, /*allreduce=*/true, s, o);
-  agree(s, "allreduce_()", msg, [&] { return describe(tensor); }, nullptr, &joined,
-        offered ? &o.carry : nullptr);
+  agree(
+      s, "allreduce_()", msg, [&] { return describe(tensor); }, nullptr, &joined,
+      offered ? &o.carry : nullptr);
   if (o.carry.carried) return take_reduction(t, op, o, e.size());
   if (joined) {
     AllreduceParts p{t.device().type(), {{t.scalar_type(), t.numel(), /*list=*/false}}};
@@ -426,7 +427,8 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
   // Any dtype rides as bytes; the root's reach every rank.
   Carry carry;
   at::Tensor c;
-  const std::int64_t bytes = t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
+  const std::int64_t bytes =
+      t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
   const bool offered = s.error == ErrorClass::None && e.size() > 1 && t.is_cpu() && bytes > 0 &&
                        bytes <= kMaxCarryBytes;
   if (offered) {
@@ -439,8 +441,9 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
       carry.data = c.data_ptr();
     }
   }
-  agree(s, "bcast_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
-        offered ? &carry : nullptr);
+  agree(
+      s, "bcast_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
+      offered ? &carry : nullptr);
   if (carry.carried) {
     if (is_root) return;  // the root's values do not change
     c10::AutoGradMode no_grad(false);
@@ -463,8 +466,9 @@ void reduce_checked(const at::Tensor& tensor, const std::string& opname, std::in
   check_root(root, s, msg);
   Offer o;
   const bool offered = offer_reduction(t, op, SumOrder::Fastest, /*allreduce=*/false, s, o);
-  agree(s, "reduce_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
-        offered ? &o.carry : nullptr);
+  agree(
+      s, "reduce_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
+      offered ? &o.carry : nullptr);
   if (o.carry.carried) {
     if (e.rank() != root) return;  // the other ranks' tensors stay as they were
     return take_reduction(t, op, o, e.size());

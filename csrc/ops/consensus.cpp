@@ -339,8 +339,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 }
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe, bool* vetoed, bool* joined,
-           Carry* carry) {
+           const std::function<std::string()>& describe, bool* vetoed, bool* joined, Carry* carry) {
   const Group& e = current_group();
   if (vetoed != nullptr) *vetoed = false;
   if (joined != nullptr) *joined = false;

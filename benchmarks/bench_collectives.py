@@ -9,7 +9,10 @@
     mpiexec -n 3 python benchmarks/bench_collectives.py --op sum_order   # allreduce_ in gloo's
         order (set_sum_order) vs the default order vs torch's gloo backend
 
---op allreduce (the default): allreduce_ against the in-place Allreduce.
+--op allreduce (the default): allreduce_ against the in-place Allreduce; --op bcast: bcast_
+against Bcast; --op reduce: reduce_ against Reduce (in place on the root). These three also
+measure 8, 64 and 512 bytes: below 4 KiB a call's time is its fixed cost ("fixed_cost_us", at 8
+bytes, ours and mpi4py's).
 
 float32, op sum, one buffer per size used by both. Repetitions alternate between the two
 (ours, theirs, ours, ...) so that a change in machine load hits both alike; each repetition
@@ -221,35 +224,56 @@ def bench_grouped(reps, comm):
     return out
 
 
-def bench_allreduce(sizes, reps, comm):
+def inplace_ops(kind, buf, arr, comm):
+    """(ours, theirs, check) for the in-place collective `kind` on `buf` (`arr` its memory):
+    allreduce_ / Allreduce(IN_PLACE), bcast_ / Bcast from rank 0, reduce_ / Reduce onto rank 0
+    (IN_PLACE there). `check()` runs both once on rank + 1 and asserts their results."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    rows = []
-    for nbytes in sizes:
-        n = nbytes // 4
-        buf = torch.zeros(n, dtype=torch.float32)
-        arr = buf.numpy()  # the same memory
-
-        # Correctness first, on both paths: rank + 1 summed is size * (size + 1) / 2.
-        expect = size * (size + 1) / 2
-        buf.fill_(rank + 1)
-        fm.allreduce_(buf)
-        assert float(buf[0]) == expect and float(buf[-1]) == expect, "allreduce_ gave a wrong sum"
-        buf.fill_(rank + 1)
-        comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
-        assert float(buf[0]) == expect and float(buf[-1]) == expect, "mpi4py gave a wrong sum"
-        buf.zero_()  # zeros stay zeros, so repeated sums never overflow or go denormal
-
+    if kind == "allreduce":
         ours = functools.partial(fm.allreduce_, buf)
         theirs = functools.partial(comm.Allreduce, MPI.IN_PLACE, arr, op=MPI.SUM)
+        expect = [size * (size + 1) / 2] * 2
+    elif kind == "bcast":
+        ours = functools.partial(fm.bcast_, buf, 0)
+        theirs = functools.partial(comm.Bcast, arr, root=0)
+        expect = [1.0, 1.0]
+    else:
+        ours = functools.partial(fm.reduce_, buf, "sum", 0)
+        send = MPI.IN_PLACE if rank == 0 else arr
+        theirs = functools.partial(
+            comm.Reduce, send, arr if rank == 0 else None, op=MPI.SUM, root=0
+        )
+        expect = [size * (size + 1) / 2 if rank == 0 else rank + 1] * 2
+
+    def check():
+        for fn, who in ((ours, "ours"), (theirs, "mpi4py")):
+            buf.fill_(rank + 1)
+            fn()
+            got = [float(buf[0]), float(buf[-1])]
+            assert got == expect, f"{kind}: {who} gave {got}, expected {expect}"
+
+    return ours, theirs, check
+
+
+def bench_inplace(kind, sizes, reps, comm):
+    rows = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+        arr = buf.numpy()  # the same memory
+        ours, theirs, check = inplace_ops(kind, buf, arr, comm)
+        check()  # correctness first, on both paths
+        buf.zero_()  # zeros stay zeros, so repeated sums never overflow or go denormal
         iters = calibrate([ours, theirs], comm)
-        (mo, mt), (lo, lt) = alternate([ours, theirs], iters, reps, comm)
+        times = []
+        (mo, mt), (lo, lt) = alternate([ours, theirs], iters, reps, comm, times)
         rows.append(
             {
-                "bytes": nbytes,
+                "bytes": buf.numel() * 4,
                 "iters": iters,
                 "ours_us": round(mo * 1e6, 2),
                 "mpi4py_us": round(mt * 1e6, 2),
                 "ratio": round(mo / mt, 3),
+                "ratio_paired": paired(times[0], times[1]),
                 "ours_min_us": round(lo * 1e6, 2),
                 "mpi4py_min_us": round(lt * 1e6, 2),
             }
@@ -302,10 +326,15 @@ def bench_sum_order(sizes, reps, comm):
     return rows
 
 
+INPLACE = ("allreduce", "bcast", "reduce")
+
 WHAT = {
     "sum_order": "allreduce_ in gloo's order (set_sum_order) vs the default order vs "
     "torch.distributed.all_reduce on gloo, float32 sum; ratio = gloo's order / gloo",
     "allreduce": "allreduce_ vs mpi4py Allreduce(MPI.IN_PLACE), float32 sum, median time per call",
+    "bcast": "bcast_ vs mpi4py Bcast, root 0, float32, median time per call",
+    "reduce": "reduce_ vs mpi4py Reduce (IN_PLACE on the root), root 0, float32 sum, median time "
+    "per call",
     "allgather": "allgather vs mpi4py Allgather (new output per call; prealloc: one output), "
     "float32, bytes = each rank's input",
     "reduce_scatter": "reduce_scatter vs mpi4py Reduce_scatter_block (new output per call; "
@@ -339,7 +368,8 @@ def main():
     if args.op in ("allgather", "alltoall", "reduce_scatter") and not args.quick:
         max_bytes = 16 << 20
     reps = args.reps or (5 if args.quick else 11)
-    sizes = []
+    # Below 4 KiB a call's time is its fixed cost: 8 bytes (two floats) measures it.
+    sizes = [] if args.op not in INPLACE or args.quick else [8, 64, 512]
     b = 4 << 10
     while b <= max_bytes:
         sizes.append(b)
@@ -359,16 +389,24 @@ def main():
     if args.op == "grouped":
         result.update(bench_grouped(reps, comm))
     else:
-        if args.op == "allreduce":
-            rows = bench_allreduce(sizes, reps, comm)
+        if args.op in INPLACE:
+            rows = bench_inplace(args.op, sizes, reps, comm)
         elif args.op == "sum_order":
             rows = bench_sum_order(sizes, reps, comm)
         else:
             rows = bench_rows(args.op, sizes, reps, comm)
         big = [r["ratio"] for r in rows if r["bytes"] >= (1 << 20)]
+        from_4k = [r["ratio"] for r in rows if r["bytes"] >= (4 << 10)]
+        at_4k = [r["ratio"] for r in rows if r["bytes"] == (4 << 10)]
         result.update(
-            sizes=rows, ratio_4KiB=rows[0]["ratio"], max_ratio_ge_1MiB=max(big) if big else None
+            sizes=rows,
+            ratio_4KiB=at_4k[0] if at_4k else None,
+            max_ratio_ge_4KiB=max(from_4k) if from_4k else None,
+            max_ratio_ge_1MiB=max(big) if big else None,
         )
+        small = [r for r in rows if r["bytes"] < (4 << 10)]
+        if small:  # the fixed cost of a call: the smallest size's time
+            result["fixed_cost_us"] = {"ours": small[0]["ours_us"], "mpi4py": small[0]["mpi4py_us"]}
 
     if rank == 0:
         line = json.dumps(result)

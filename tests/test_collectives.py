@@ -1,6 +1,7 @@
 """allreduce_, bcast_, reduce_, Iallreduce, Ibcast at world sizes 1, 2, 3 and 4 (and a world of
 one started without mpiexec). The cases live in tests/workers/collectives_worker.py,
-collectives_layouts_worker.py and collectives_bad_input_worker.py."""
+collectives_layouts_worker.py, collectives_bad_input_worker.py and
+collectives_carried_worker.py."""
 
 import os
 import re
@@ -11,11 +12,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import worker_params  # noqa: E402
 
-# closed forms, async and the runtime; layouts and 16-bit accumulation; bad input
+# closed forms, async and the runtime; layouts and 16-bit accumulation; bad input; carried
 WORKER = [
     "collectives_worker.py",
     "collectives_layouts_worker.py",
     "collectives_bad_input_worker.py",
+    "collectives_carried_worker.py",
 ]
 
 

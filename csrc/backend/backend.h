@@ -51,6 +51,18 @@ class Backend {
   virtual void allreduce_wire16(void* buf, std::int64_t count, c10::ScalarType dtype, ReduceOp op) {
     allreduce(buf, count, dtype, op);
   }
+  // Reduce an envelope (backend/envelope.h) of `bytes` bytes in place across the ranks: one
+  // message that carries a call's check and a small call's data.
+  virtual void allreduce_envelope(void* buf, std::int64_t bytes) {
+    unsupported("allreduce_envelope");
+  }
+  // Whether allreduce (allreduce_divided with `divided`) of `count` elements of `dtype` with
+  // `op` would be one MPI_Allreduce, no ring or node-aware path: then an envelope may carry
+  // it (the same sum order). Decided from the process's options alone, like the paths.
+  virtual bool allreduces_plainly(std::int64_t count, c10::ScalarType dtype, ReduceOp op,
+                                  bool divided) {
+    return false;
+  }
   // A sum in place, each element's ranks added in the order of torch's gloo backend
   // (backend/mpi_ring.h, SumOrder::Gloo). Returns false, having moved nothing, where this
   // backend has no such order (NCCL: CUDA tensors sum in NCCL's order); it decides from its

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/mpi_backend.h"
 #include "backend/mpi_check.h"
+#include "backend/mpi_envelope.h"
 #include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
@@ -241,6 +242,22 @@ class MpiBackend final : public Backend {
       int n = static_cast<int>(std::min(kMaxChunk, count - off));
       mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + off * esz, n, type, mop, v.comm), "MPI_Allreduce");
     }
+  }
+
+  void allreduce_envelope(void* buf, std::int64_t bytes) override {
+    const CommView v = c();
+    BlockingCall guard("allreduce", v.group, bytes);
+    mpi_allreduce_envelope(buf, bytes, v.comm);
+  }
+
+  bool allreduces_plainly(std::int64_t count, c10::ScalarType dt, ReduceOp op,
+                          bool divided) override {
+    const CommView e = c();
+    const HierarchicalOptions h = hierarchical_options();
+    const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
+    if (h.enabled && bytes >= h.min_bytes && bytes < h.max_bytes) return false;  // may apply
+    if (divided) return !ring_applies(ring_options(), count, dt, e.size, e.size);
+    return op != ReduceOp::Sum || !ring_applies(ring_options(), count, dt, 1, e.size);
   }
 
   bool allreduce_in_gloo_order(void* buf, std::int64_t count, c10::ScalarType dt) override {

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "ops/agreement_count.h"
+#include "ops/carried.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 #include "runtime/stop_request.h"
@@ -66,7 +67,8 @@ constexpr std::size_t kRankBytes = kCallBytes + kTextBytes;
 // The lanes of an agreement's allreduce (max): the checked fields and `soft`, then their
 // negatives (max of -x is -min), then soft_flag and veto, joinable and its negative, the
 // joined ranks' marks: their join's mode and the lowest joined rank, and on the world a stop
-// that some rank marked (runtime/stop_request.h): the agreement carries it at no extra call.
+// that some rank marked (runtime/stop_request.h): the agreement carries it at no extra call;
+// last the bytes each rank's call offered to carry and their negative (ops/carried.h).
 constexpr int kChecked = kFields + 1;
 constexpr int kSoftFlag = 2 * kChecked;
 constexpr int kVeto = kSoftFlag + 1;
@@ -74,7 +76,8 @@ constexpr int kJoinable = kVeto + 1;  // and kJoinable + 1
 constexpr int kJoinMode = kJoinable + 2;
 constexpr int kLowestJoined = kJoinMode + 1;  // size - rank: the max is the lowest rank
 constexpr int kStop = kLowestJoined + 1;
-constexpr int kLanes = kStop + 1;
+constexpr int kCarry = kStop + 1;  // and kCarry + 1
+constexpr int kLanes = kCarry + 2;
 // What a joined rank puts in every checked lane: the identity of max.
 constexpr std::int64_t kNeutral = std::numeric_limits<std::int64_t>::min();
 // A joined rank's `kind` in the slow path's gather (no CallKind is 0).
@@ -225,18 +228,6 @@ bool differ_in_grad_only(const std::vector<std::string>& texts) {
   raise_on_every_rank(ErrorClass::Runtime, msg.str());
 }
 
-// One agreement's allreduce over the current group, counted when it is the world. On the
-// world it carries this rank's stop mark, and every rank records the stop at the same one.
-void exchange(std::int64_t* v, const Group& e) {
-  v[kStop] = e.is_world() ? stop_lane() : 0;
-  mpi_backend().allreduce(v, kLanes, c10::kLong, ReduceOp::Max);
-  ++t_agreements;
-  if (e.is_world()) {
-    g_world_agreements.fetch_add(1, std::memory_order_relaxed);
-    note_stop_lane(v[kStop]);
-  }
-}
-
 // True when the active ranks' signatures differ or carry an error: the slow path, taken by
 // every rank of the group (the joined ones too: they see the same lanes).
 bool needs_report(const std::int64_t* v) {
@@ -244,6 +235,29 @@ bool needs_report(const std::int64_t* v) {
     if (v[i] != -v[kChecked + i]) return true;
   }
   return v[6] != static_cast<std::int64_t>(ErrorClass::None);
+}
+
+// The room the group's next agreement makes (ops/carried.h): what this call offered to carry,
+// when every active rank offered the same and the call is good; a function of the agreed lanes
+// alone, so every rank of the group (the joined ones too) sets the same.
+std::int64_t next_room(const std::int64_t* v) {
+  if (v[0] == kNeutral || v[kCarry] == kNeutral || needs_report(v)) return 0;
+  const std::int64_t bytes = v[kCarry];
+  return bytes == -v[kCarry + 1] && bytes > 0 && bytes <= kMaxCarryBytes ? bytes : 0;
+}
+
+// One agreement's allreduce over the current group, counted when it is the world. On the
+// world it carries this rank's stop mark, and every rank records the stop at the same one.
+// `carry`: the call's data, where the group's room lets it ride along (ops/carried.h).
+void exchange(std::int64_t* v, const Group& e, Carry* carry = nullptr) {
+  v[kStop] = e.is_world() ? stop_lane() : 0;
+  exchange_lanes(v, kLanes, e, carry);
+  set_carry_room(e, next_room(v));
+  ++t_agreements;
+  if (e.is_world()) {
+    g_world_agreements.fetch_add(1, std::memory_order_relaxed);
+    note_stop_lane(v[kStop]);
+  }
 }
 
 bool soft_same(const std::int64_t* v) { return v[kFields] == -v[kChecked + kFields]; }
@@ -325,7 +339,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 }
 
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
-           const std::function<std::string()>& describe, bool* vetoed, bool* joined) {
+           const std::function<std::string()>& describe, bool* vetoed, bool* joined, Carry* carry) {
   const Group& e = current_group();
   if (vetoed != nullptr) *vetoed = false;
   if (joined != nullptr) *joined = false;
@@ -354,7 +368,9 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
   v[kJoinable + 1] = -v[kJoinable];
   v[kJoinMode] = 0;
   v[kLowestJoined] = 0;
-  exchange(v, e);
+  v[kCarry] = sig.carry_bytes;
+  v[kCarry + 1] = -sig.carry_bytes;
+  exchange(v, e, carry);
   if (vetoed != nullptr) *vetoed = v[kVeto] != 0;
   if (needs_report(v)) {
     report_all(&mine, call, sig.error != ErrorClass::None ? error_text : describe(), e);
@@ -365,6 +381,7 @@ bool agree(const Signature& sig, const std::string& what, const std::string& err
     }
     *joined = true;
   }
+  if (carry != nullptr && carry->carried) note_carried();
   return soft_same(v) && v[kSoftFlag] == 0;
 }
 

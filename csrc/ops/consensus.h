@@ -1,7 +1,9 @@
 // The cross-rank check that runs before any data moves. Every collective first calls agree()
 // with a small signature of what this rank is about to do. In the common case that costs one
-// allreduce of 23 int64 (max of v and of -v gives min and max at once; ranks that have joined
-// take part with neutral values and a mark, see ops/join.h). When any rank reported
+// allreduce of 25 int64 (max of v and of -v gives min and max at once; ranks that have joined
+// take part with neutral values and a mark, see ops/join.h); a small call's data rides in the
+// same message where the group's previous agreement made room (ops/carried.h), so then no data
+// moves before it and the call costs that message alone. When any rank reported
 // a local error or the signatures differ, all ranks gather everyone's signature and text and
 // raise the same exception, naming the ranks and the values that differ. Either way every
 // rank leaves agree() together, so a bad input can never leave a rank waiting in a collective.
@@ -89,7 +91,13 @@ struct Signature {
   std::int64_t veto = 0;
   // Compared only when some rank has joined (a call the active ranks disagree on is No).
   Joinable joinable = Joinable::No;
+  // The bytes this call's data would take in its agreement's message (ops/carried.h), 0 where
+  // it never rides there. Never raises: where every rank gives the same, the group's next
+  // agreement makes room for that many.
+  std::int64_t carry_bytes = 0;
 };
+
+struct Carry;  // ops/carried.h
 
 // `what` names the call for messages ("allreduce_()") when no user call is named
 // (runtime/user_call.h); a named one takes its place. `text` is this rank's error
@@ -107,9 +115,11 @@ bool agree(const Signature& sig, const std::string& what, const std::string& tex
 
 // The same, but the description is made only when the ranks disagree (formatting a shape on
 // every call costs more than the check itself). `error_text` is used when sig.error != None.
+// With `carry`, the call's data rides in the agreement's message where the group's room lets it
+// (carry->carried says whether it did; ops/carried.h).
 bool agree(const Signature& sig, const std::string& what, const std::string& error_text,
            const std::function<std::string()>& describe, bool* vetoed = nullptr,
-           bool* joined = nullptr);
+           bool* joined = nullptr, Carry* carry = nullptr);
 
 // A joined rank's part in the active ranks' next agreement on the current group (the world,
 // or a process set it is in: ops/join.h), and what they agreed on.

@@ -6,6 +6,7 @@
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
 #include "ops/agreement_count.h"
+#include "ops/carried.h"
 #include "ops/collectives.h"
 #include "ops/gather_collectives.h"
 #include "ops/join.h"
@@ -85,6 +86,9 @@ void bind_ring_options(py::module_& m) {
   m.def("shared_owner_parts_calls", &shared_owner_parts_calls,
         "How many owner reductions (the deterministic optimizer's buckets) this process has "
         "sent through shared memory (for tests)");
+  m.def("carried_calls", &carried_calls,
+        "How many calls this process sent with their data in their agreement's message, one "
+        "round trip in all (ops/carried.h) (for tests)");
   m.def("alltoall_block_calls", &alltoall_block_calls,
         "How many alltoalls this process has sent as MPI_Alltoall, every part one length "
         "(for tests)");

@@ -1,8 +1,9 @@
 """In-place collectives on tensors: allreduce_, bcast_, reduce_, and their async forms.
 
 Every rank must call the same collectives in the same order. Before any data moves, the ranks
-compare (in one small allreduce) the call, op, root, dtype and shape; a difference, or a bad
-argument on any rank, raises the same exception on every rank instead of hanging.
+compare (in one small allreduce, which carries a small call's data too) the call, op, root,
+dtype and shape; a difference, or a bad argument on any rank, raises the same exception on
+every rank instead of hanging.
 
 Supported dtypes: float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8 (and
 bool). Any strided tensor works, contiguous or not (a transposed view, a strided slice): the

@@ -1,0 +1,56 @@
+// A small call's data carried in its agreement's own message (backend/envelope.h), so that the
+// cross-rank check (ops/consensus.h) costs no round trip of its own.
+//
+// MPI collectives whose counts differ between ranks are undefined, so the message's size must
+// be the same on every rank whatever their arguments. It is a function of what every rank of
+// the group already agreed on: the previous agreement on the group said how many bytes its call
+// offered to carry (Signature::carry_bytes), the same on every rank or else nothing; this
+// agreement's message makes room for that many. A loop of calls of one size is then one message
+// each; a call that does not fit sends its check alone and moves its data after it, as before.
+// The reduced payload reaches the caller only after the agreement passed: a bad call leaves
+// every tensor as it was.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "backend/envelope.h"
+#include "backend/reduce_op.h"
+#include "runtime/group.h"
+
+namespace fluxmpi {
+
+// The most bytes a call's data may carry: past this the second round trip costs little beside
+// the data, and the copies into and out of the message would cost more.
+constexpr std::int64_t kMaxCarryBytes = std::int64_t(64) << 10;
+
+// What a call offers to carry in its agreement (ops/consensus.h agree).
+struct Carry {
+  std::int64_t kind = kEnvelopeNone;   // kEnvelopeReduce, or kEnvelopeTake (a broadcast)
+  c10::ScalarType dtype = c10::kByte;  // kEnvelopeReduce: the payload's elements
+  ReduceOp op = ReduceOp::Sum;         // kEnvelopeReduce: how they combine
+  const void* data = nullptr;          // this rank's payload (kEnvelopeTake: read on the root only)
+  std::int64_t bytes = 0;
+  bool present = false;  // kEnvelopeTake: this rank is the root
+  // Set by the agreement: whether the payload travelled, and the result (valid until this
+  // thread's next agreement). Read only once agree() has returned.
+  bool carried = false;
+  const void* result = nullptr;
+};
+
+// The agreement's exchange of `lanes` int64 words `v` (max) over group `e`: a plain allreduce
+// while the group's room is 0, else one envelope that also carries `carry` where it fits.
+void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry);
+
+// The room the group's next agreement makes (bytes, 0 for none); every rank sets the same,
+// from the lanes they just agreed on. A new communicator (a group, the world after a shrink)
+// starts at 0.
+void set_carry_room(const Group& e, std::int64_t bytes);
+
+// Count a call whose agreement passed with its data carried (agree() calls it).
+void note_carried();
+// How many calls of this process carried their data in their agreement (for tests).
+std::int64_t carried_calls();
+
+}  // namespace fluxmpi

@@ -22,6 +22,7 @@ import fluxmpi_py as fm  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
+    ap.add_argument("--lists", default="", help="comma-separated list names (default: all)")
     args = ap.parse_args()
     set_threads()
     fm.Init()
@@ -31,6 +32,8 @@ def main():
     rank = fm.local_rank()
     shapes = resnet50_param_shapes(4 if args.quick else 1)
     lists = {"resnet50": shapes, "1000x1024": [(1024,)] * (100 if args.quick else 1000)}
+    if args.lists:
+        lists = {k: v for k, v in lists.items() if k in args.lists.split(",")}
     reps = 3 if args.quick else 20
     result = {"bench": "allreduce_grads", "ranks": fm.total_workers(), "lists": {}}
 

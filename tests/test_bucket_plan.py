@@ -52,6 +52,13 @@ def test_each_path_plans_with_the_one_planner(kw, element_bytes, direct):
     assert opt.buckets == expected
     if kw:  # the buckets the exact sums run (their start order and buffers)
         assert opt._exact is not None and opt._exact.buckets == members(expected)
+        # and no default-path buckets beside them (issue 48): the plan keeps the order and
+        # the requires_grad watch only
+        assert opt._reducer.plan() == []
+        assert opt._plan.order == order
+        assert not opt._plan.requires_grad_changed()
+        params[0].requires_grad_(False)
+        assert opt._plan.requires_grad_changed()
     else:
         assert opt._reducer.plan() == expected
 

@@ -183,7 +183,14 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         (or group) as it is now: a collective of its ranks."""
         if self._bn_fold is not None:  # a rebuild: the old one's hooks go
             self._bn_fold.remove()
-        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", self._options)
+        # deterministic=True: the exact sums reduce; the plan gives the order and watches
+        # requires_grad, with no bucket of its own
+        self._plan = ReductionPlan(
+            self._named(),
+            "DistributedOptimizer()",
+            self._options,
+            reduces=not self._deterministic,
+        )
         self._num_groups = len(self.param_groups)
         self._exact = None  # deterministic=True: the exact int64 sums
         self._bn_fold = None  # deterministic=True with module=: BatchNorm statistics

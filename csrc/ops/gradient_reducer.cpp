@@ -208,10 +208,9 @@ void GradientReducer::agree_step(bool unclear, const std::string& local_error) {
   if (!local_error.empty()) s.error = ErrorClass::Runtime;
   auto failed = failed_;
   auto clear = all_clear_;
-  std::string text = local_error.empty()
-                         ? std::to_string(params_.size()) + " parameters in " +
-                               std::to_string(buckets_.size()) + " buckets"
-                         : local_error;
+  std::string text = local_error.empty() ? std::to_string(params_.size()) + " parameters in " +
+                                               std::to_string(buckets_.size()) + " buckets"
+                                         : local_error;
   agree_work_ = start("gradient agreement", [s, failed, clear, text] {
     try {
       *clear = agree(s, "DistributedOptimizer.step()", text);

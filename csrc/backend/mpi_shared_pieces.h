@@ -64,8 +64,8 @@ std::int64_t shared_reduce_scatter_calls();
 // requirements as shared_allreduce_pieces. `results_back` false: no copy out (the owners
 // keep their results).
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
-                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
-                        int size, bool results_back = true);
+                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
+                        bool results_back = true);
 
 // How many shared_owner_parts calls this process has made (for tests).
 std::int64_t shared_owner_parts_calls();

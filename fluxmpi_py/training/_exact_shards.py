@@ -133,7 +133,7 @@ class ShardedExactSum(ExactSum):
         self.works: list = []  # every bucket started this step, all passes, in order
         self.failed: list[Exception] = []  # raised while waiting for a buffer (at step())
         # per bucket and buffer, the last work that reads it (k > 1: a pass waits for it)
-        self.reading: dict[tuple[int, int], object] = {}
+        self.reading: dict[tuple[int, int], C.Work] = {}
         self._reset_pass()
         self.last_kept = self.kept
 
@@ -245,19 +245,16 @@ class ShardedExactSum(ExactSum):
             pieces.append(flat[used:])  # the padding (zeros)
         segments = [(lo, hi, *self.scaling(i)) for i, lo, hi in self.segments[b]]
         label = f"deterministic gradient bucket {b + 1} of {len(self.buckets)}"
-        passes = {}
-        if self.k > 1:
+        several = self.k > 1
+        if several:
             label += f", pass {self.passes + 1} of {self.k}"
-            passes = {
-                "acc": self.accs[b],
-                "bounds": self.bounds[b],
-                "first": self.passes == 0,
-                "last": self.passes == self.k - 1,
-            }
         with on_group(self.group, "DistributedOptimizer(deterministic=True)"):
             work = C.exact_shard_bucket(
                 b, self.plans[b], pieces, flat, self.rows[b], self.most[b], segments, label,
-                **passes,
+                acc=self.accs[b] if several else None,
+                bounds=self.bounds[b] if several else None,
+                first=self.passes == 0,
+                last=self.passes == self.k - 1,
             )  # fmt: skip
         self.requests.append(work)
         self.works.append(work)

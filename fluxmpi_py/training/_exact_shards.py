@@ -39,6 +39,12 @@ from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, pl
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDED = True
+#: The most backward passes a step that take the sharded path; more take the int64 path (the
+#: same bits). Each pass moves its buckets here, where the int64 path moves one int64 bucket a
+#: step: at k = 4 the sharded path was 1.33-1.49x the default step against the int64 path's
+#: 1.23-1.40x in the same launches, at k = 2 1.19-1.34x against 1.30-1.72x
+#: (docs/measurements.md, a loaded VM).
+SHARDED_MAX_PASSES = 2
 
 
 def exact_sum_for(
@@ -51,11 +57,12 @@ def exact_sum_for(
 ) -> ExactSum:
     """The exact sum for ``passes_per_step`` backward passes a step over ``group`` (None: the
     world; this rank is a member), with the reduction's ``options`` (``C.ReducerOptions``:
-    its buckets' limits and its op): the sharded float one (unless :data:`SHARDED` is
-    False), else the int64 one."""
+    its buckets' limits and its op): the sharded float one up to
+    :data:`SHARDED_MAX_PASSES` passes (unless :data:`SHARDED` is False), else the int64
+    one."""
     world = C.size() if group is None else group.size
     rank = C.rank() if group is None else int(group.rank)
-    if SHARDED:
+    if SHARDED and passes_per_step <= SHARDED_MAX_PASSES:
         return ShardedExactSum(
             order, names, passes_per_step=passes_per_step, world=world, rank=rank,
             options=options, group=group,

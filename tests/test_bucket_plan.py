@@ -1,6 +1,6 @@
 """One bucket planner for both reduction paths (issue 48): DistributedOptimizer builds its
 options once (``reduction_options``), and the default path's buckets and the exact path's
-(``deterministic=True``: floats, and the int64 sums where the sharded path is off) are what
+(``deterministic=True``: floats, and the int64 sums from three passes a step) are what
 ``C.plan_buckets`` (csrc/fusion/bucket_plan.cpp) makes of them, the exact path counting the
 bytes its buffers hold per value (the int64 sums, which copy every value, with no direct
 gradient). The exact sums' bits at 1-4 ranks: tests/test_reproducible.py."""

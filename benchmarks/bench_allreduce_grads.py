@@ -1,5 +1,6 @@
-"""The gradient reduction alone on 2 ranks: allreduce_gradients against raw MPI on one
-pre-made flat buffer (the limit) and against one MPI call per tensor, same launch.
+"""The gradient reduction alone on 2 ranks: allreduce_gradients, and DistributedOptimizer's
+synchronize() on gradients already made (its fused buckets, no backward), against raw MPI on
+one pre-made flat buffer (the limit) and against one MPI call per tensor, same launch.
 
     mpiexec -n 2 python benchmarks/bench_allreduce_grads.py [--quick]
 
@@ -22,6 +23,7 @@ import fluxmpi_py as fm  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (a smoke test)")
+    ap.add_argument("--lists", default="", help="comma-separated list names (default: all)")
     args = ap.parse_args()
     set_threads()
     fm.Init()
@@ -31,11 +33,14 @@ def main():
     rank = fm.local_rank()
     shapes = resnet50_param_shapes(4 if args.quick else 1)
     lists = {"resnet50": shapes, "1000x1024": [(1024,)] * (100 if args.quick else 1000)}
+    if args.lists:
+        lists = {k: v for k, v in lists.items() if k in args.lists.split(",")}
     reps = 3 if args.quick else 20
     result = {"bench": "allreduce_grads", "ranks": fm.total_workers(), "lists": {}}
 
     def variants_on(params, flat):
         """The timed calls on one gradient list and a flat buffer of its size."""
+        opt = fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), check_every=0)
 
         def raw_flat():
             comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
@@ -50,11 +55,15 @@ def main():
         def ours_avg():
             fm.allreduce_gradients(params, op="average")
 
+        def optimizer():
+            opt.synchronize()
+
         return {
             "raw_mpi_flat": raw_flat,
             "per_tensor_mpi": per_tensor,
             "ours_sum": ours_sum,
             "ours_average": ours_avg,
+            "optimizer_synchronize": optimizer,
         }
 
     for name, shp in lists.items():
@@ -74,6 +83,7 @@ def main():
             "ms": ms,
             "ours_sum_over_raw": round(ms["ours_sum"] / ms["raw_mpi_flat"], 3),
             "ours_average_over_raw": round(ms["ours_average"] / ms["raw_mpi_flat"], 3),
+            "optimizer_over_raw": round(ms["optimizer_synchronize"] / ms["raw_mpi_flat"], 3),
             "per_tensor_over_ours_sum": round(ms["per_tensor_mpi"] / ms["ours_sum"], 3),
             "per_tensor_over_ours_average": round(ms["per_tensor_mpi"] / ms["ours_average"], 3),
         }

@@ -94,10 +94,11 @@ def loss_of(model, x, y):
     return out if y is None else nn.functional.cross_entropy(out, y)
 
 
-def train_steps(make_model, x, y, comm, size, gloo):
+def train_steps(make_model, x, y, comm, size, gloo, wanted=()):
     """One training step on (x, y) per variant, each with its own model and optimizer; DDP on
     gloo runs over the process group `gloo`. Returns the steps by name, and our model and
-    optimizer (for their statistics)."""
+    optimizer (for their statistics). `wanted`: where given, the deterministic and k > 1
+    variants outside it are not built (their buffers are large)."""
     from mpi4py import MPI  # imported by main after fm.Init
 
     variants = {}
@@ -125,22 +126,31 @@ def train_steps(make_model, x, y, comm, size, gloo):
     variants["ours"] = ours
 
     # ours with deterministic=True (exact sums, the same bits at any world size), and both
-    # with two backward passes (micro-batches) per step; "_int64": one pass through the int64
-    # path that k > 1 takes (the sharded float path's baseline, the same bits)
+    # with two and four backward passes (micro-batches) per step; "_int64": through the int64
+    # path (the sharded float path's baseline, the same bits; k > 1 took it before issue 48)
     for label, det, k in (
         ("ours_deterministic", True, 1),
         ("ours_deterministic_int64", True, 1),
         ("ours_k2", False, 2),
         ("ours_deterministic_k2", True, 2),
+        ("ours_deterministic_int64_k2", True, 2),
+        ("ours_k4", False, 4),
+        ("ours_deterministic_k4", True, 4),
+        ("ours_deterministic_int64_k4", True, 4),
     ):
+        if wanted and label not in wanted:
+            continue
         md = make_model()
-        _exact_shards.SHARDS_AT_ONE_PASS = not label.endswith("_int64")
+        most = _exact_shards.SHARDED_MAX_PASSES
+        _exact_shards.SHARDED = "_int64" not in label
+        _exact_shards.SHARDED_MAX_PASSES = 4  # "ours_deterministic_k4": the sharded path
         od = fm.DistributedOptimizer(
             torch.optim.SGD(md.parameters(), lr=1e-3, momentum=0.9),
             deterministic=det,
             backward_passes_per_step=k,
         )
-        _exact_shards.SHARDS_AT_ONE_PASS = True
+        _exact_shards.SHARDED = True
+        _exact_shards.SHARDED_MAX_PASSES = most
 
         def step(md=md, od=od, k=k):
             od.zero_grad()
@@ -312,7 +322,8 @@ def main():
             continue
         torch.manual_seed(0)
         x, y = make_x(), (make_y() if make_y else None)
-        variants, m1, o1 = train_steps(make_model, x, y, comm, size, gloo)
+        chosen = set(filter(None, args.variants.split(",")))
+        variants, m1, o1 = train_steps(make_model, x, y, comm, size, gloo, chosen)
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
 
@@ -349,6 +360,9 @@ def ratios(ms):
         ("ours_deterministic_int64", "ours"),
         ("ours_deterministic", "ours_deterministic_int64"),
         ("ours_deterministic_k2", "ours_k2"),
+        ("ours_deterministic_int64_k2", "ours_k2"),
+        ("ours_deterministic_k4", "ours_k4"),
+        ("ours_deterministic_int64_k4", "ours_k4"),
     ):
         if det in ms and base in ms:
             rec[f"{det}_over_{base}"] = round(ms[det] / ms[base], 3)

@@ -306,6 +306,7 @@ def exact_sum_rows(
 ) -> float: ...
 def set_exact_float64_pass(on: bool) -> bool: ...
 def exact_sum_block_counts() -> tuple[int, int]: ...
+def exact_accumulator_blocks(numel: int) -> int: ...
 def exact_shard_bucket(
     index: int,
     plan: int,
@@ -315,6 +316,11 @@ def exact_shard_bucket(
     most: torch.Tensor,
     segments: Sequence[tuple[int, int, float, float, float]],
     label: str,
+    *,
+    acc: torch.Tensor | None = None,
+    bounds: torch.Tensor | None = None,
+    first: bool = True,
+    last: bool = True,
 ) -> Work: ...
 def plan_buckets(
     tensors: Sequence[torch.Tensor],

@@ -1,6 +1,6 @@
 """One bucket planner for both reduction paths (issue 48): DistributedOptimizer builds its
 options once (``reduction_options``), and the default path's buckets and the exact path's
-(``deterministic=True``: floats at one backward pass a step, int64 sums at more) are what
+(``deterministic=True``: floats, and the int64 sums from three passes a step) are what
 ``C.plan_buckets`` (csrc/fusion/bucket_plan.cpp) makes of them, the exact path counting the
 bytes its buffers hold per value (the int64 sums, which copy every value, with no direct
 gradient). The exact sums' bits at 1-4 ranks: tests/test_reproducible.py."""
@@ -12,6 +12,7 @@ import torch
 
 import fluxmpi_py as fm
 from fluxmpi_py._core import C
+from fluxmpi_py.training import _exact_shards
 
 f16, f32, f64 = torch.float16, torch.float32, torch.float64
 # backward order reverses them; mixed dtypes, sizes around the caps below
@@ -25,10 +26,15 @@ def parameters():
     return [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in SHAPES]
 
 
-def wrap(params, **kw):
+def wrap(params, int64=False, **kw):
+    """DistributedOptimizer over ``params``; ``int64``: the exact sums' int64 path."""
     fm.Init()
     kw = {**KW, **kw}
-    return fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), check_every=0, **kw)
+    _exact_shards.SHARDED = not int64
+    try:
+        return fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), check_every=0, **kw)
+    finally:
+        _exact_shards.SHARDED = True
 
 
 def members(plan):
@@ -40,9 +46,10 @@ def members(plan):
     [
         ({}, None, True),
         ({"deterministic": True}, None, True),
-        ({"deterministic": True, "backward_passes_per_step": 2}, 8, False),
+        ({"deterministic": True, "backward_passes_per_step": 2}, None, True),
+        ({"deterministic": True, "backward_passes_per_step": 2, "int64": True}, 8, False),
     ],
-    ids=["default", "exact_floats", "exact_int64"],
+    ids=["default", "exact_floats", "exact_floats_k2", "exact_int64"],
 )
 def test_each_path_plans_with_the_one_planner(kw, element_bytes, direct):
     params = parameters()
@@ -52,6 +59,13 @@ def test_each_path_plans_with_the_one_planner(kw, element_bytes, direct):
     assert opt.buckets == expected
     if kw:  # the buckets the exact sums run (their start order and buffers)
         assert opt._exact is not None and opt._exact.buckets == members(expected)
+        # and no default-path buckets beside them (issue 48): the plan keeps the order and
+        # the requires_grad watch only
+        assert opt._reducer.plan() == []
+        assert opt._plan.order == order
+        assert not opt._plan.requires_grad_changed()
+        params[0].requires_grad_(False)
+        assert opt._plan.requires_grad_changed()
     else:
         assert opt._reducer.plan() == expected
 
@@ -67,7 +81,8 @@ def test_first_bucket_cap_and_element_size_reach_the_exact_path():
     assert [b["direct"] for b in floats] == [False, True, False, False, False, False]
     # int64 sums, 8 bytes a value and none direct (each value is copied into their buffers):
     # float32 takes 64, 2400, 16000, 560 and 7200 bytes
-    int64 = wrap(params, deterministic=True, backward_passes_per_step=2).buckets
+    assert wrap(params, deterministic=True, backward_passes_per_step=2).buckets == floats
+    int64 = wrap(params, deterministic=True, backward_passes_per_step=2, int64=True).buckets
     assert members(int64) == [[0], [1], [3], [5], [2, 6], [4], [7]]
     assert not any(b["direct"] for b in int64)
     # without first_bucket_cap_mb the first float32 bucket takes 8, 300 and 70 values

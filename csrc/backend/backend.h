@@ -99,10 +99,11 @@ class Backend {
   // of every rank's pieces. What an alltoall, the pass and an allgather do, without their
   // copies. Returns false, having moved nothing, where this backend has no memory that all
   // the ranks share (the caller takes that path); it decides from its kind and the ranks'
-  // hosts alone, so every rank of an agreed call decides alike.
+  // hosts alone, so every rank of an agreed call decides alike. `results_back` false: the
+  // owners keep their results (a pass that only accumulates): nothing lands in the pieces.
   virtual bool reduce_parts_by_owner(const std::vector<BufferPiece>& pieces,
                                      std::int64_t part_count, c10::ScalarType dtype,
-                                     const OwnerPass& pass) {
+                                     const OwnerPass& pass, bool results_back = true) {
     return false;
   }
 

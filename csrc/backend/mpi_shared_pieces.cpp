@@ -158,7 +158,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
 // Rounds of at most `cap` bytes of each part; slot s of rank c's window holds rank
 // (c + s + 1) % p's values of part c, slot p - 1 the owner's result, as in round() above.
 void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem,
-                 const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
+                 const OwnerPass& pass, MPI_Comm comm, int rank, int p, bool results_back) {
   const SharedWindow& w = window_of(comm, p);
   const std::int64_t cap = slot_bytes(p);
   auto slot = [&](int owner, int s) { return w.base[owner] + s * cap; };
@@ -180,7 +180,7 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
       pass(rows, slot(rank, p - 1) + pos, (b + pos) / elem, n / elem);
     });
     meet(w, comm);
-    for (int c = 0; c < p; ++c) {  // every owner's result, into my pieces
+    for (int c = 0; c < p && results_back; ++c) {  // every owner's result, into my pieces
       const char* src = slot(c, p - 1);
       v.runs(c * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
         std::memcpy(at, src + pos, static_cast<std::size_t>(n));
@@ -195,8 +195,8 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
 }  // namespace
 
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
-                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
-                        int size) {
+                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
+                        bool results_back) {
   TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1);
   std::int64_t total = 0;
   for (const auto& piece : pieces) {
@@ -205,7 +205,7 @@ void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t par
   }
   TORCH_INTERNAL_ASSERT(total == part_bytes * size);
   ++g_owner_calls;
-  owner_parts(PieceView<char>(pieces), part_bytes, elem, pass, comm, rank, size);
+  owner_parts(PieceView<char>(pieces), part_bytes, elem, pass, comm, rank, size, results_back);
 }
 
 std::int64_t shared_owner_parts_calls() { return g_owner_calls.load(); }

@@ -61,10 +61,11 @@ std::int64_t shared_reduce_scatter_calls();
 // lie) and writes the result into its window; after a second meeting every rank copies every
 // owner's result into its pieces. One copy in and one out per element, where an alltoall and
 // an allgather cost two each way here. `elem` is the element size in bytes. Same
-// requirements as shared_allreduce_pieces.
+// requirements as shared_allreduce_pieces. `results_back` false: no copy out (the owners
+// keep their results).
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
-                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank,
-                        int size);
+                        std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
+                        bool results_back = true);
 
 // How many shared_owner_parts calls this process has made (for tests).
 std::int64_t shared_owner_parts_calls();

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,22 @@ struct ShardSegment {
 // them stay untouched by the caller until the Work is done. The ranks first agree on the bucket's
 // dtype, size and `plan` (the caller's hash of the bucket's index and parameter shapes): a
 // mismatch raises on every rank from wait().
+//
+// Several backward passes a step: each pass's bucket is one such call, with `passes` set.
+// The owner then adds every rank's values of its shard into `passes->acc` (its accumulator,
+// exact_accumulate_parts) and, at the step's last pass alone, converts the sum once and sends
+// the results back; `most` keeps the largest |x| over the step's passes.
+struct ShardPasses {
+  at::Tensor acc;      // int64, the shard's size: the owner's exact sums
+  at::Tensor bounds;   // float64, exact_accumulator_blocks(shard): their blocks' state
+  bool first = false;  // the step's first pass: acc, bounds and most start from zero
+  bool last = false;   // the step's last pass: the results go back into the pieces
+};
 std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t plan,
                                                std::vector<at::Tensor> pieces, at::Tensor flat,
                                                at::Tensor rows, at::Tensor most,
                                                std::vector<ShardSegment> segments,
-                                               std::string label);
+                                               std::string label,
+                                               std::optional<ShardPasses> passes = std::nullopt);
 
 }  // namespace fluxmpi

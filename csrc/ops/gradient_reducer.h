@@ -101,7 +101,13 @@ class GradientReducer {
     std::shared_ptr<Work> work;
   };
 
-  void open_step();
+  void open_step();   // reset_step, then the agreement
+  void reset_step();  // a new step's bookkeeping, no collective
+  // The step's agreement (engine work): `unclear` is its soft flag, `local_error` this
+  // rank's error (raised on every rank); *all_clear_ tells whether no rank raised the flag.
+  void agree_step(bool unclear, const std::string& local_error);
+  // finalize(): params_[i]'s gradient is final; returns whether this rank has one.
+  bool settle(std::size_t i);
   void prepare(std::int64_t i);  // put params_[i]'s grad where its bucket reduces it
   void launch(std::int64_t b);
   void launch_ready();
@@ -128,6 +134,7 @@ class GradientReducer {
   bool all_host_ = false;    // every bucket on the host (see finalize: the inline step)
   bool run_inline_ = false;  // this step's collectives run on the calling thread (start)
   std::shared_ptr<Work> agree_work_;
+  std::shared_ptr<bool> all_clear_;  // set by the agreement's work (see agree_step)
   std::shared_ptr<std::atomic<bool>> failed_;
   std::mutex mu_;
 };

@@ -18,17 +18,20 @@ from .._core import C
 from ..collectives.inplace import allreduce_
 
 
-def micro_batch_share(passes_per_step: int, group) -> tuple[int, float]:
-    """(M: every rank's ``passes_per_step`` summed, this rank's weight ``k * W / M``) over
-    ``group`` (None: the world): one 8-byte allreduce, a collective of its ranks. The weight
-    is 1 where every rank passes the same k.
+def micro_batch_share(passes_per_step: int, group) -> tuple[int, float, bool]:
+    """(M: every rank's ``passes_per_step`` summed, this rank's weight ``k * W / M``, whether
+    every rank passes the same k) over ``group`` (None: the world): two 8- and 16-byte
+    allreduces, collectives of its ranks. The weight is 1 where every rank passes the same k.
 
     >>> import fluxmpi_py as fm; fm.Init()
-    >>> micro_batch_share(3, None) == (3 * fm.total_workers(), 1.0) or fm.total_workers() > 1
+    >>> micro_batch_share(3, None) == (3 * fm.total_workers(), 1.0, True)
     True
     """
     world = C.size() if group is None else group.size
     total = torch.tensor([passes_per_step], dtype=torch.int64)
     allreduce_(total, "sum", group=group)
+    extremes = torch.tensor([passes_per_step, -passes_per_step], dtype=torch.int64)
+    allreduce_(extremes, "max", group=group)  # the largest k and minus the smallest
     micro_batches = int(total)
-    return micro_batches, passes_per_step * world / micro_batches
+    even = int(extremes[0]) == -int(extremes[1])
+    return micro_batches, passes_per_step * world / micro_batches, even

@@ -54,13 +54,23 @@ def check_same_parameters(names: Sequence[str], params: Sequence[torch.Tensor], 
 class ReductionPlan:
     """The parameters of ``named`` that require grad, in backward order, and the compiled
     reducer for them, planned and run with ``options`` (a ``C.ReducerOptions``, its
-    ``plan_hash`` set here). Constructing it (and ``replan``) is a collective."""
+    ``plan_hash`` set here). Constructing it (and ``replan``) is a collective.
+
+    ``reduces=False`` (``DistributedOptimizer(deterministic=True)``, whose exact sums reduce
+    the gradients): the order and the requires_grad watch only; its reducer plans no bucket
+    and holds no buffer."""
 
     def __init__(
-        self, named: Sequence[tuple[str, torch.Tensor]], what: str, options: C.ReducerOptions
+        self,
+        named: Sequence[tuple[str, torch.Tensor]],
+        what: str,
+        options: C.ReducerOptions,
+        *,
+        reduces: bool = True,
     ):
         self._what = what
         self._options = options
+        self._reduces = reduces
         self.replan(named)
 
     def replan(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -74,8 +84,10 @@ class ReductionPlan:
         before = set(map(id, getattr(self, "order", ())))
         # Backward produces gradients roughly in reverse registration order: plan buckets so.
         self.order = [p for p, f in zip(params, flags) if f][::-1]
-        self.reducer = C.GradientReducer(self.order, self._reducer_options(self._hash))
-        self.reducer.name_parameters([n for n, f in zip(names, flags) if f][::-1])
+        reduced = self.order if self._reduces else []
+        self.reducer = C.GradientReducer(reduced, self._reducer_options(self._hash))
+        if self._reduces:
+            self.reducer.name_parameters([n for n, f in zip(names, flags) if f][::-1])
         self.reducer.watch_requires_grad(params)
         return [p for p in self.order if id(p) not in before]
 

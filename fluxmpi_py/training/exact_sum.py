@@ -18,17 +18,20 @@ largest ``|g|`` over all micro-batches and ranks (a MAX allreduce: exact, order-
 
 Two ways to the same integers, and the same bits (``tests/workers/exact_paths_worker.py``):
 
-- one backward pass a step on every rank (M = W, :mod:`._exact_shards`): the
+- the sharded path (:mod:`._exact_shards`, when every rank runs the same number of passes): the
   gradients travel as floats of their dtype. Each bucket is split into one equal shard per
   rank; once its gradients are in, each rank gets every rank's values of its shard (through
   a shared-memory window on one host, else an alltoall), which one compiled pass quantizes,
   adds exactly (in float64 where that is exact, else int64) and converts back
   (``exact_sum_rows``), and every rank gets the results back (from the window, or an
-  allgather), all as one item of engine work during backward (``C.exact_shard_bucket``). No
-  int64 array is written; the traffic is a float allreduce's.
-- any other count (:class:`ExactGradientSum`): each pass quantizes into an int64 accumulator
-  per parameter (``exact_quantize``), the buckets are allreduced as int64 and ``step()``
-  converts back (``exact_dequantize``).
+  allgather), all as one item of engine work during backward (``C.exact_shard_bucket``). With
+  k passes a step every pass moves its buckets so, each owner adds them into its own exact
+  sums of its shard, and the last pass converts and moves the results back. The traffic is
+  a float allreduce's per pass.
+- the int64 path (:class:`ExactGradientSum`: uneven shares, more passes, the tests'
+  reference): each pass quantizes into
+  an int64 accumulator per parameter (``exact_quantize``), the buckets are allreduced as
+  int64 and ``step()`` converts back (``exact_dequantize``).
 
 The error of the reduced gradient against the exact real sum, per element: at most
 ``M * q / 2`` for the sum (``q / 2`` for the average), plus the final rounding (int64 ->
@@ -211,6 +214,11 @@ class ExactSum(ABC):
         while len(self.requests) < len(self.buckets) and self.missing[len(self.requests)] <= 0:
             self._start(len(self.requests))
 
+    def _start_rest(self) -> None:
+        """At ``step()``: start the buckets that no last pass started on this rank."""
+        while len(self.requests) < len(self.buckets):
+            self._start(len(self.requests))
+
     @abstractmethod
     def _take(self, i: int, g: torch.Tensor) -> None:
         """Take this pass's gradient ``g`` of parameter ``i``."""
@@ -232,8 +240,7 @@ class ExactSum(ABC):
         """Finish the sums, agree on the maxima and on which parameters had a gradient (one
         MAX allreduce, which also carries ``extra``: returned, maxed over the ranks), check
         and write every ``p.grad``."""
-        while len(self.requests) < len(self.buckets):  # no last pass ran on this rank
-            self._start(len(self.requests))
+        self._start_rest()
         n = len(self.order)
         # a NaN travels as inf (a MAX reduction may drop a NaN; both make the result NaN)
         maxima = [math.inf if math.isnan(m) else m for m in self._complete()]

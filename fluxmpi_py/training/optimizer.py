@@ -185,12 +185,19 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         (or group) as it is now: a collective of its ranks."""
         if self._bn_fold is not None:  # a rebuild: the old one's hooks go
             self._bn_fold.remove()
-        self._plan = ReductionPlan(self._named(), "DistributedOptimizer()", self._options)
+        # deterministic=True: the exact sums reduce; the plan gives the order and watches
+        # requires_grad, with no bucket of its own
+        self._plan = ReductionPlan(
+            self._named(),
+            "DistributedOptimizer()",
+            self._options,
+            reduces=not self._deterministic,
+        )
         self._num_groups = len(self.param_groups)
         # every rank's passes (M) and this rank's weight in the default path (._micro_batches)
-        self._micro_batches, self._pass_weight = self._passes_per_step, 1.0
+        self._micro_batches, self._pass_weight, even = self._passes_per_step, 1.0, True
         if self._weigh_uneven_passes or self._deterministic:
-            self._micro_batches, self._pass_weight = micro_batch_share(
+            self._micro_batches, self._pass_weight, even = micro_batch_share(
                 self._passes_per_step, self._group
             )
         self._exact = None  # deterministic=True: the exact int64 sums
@@ -203,6 +210,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
                 self._options,
                 passes_per_step=self._passes_per_step,
                 micro_batches=self._micro_batches,
+                even=even,
                 group=self._group,
             )
         self._hook(self._plan.order)

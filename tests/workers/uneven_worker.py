@@ -21,6 +21,7 @@ from repro_worker import _same, digest, state_tensors  # noqa: E402
 from reproduce_script import MICRO, N, dataset, make_model, trainer  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
+from fluxmpi_py.training.exact_sum import ExactGradientSum  # noqa: E402
 
 GLOBAL = 16  # 8 micro-batches of 2: 3, 3 and 2 at 3 ranks
 STEPS = 8
@@ -117,6 +118,26 @@ def case_each_rank_runs_its_own_count_or_every_rank_raises():
     for _ in range(3):
         model(torch.ones(1, 3)).sum().backward()
     raises(ValueError, opt.step, f"ran 3 of its {k}", "up to 1 more than their own")
+
+
+@only_at(3)
+def case_counts_that_differ_but_divide_take_one_path_on_every_rank():
+    # backward_passes_per_step 2, 1 and 3: M = 6 divides among 3 ranks, but the ranks' passes
+    # differ, so the per-pass sharded exchange cannot pair: every rank takes the int64 path
+    k = [2, 1, 3][fm.local_rank()]
+    model = torch.nn.Linear(3, 1)
+    opt = fm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        deterministic=True,
+        backward_passes_per_step=k,
+        check_every=0,
+    )
+    assert opt._exact.micro_batches == 6
+    assert isinstance(opt._exact, ExactGradientSum), type(opt._exact).__name__
+    for _ in range(k):
+        model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()  # the mean of 6 equal gradients
+    assert torch.equal(model.bias.grad, torch.ones(1))
 
 
 @only_at(3)

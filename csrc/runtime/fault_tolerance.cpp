@@ -102,6 +102,25 @@ std::string shrink_mode_unavailable() {
 #endif
 }
 
+std::string quorum_refusal(int old_size, const std::vector<int>& lost) {
+  const int left = old_size - static_cast<int>(lost.size());
+  const bool holds_rank0 = lost.empty() || lost.front() != 0;
+  if (2 * left > old_size || (2 * left == old_size && holds_rank0)) return "";
+  std::string gone;
+  for (int r : lost) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+  std::string why = "fluxmpi_py: this side of a split world may not go on: " +
+                    std::to_string(left) + " of the " + std::to_string(old_size) +
+                    " ranks of the world before the loss are left here (lost from here: " +
+                    gone + "), ";
+  why += 2 * left == old_size ? "exactly half, without that world's rank 0"
+                              : "not a strict majority";
+  why +=
+      ". A cut network looks like death to both sides: only a majority (or the half that holds "
+      "rank 0) goes on, so this rank ends itself (exit status 1) and the other side, if it "
+      "lives, trains on";
+  return why;
+}
+
 bool is_rank_loss(int rc) {
 #if FLUXMPI_HAVE_ULFM
   if (rc == MPI_SUCCESS) return false;
@@ -190,6 +209,15 @@ Recovery shrink_world() {
   }
   MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN);
   r.lost = lost_ranks(old_comm, comm);
+  // Judged against the world before the loss, alike on every rank of this side (the same
+  // agreed communicator): a side that may not go on keeps the old world and ends.
+  r.refused = quorum_refusal(r.old_size, r.lost);
+  if (!r.refused.empty()) {
+    flight_end(record);
+    flight_dump("split", r.refused.c_str());
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
   adopt_world(comm, control);
   r.rank = env().rank;
   r.size = env().size;

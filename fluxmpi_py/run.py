@@ -92,10 +92,13 @@ _COUNTS = {"--max-restarts": "max_restarts"}
 _FLAGS = {"--elastic": "elastic"}
 _OPTIONS = {**_VALUED, **_SECONDS, **_COUNTS, **_FLAGS}
 # ULFM; the collective components that are not fault tolerant left out; Open MPI's detector of
-# silent ranks (heartbeats from a thread of their own, every mpi_ft_detector_period = 3 s; a
-# rank silent for mpi_ft_detector_timeout = 10 s is declared failed: a cut link, a hung rank),
-# its verdicts spread among the ranks themselves (a reliable broadcast), not through mpiexec's
-# daemons, which a cut link divides too (docs/sections/78-lost-ranks.md)
+# silent ranks (heartbeats every mpi_ft_detector_period = 3 s; a rank silent for
+# mpi_ft_detector_timeout = 10 s is declared failed: a cut link, a hung rank), its verdicts
+# spread among the ranks themselves (a reliable broadcast), not through mpiexec's daemons, which
+# a cut link divides too. Not mpi_ft_detector_thread: with it, 5.0.11's ranks hung in
+# MPI_Finalize and now and then crashed in their first MPI_Comm_dup; without it the heartbeats
+# go out from MPI's progress, which the stall watch's thread drives once a second
+# (docs/sections/78-lost-ranks.md)
 ELASTIC_MPIEXEC_ARGS = [
     "--with-ft",
     "ulfm",
@@ -104,9 +107,6 @@ ELASTIC_MPIEXEC_ARGS = [
     "^han,cuda",
     "--mca",
     "mpi_ft_detector",
-    "true",
-    "--mca",
-    "mpi_ft_detector_thread",
     "true",
     "--mca",
     "mpi_ft_propagator_with_rbcast",

@@ -7,7 +7,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <signal.h>
 #include <strings.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -83,6 +85,26 @@ std::vector<int> lost_ranks(MPI_Comm old_comm, MPI_Comm now) {
   MPI_Group_free(&old_group);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// A lost rank that still lives on this host (hung: SIGSTOP, a stuck driver; or declared failed
+// while it was slow) is ended here, so that the job can end: mpiexec waits for every process.
+// Only the very process that rank was (its pid and start time, gathered at init), never this
+// one. Returns the ranks ended.
+std::vector<int> end_lost_here(const std::vector<int>& lost) {
+  std::vector<int> ended;
+  const auto& procs = rank_processes();
+  const auto me = static_cast<std::size_t>(env().rank);
+  if (me >= procs.size()) return ended;
+  for (int r : lost) {
+    if (r < 0 || static_cast<std::size_t>(r) >= procs.size() || procs[r].host != procs[me].host)
+      continue;
+    const RankProcess& p = procs[r];
+    if (p.pid <= 0 || p.pid == ::getpid() || p.start == 0 || process_start(p.pid) != p.start)
+      continue;
+    if (::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) ended.push_back(r);
+  }
+  return ended;
 }
 #endif
 
@@ -218,6 +240,7 @@ Recovery shrink_world() {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
+  end_lost_here(r.lost);
   adopt_world(comm, control);
   r.rank = env().rank;
   r.size = env().size;

@@ -9,7 +9,6 @@ Worker: tests/workers/split_brain_worker.py."""
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import threading
@@ -126,8 +125,10 @@ def test_a_cut_host_ends_and_the_majority_trains_on():
 
                 gone = _wait_for(cut_side_gone, TIMEOUT + 15, step=0.5)
                 left = c.pids("node0")
-                print(f"node0's ranks gone {time.monotonic() - cut:.1f} s after the cut; "
-                      f"left on node0: {left}")
+                print(
+                    f"node0's ranks gone {time.monotonic() - cut:.1f} s after the cut; "
+                    f"left on node0: {left}"
+                )
                 assert gone, f"ranks of the cut host live {TIMEOUT + 15}s after the cut:\n{text()}"
                 done = _wait_for(lambda: all(status(r) is not None for r in (2, 3, 4)), 60)
                 print(f"the majority ended {time.monotonic() - cut:.1f} s after the cut")

@@ -130,12 +130,12 @@ std::string quorum_refusal(int old_size, const std::vector<int>& lost) {
   if (2 * left > old_size || (2 * left == old_size && holds_rank0)) return "";
   std::string gone;
   for (int r : lost) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
-  std::string why = "fluxmpi_py: this side of a split world may not go on: " +
-                    std::to_string(left) + " of the " + std::to_string(old_size) +
-                    " ranks of the world before the loss are left here (lost from here: " +
-                    gone + "), ";
-  why += 2 * left == old_size ? "exactly half, without that world's rank 0"
-                              : "not a strict majority";
+  std::string why =
+      "fluxmpi_py: this side of a split world may not go on: " + std::to_string(left) + " of the " +
+      std::to_string(old_size) +
+      " ranks of the world before the loss are left here (lost from here: " + gone + "), ";
+  why +=
+      2 * left == old_size ? "exactly half, without that world's rank 0" : "not a strict majority";
   why +=
       ". A cut network looks like death to both sides: only a majority (or the half that holds "
       "rank 0) goes on, so this rank ends itself (exit status 1) and the other side, if it "

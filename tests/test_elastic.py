@@ -88,6 +88,16 @@ def test_without_ulfm_in_the_launch_every_rank_raises():
 
 
 @needs_ulfm
+def test_a_group_made_before_the_loss_raises_on_every_rank():
+    rc, out = launch(4, ["group"])
+    assert rc == 0, out[-4000:]
+    said = "stale: fluxmpi_py: the group of ranks [0, 1] was made before ranks were lost"
+    assert out.count(said) == 3, out[-4000:]
+    assert out.count("fluxmpi_py.new_group(ranks) in the new world's numbering") == 3, out
+    assert out.count("the new group sums 2") == 2, out[-4000:]
+
+
+@needs_ulfm
 def test_ddp_on_the_fluxmpi_backend_is_refused_in_the_mode():
     rc, out = launch(2, ["ddp"])
     assert rc == 0, out[-4000:]

@@ -5,7 +5,7 @@ MPI that has ULFM (Open MPI 5, launched by ``python -m fluxmpi_py.run --elastic`
 ``mpiexec --with-ft ulfm``), a collective that a lost rank can never finish raises
 :class:`RanksLostError` on every survivor instead; :func:`recover` then shrinks the world to
 the survivors (revoke, shrink, confirmed by an agreement) and returns what it did. The world's
-ranks, size, node ranks and the stall watch follow; groups made before are stale. A cut network
+ranks, size, node ranks and the stall watch follow; a group made before raises when used. A cut network
 looks like death to both sides: only a strict majority of the world before the loss, or
 exactly half holding its rank 0, goes on; every rank of the other side ends itself, saying why.
 """

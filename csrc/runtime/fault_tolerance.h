@@ -8,7 +8,8 @@
 // loss), and adopt it as the world (environment.cpp: ranks, node ranks, host names, the
 // watch and the stall protocol restarted on the new control communicator). What depends on
 // the world's communicator by key (the node layout, the shared-memory windows: attributes of
-// the communicator) is made anew on first use; groups made on the old world raise when used (Group::check_fresh).
+// the communicator) is made anew on first use; groups made on the old world raise when used
+// (Group::check_fresh).
 #pragma once
 
 #include <mpi.h>

@@ -29,7 +29,8 @@ Options (before the program; everything else goes to mpiexec unchanged):
     --keepalive SECONDS  a rank's host is lost after this long without a TCP answer (default 5)
     --max-restarts K   relaunch a failed job up to K times (default 0)
     --elastic          the shrink mode: a lost rank costs a step, not the job. Passes Open MPI
-                       what ULFM needs (--with-ft ulfm, --mca coll ^han,cuda) and
+                       what ULFM needs (--with-ft ulfm, --mca coll ^han,cuda, its failure
+                       detector for cut links and hung ranks: --mca mpi_ft_detector true) and
                        FLUXMPI_ON_FAILURE=shrink to the ranks; the job goes on while ranks
                        remain, and its status is the survivors'. Lost ranks are named at the end.
 
@@ -90,7 +91,27 @@ _SECONDS = {"--grace": "grace_s", "--keepalive": "keepalive_s"}
 _COUNTS = {"--max-restarts": "max_restarts"}
 _FLAGS = {"--elastic": "elastic"}
 _OPTIONS = {**_VALUED, **_SECONDS, **_COUNTS, **_FLAGS}
-ELASTIC_MPIEXEC_ARGS = ["--with-ft", "ulfm", "--mca", "coll", "^han,cuda"]
+# ULFM; the collective components that are not fault tolerant left out; Open MPI's detector of
+# silent ranks (heartbeats every mpi_ft_detector_period = 3 s; a rank silent for
+# mpi_ft_detector_timeout = 10 s is declared failed: a cut link, a hung rank), its verdicts
+# spread among the ranks themselves (a reliable broadcast), not through mpiexec's daemons, which
+# a cut link divides too. Not mpi_ft_detector_thread: with it, 5.0.11's ranks hung in
+# MPI_Finalize and now and then crashed in their first MPI_Comm_dup; without it the heartbeats
+# go out from MPI's progress, which the stall watch's thread drives once a second
+# (docs/sections/78-lost-ranks.md)
+ELASTIC_MPIEXEC_ARGS = [
+    "--with-ft",
+    "ulfm",
+    "--mca",
+    "coll",
+    "^han,cuda",
+    "--mca",
+    "mpi_ft_detector",
+    "true",
+    "--mca",
+    "mpi_ft_propagator_with_rbcast",
+    "true",
+]
 ON_FAILURE_ENV = "FLUXMPI_ON_FAILURE"  # runtime/elastic.py's
 _PYTHON = re.compile(r"python[0-9.]*")
 

@@ -37,6 +37,7 @@ SLOW_FIRST = (
     "bundle-np2",
     "test_failures.py",
     "test_elastic.py",  # 4-rank launches with lost ranks, about 5 minutes (2026-11-29)
+    "test_split_brain.py",  # a 5-rank launch on 3 namespace hosts, about 40 s (2026-11-29)
     "test_resume.py",
     "test_entry_points.py",
     "bundle-np4",

@@ -2,11 +2,13 @@
 `--with-ft ulfm`), a rank killed by SIGKILL costs the survivors one call, not the job: they
 see RanksLostError, recover() shrinks the world to them, and they go on with the right sums,
 once and after a second loss. Without ULFM the mode raises on every rank, saying how to get
-one; by default a lost rank ends the job (tests/test_stalls.py). Worker:
-tests/workers/elastic_worker.py."""
+one; by default a lost rank ends the job (tests/test_stalls.py). A rank that hangs (SIGSTOP)
+is declared failed by Open MPI's detector and ended by its neighbours. Workers:
+tests/workers/elastic_worker.py, hung_rank_worker.py."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -17,6 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import _command, mpi_env, worker_path  # noqa: E402
 
 from fluxmpi_py import _core  # noqa: E402
+from fluxmpi_py.run import ELASTIC_MPIEXEC_ARGS  # noqa: E402
 
 FT = ["--with-ft", "ulfm", "--mca", "coll", "^han,cuda"]
 END_WITHIN = 120
@@ -82,6 +85,16 @@ def test_without_ulfm_in_the_launch_every_rank_raises():
     assert rc == 0, out[-4000:]
     assert out.count("RuntimeError: fluxmpi_py: this job was started without ULFM") == 2, out
     assert "python -m fluxmpi_py.run --elastic" in out, out[-4000:]
+
+
+@needs_ulfm
+def test_a_group_made_before_the_loss_raises_on_every_rank():
+    rc, out = launch(4, ["group"])
+    assert rc == 0, out[-4000:]
+    said = "stale: fluxmpi_py: the group of ranks [0, 1] was made before ranks were lost"
+    assert out.count(said) == 3, out[-4000:]
+    assert out.count("fluxmpi_py.new_group(ranks) in the new world's numbering") == 3, out
+    assert out.count("the new group sums 2") == 2, out[-4000:]
 
 
 @needs_ulfm
@@ -187,3 +200,41 @@ def test_without_deterministic_the_same_global_batch_within_tolerance(tmp_path):
     once, out = train(tmp_path, "once", "3@20", "default")
     assert out.count("finished on a world of 3") == 3, out[-4000:]
     assert_close(without_running_statistics(whole), without_running_statistics(once))
+
+
+@needs_ulfm
+def test_a_hung_rank_is_excluded_and_ended():
+    # rank 3 of 4 stops itself (SIGSTOP) before call 3: it cannot end itself. Under the
+    # launcher's switches (ELASTIC_MPIEXEC_ARGS: Open MPI's failure detector) its silence
+    # declares it failed; the survivors recover, go on with the right sums, and end the stopped
+    # process (it is on their host), so that mpiexec ends, status 0
+    cmd = _command(worker_path("hung_rank_worker.py"), 4, [], fresh=True)
+    cmd[1:1] = ELASTIC_MPIEXEC_ARGS
+    proc = subprocess.Popen(
+        cmd,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=END_WITHIN)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {END_WITHIN}s:\n{out[-4000:]}")
+    finally:
+        stopped = re.search(r"pid (\d+) stops at", out or "")
+        if stopped and proc.returncode != 0:  # never leave a stopped process behind
+            try:
+                os.kill(int(stopped.group(1)), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    print(out[-4000:])
+    assert proc.returncode == 0, out[-4000:]
+    for r in range(3):
+        assert f"rank {r} of 3: sums [4, 4, 4, 3, 3, 3, 3, 3]" in out, out[-4000:]
+    stop = float(re.search(r"stops at ([\d.]+)", out).group(1))
+    first = max(float(t) for t in re.findall(r"first call after the loss at ([\d.]+)", out))
+    print(f"SIGSTOP to the survivors' first finished call: {first - stop:.2f} s")

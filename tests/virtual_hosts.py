@@ -219,15 +219,24 @@ class VirtualCluster:
         }
 
     # -- running
+    def _slots(self, ranks_per_host):
+        """Ranks on each host: one count for all, or a list of one count per host."""
+        if isinstance(ranks_per_host, int):
+            return [ranks_per_host] * len(self.hosts)
+        assert len(ranks_per_host) == len(self.hosts), (ranks_per_host, self.hosts)
+        return list(ranks_per_host)
+
     def hostfile(self, ranks_per_host):
-        path = os.path.join(self.dir, f"hostfile-{ranks_per_host}")
+        slots = self._slots(ranks_per_host)
+        path = os.path.join(self.dir, "hostfile-" + "-".join(map(str, slots)))
         with open(path, "w") as f:
-            f.writelines(f"{h} slots={ranks_per_host}\n" for h in self.hosts)
+            f.writelines(f"{h} slots={n}\n" for h, n in zip(self.hosts, slots))
         return path
 
     def mpiexec_command(self, argv, ranks_per_host, mca=()):
         """The mpiexec command line (run it in the head namespace) for `ranks_per_host` ranks
-        on every host, ranks filling node0 first; TCP between hosts, shared memory within."""
+        on every host (or a list: so many on each host), ranks filling node0 first; TCP between
+        hosts, shared memory within."""
         net = f"{SUBNET}.0/24"
         params = [
             ("plm_rsh_agent", self.agent),
@@ -239,7 +248,7 @@ class VirtualCluster:
             *mca,
         ]
         cmd = ["mpiexec", "--hostfile", self.hostfile(ranks_per_host)]
-        cmd += ["-n", str(ranks_per_host * len(self.hosts)), "--map-by", "slot"]
+        cmd += ["-n", str(sum(self._slots(ranks_per_host))), "--map-by", "slot"]
         for k, v in params:
             cmd += ["--mca", k, str(v)]
         return cmd + list(argv)

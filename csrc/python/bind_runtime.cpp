@@ -84,8 +84,10 @@ void bind_runtime(py::module_& m) {
     d["size"] = r.size;
     d["attempts"] = r.attempts;
     d["seconds"] = r.seconds;
+    d["refused"] = r.refused;
     return d;
   });
+  m.def("quorum_refusal", &quorum_refusal, py::arg("old_size"), py::arg("lost"));
   m.def("rank", [] { return env().rank; });
   m.def("size", [] { return env().size; });
   m.def("node_rank", [] { return env().node_rank; });

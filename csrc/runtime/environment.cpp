@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <type_traits>
@@ -33,6 +35,7 @@ void write_all(const std::string& text) {
 Environment g_env;
 bool g_initialized = false;
 int g_world_changes = 0;
+std::vector<RankProcess> g_processes;
 
 // Registered by add_shutdown_hook. Leaked on purpose, so that a hook registered while the
 // library loads (a static initializer in another file) never sees it unconstructed.
@@ -63,6 +66,13 @@ void share_host_names() {
   for (int r = 0; r < g_env.size; ++r) {
     const char* name = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+  }
+  const std::int64_t me[2] = {static_cast<std::int64_t>(::getpid()), process_start(::getpid())};
+  std::vector<std::int64_t> ids(2 * static_cast<std::size_t>(g_env.size), 0);
+  MPI_Allgather(me, 2, MPI_INT64_T, ids.data(), 2, MPI_INT64_T, g_env.control);
+  g_processes.assign(static_cast<std::size_t>(g_env.size), RankProcess{});
+  for (int r = 0; r < g_env.size; ++r) {
+    g_processes[r] = RankProcess{hosts[r], ids[2 * r], ids[2 * r + 1]};
   }
   set_rank_hosts(std::move(hosts));
 }
@@ -123,6 +133,21 @@ void init(std::intptr_t comm_handle) {
 }
 
 int world_changes() { return g_world_changes; }
+
+const std::vector<RankProcess>& rank_processes() { return g_processes; }
+
+std::int64_t process_start(std::int64_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // The command name (field 2) is in parentheses and may hold spaces: count after its ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr || n == 0) return 0;
+  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  return p == nullptr ? 0 : std::strtoll(p + 1, nullptr, 10);
+}
 
 void adopt_world(MPI_Comm comm, MPI_Comm control) {
   ++g_world_changes;

@@ -7,7 +7,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <signal.h>
 #include <strings.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -84,6 +86,26 @@ std::vector<int> lost_ranks(MPI_Comm old_comm, MPI_Comm now) {
   std::sort(out.begin(), out.end());
   return out;
 }
+
+// A lost rank that still lives on this host (hung: SIGSTOP, a stuck driver; or declared failed
+// while it was slow) is ended here, so that the job can end: mpiexec waits for every process.
+// Only the very process that rank was (its pid and start time, gathered at init), never this
+// one. Returns the ranks ended.
+std::vector<int> end_lost_here(const std::vector<int>& lost) {
+  std::vector<int> ended;
+  const auto& procs = rank_processes();
+  const auto me = static_cast<std::size_t>(env().rank);
+  if (me >= procs.size()) return ended;
+  for (int r : lost) {
+    if (r < 0 || static_cast<std::size_t>(r) >= procs.size() || procs[r].host != procs[me].host)
+      continue;
+    const RankProcess& p = procs[r];
+    if (p.pid <= 0 || p.pid == ::getpid() || p.start == 0 || process_start(p.pid) != p.start)
+      continue;
+    if (::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) ended.push_back(r);
+  }
+  return ended;
+}
 #endif
 
 }  // namespace
@@ -100,6 +122,25 @@ std::string shrink_mode_unavailable() {
 #else
   return "fluxmpi_py: the MPI library (" + mpi_library_version() + ") has no ULFM; " + kHowTo;
 #endif
+}
+
+std::string quorum_refusal(int old_size, const std::vector<int>& lost) {
+  const int left = old_size - static_cast<int>(lost.size());
+  const bool holds_rank0 = lost.empty() || lost.front() != 0;
+  if (2 * left > old_size || (2 * left == old_size && holds_rank0)) return "";
+  std::string gone;
+  for (int r : lost) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+  std::string why =
+      "fluxmpi_py: this side of a split world may not go on: " + std::to_string(left) + " of the " +
+      std::to_string(old_size) +
+      " ranks of the world before the loss are left here (lost from here: " + gone + "), ";
+  why +=
+      2 * left == old_size ? "exactly half, without that world's rank 0" : "not a strict majority";
+  why +=
+      ". A cut network looks like death to both sides: only a majority (or the half that holds "
+      "rank 0) goes on, so this rank ends itself (exit status 1) and the other side, if it "
+      "lives, trains on";
+  return why;
 }
 
 bool is_rank_loss(int rc) {
@@ -190,6 +231,16 @@ Recovery shrink_world() {
   }
   MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN);
   r.lost = lost_ranks(old_comm, comm);
+  // Judged against the world before the loss, alike on every rank of this side (the same
+  // agreed communicator): a side that may not go on keeps the old world and ends.
+  r.refused = quorum_refusal(r.old_size, r.lost);
+  if (!r.refused.empty()) {
+    flight_end(record);
+    flight_dump("split", r.refused.c_str());
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  end_lost_here(r.lost);
   adopt_world(comm, control);
   r.rank = env().rank;
   r.size = env().size;

@@ -8,7 +8,8 @@
 // loss), and adopt it as the world (environment.cpp: ranks, node ranks, host names, the
 // watch and the stall protocol restarted on the new control communicator). What depends on
 // the world's communicator by key (the node layout, the shared-memory windows: attributes of
-// the communicator) is made anew on first use; groups made on the old world are stale.
+// the communicator) is made anew on first use; groups made on the old world raise when used
+// (Group::check_fresh).
 #pragma once
 
 #include <mpi.h>
@@ -58,10 +59,21 @@ struct Recovery {
   int size = 1;
   int attempts = 0;
   double seconds = 0;
+  // Non-empty when this side may not go on (quorum_refusal): the world was not adopted, and
+  // the caller ends this process after saying why (fluxmpi_py.recover()).
+  std::string refused;
 };
 
+// Split brain: a cut network looks like death to both sides, and each side shrinks to itself.
+// Only one may go on: a strict majority of the world before the loss, or exactly half when it
+// holds that world's rank 0 (its lowest rank; where rank 0 itself was lost, no half goes on).
+// "" when the survivors of a world of `old_size` that lost the ranks `lost` (ascending, old
+// numbering) may go on; else why not, in words for every rank of that side.
+std::string quorum_refusal(int old_size, const std::vector<int>& lost);
+
 // On every survivor, after RanksLost: revoke, shrink, agree (repeated until an agreement on
-// the new world succeeds), and adopt the new world. Collective over the survivors.
+// the new world succeeds), and adopt the new world, when quorum_refusal allows it (else
+// Recovery::refused says why, and the world is left as it was). Collective over the survivors.
 Recovery shrink_world();
 
 // How many recoveries this process has lived through.

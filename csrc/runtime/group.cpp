@@ -6,6 +6,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/environment.h"
+#include "runtime/world_change.h"
 
 namespace fluxmpi {
 namespace {
@@ -37,7 +38,8 @@ Group::Group(int index, std::vector<int> world_ranks, int rank, MPI_Comm comm,
       world_ranks_(std::move(world_ranks)),
       rank_(rank),
       comm_(comm),
-      backend_(std::move(backend)) {}
+      backend_(std::move(backend)),
+      made_in_world_(world_changes()) {}
 
 void set_world_backend(Backend& (*world_backend)()) { g_world_backend = world_backend; }
 
@@ -78,7 +80,17 @@ std::string Group::describe() const {
   return index_ == 0 ? std::string("world") : ranks_text(world_ranks_);
 }
 
+void Group::check_fresh() const {
+  if (index_ == 0 || made_in_world_ == world_changes()) return;
+  TORCH_CHECK(false, "fluxmpi_py: the group of ranks ", describe(),
+              " was made before ranks were lost and the world shrank (fluxmpi_py.recover()): its "
+              "ranks and communicator are the old world's. Make it again after the recovery "
+              "(fluxmpi_py.new_group(ranks) in the new world's numbering, e.g. in elastic_step's "
+              "on_recover) and use the new one");
+}
+
 void Group::check_member(const std::string& call) const {
+  check_fresh();
   if (index_ == 0 || rank_ >= 0) return;
   TORCH_CHECK_VALUE(false, call, ": rank ", env().rank, " is not a member of the group of ranks ",
                     describe(), "; only its members may call with group=");
@@ -101,6 +113,7 @@ const Group& current_group() { return *current_group_ptr(); }
 
 GroupScope::GroupScope(std::shared_ptr<const Group> g) {
   if (!g) return;
+  g->check_fresh();
   previous_ = std::exchange(t_current, std::move(g));
   set_ = true;
 }

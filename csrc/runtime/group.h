@@ -48,6 +48,10 @@ class Group {
   // The ValueError a non-member raises when it calls `call` with this group (a no-op on
   // members): raised on this rank alone, before any communication.
   void check_member(const std::string& call) const;
+  // The RuntimeError a group made before the world shrank (the shrink mode's recover()) raises
+  // when used: its ranks and communicator are the old world's. The same on every rank of the
+  // new world (each lived through the same recoveries); a no-op for the world and fresh groups.
+  void check_fresh() const;
 
   // `backend` is null for the world (the registered one serves) and on non-members.
   Group(int index, std::vector<int> world_ranks, int rank, MPI_Comm comm,
@@ -62,6 +66,7 @@ class Group {
   int rank_;
   MPI_Comm comm_;
   std::shared_ptr<Backend> backend_;
+  int made_in_world_;  // world_changes() when it was made
 };
 
 // The group of every rank, on env().comm (throws "call Init first" before Init).

@@ -5,7 +5,9 @@ MPI that has ULFM (Open MPI 5, launched by ``python -m fluxmpi_py.run --elastic`
 ``mpiexec --with-ft ulfm``), a collective that a lost rank can never finish raises
 :class:`RanksLostError` on every survivor instead; :func:`recover` then shrinks the world to
 the survivors (revoke, shrink, confirmed by an agreement) and returns what it did. The world's
-ranks, size, node ranks and the stall watch follow; groups made before are stale.
+ranks, size, node ranks and the stall watch follow; a group made before raises when used. A cut network
+looks like death to both sides: only a strict majority of the world before the loss, or
+exactly half holding its rank 0, goes on; every rank of the other side ends itself, saying why.
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ def recover() -> dict[str, Any]:
     """After :class:`RanksLostError`, on every survivor: shrink the world to the ranks still
     alive and go on there. Returns ``{"lost": [old ranks], "old_rank", "old_size", "rank",
     "size", "attempts", "seconds"}`` and logs it on every survivor (stderr, one line). A
-    collective of the survivors; needs ``Init(on_failure="shrink")``.
+    collective of the survivors; needs ``Init(on_failure="shrink")``. Where the survivors are
+    neither a strict majority of the world before the loss nor exactly half with its rank 0
+    (the other side of a cut network may be alive and go on), each of them says so on stderr
+    and ends (exit status 1) instead of returning.
 
     >>> import fluxmpi_py as fm; fm.Init()
     >>> fm.on_failure() == "shrink" or fm.total_workers() >= 1
@@ -109,6 +114,8 @@ def recover() -> dict[str, Any]:
     """
     t0 = time.monotonic()
     info = dict(C.shrink_world())
+    if info.pop("refused"):
+        _end_this_side(info)
     info["recovery"] = C.recoveries()
     for hook in _HOOKS:
         hook(info)
@@ -122,6 +129,21 @@ def recover() -> dict[str, Any]:
     )
     sys.stderr.flush()
     return info
+
+
+#: The exit status of a rank on a side of a split world that may not go on.
+SPLIT_STATUS = 1
+
+
+def _end_this_side(info: dict) -> None:
+    """A side of a cut network that is neither a majority of the world before the loss nor
+    its half with rank 0 (``C.quorum_refusal``): say why on this rank and end it, without
+    MPI_Abort (which, were the network back, could reach the side that goes on)."""
+    why = C.quorum_refusal(info["old_size"], info["lost"])
+    sys.stdout.flush()
+    sys.stderr.write(f"[rank {info['old_rank']} / {info['old_size']}] {why}\n")
+    sys.stderr.flush()
+    os._exit(SPLIT_STATUS)
 
 
 @local_call

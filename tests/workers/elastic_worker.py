@@ -8,6 +8,9 @@
     no_ulfm                Init(on_failure="shrink") where the job was started without ULFM
     bad_value              Init(on_failure="sometimes")
     ddp                    init_process_group("fluxmpi") in the mode: refused on every rank
+    group                  a group of ranks 0, 1 made on 4 ranks; rank 3 SIGKILLs itself; after the
+                           recovery every survivor's allreduce_ on the old group raises (prints
+                           "rank R: stale: ..."), and one on a group made again sums 2
 Prints one line per rank at the end: "rank R of N: sums [...] lost [...]".
 """
 
@@ -48,6 +51,27 @@ if mode == "ddp":
         print(f"RuntimeError: {e}", flush=True)
         sys.exit(0)
     sys.exit("init_process_group('fluxmpi') in the shrink mode did not raise")
+if mode == "group":
+    g = fm.new_group([0, 1])
+    fm.allreduce_(torch.ones(1), group=g) if fm.local_rank() < 2 else None
+    if fm.local_rank() == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        fm.allreduce_(torch.ones(1))
+    except fm.RanksLostError:
+        fm.recover()
+    try:
+        fm.allreduce_(torch.ones(1), group=g)
+        print(f"rank {fm.local_rank()}: the stale group did not raise", flush=True)
+    except RuntimeError as e:
+        print(f"rank {fm.local_rank()}: stale: {e}", flush=True)
+    g = fm.new_group([0, 1])
+    if fm.local_rank() < 2:
+        t = torch.ones(1)
+        fm.allreduce_(t, group=g)
+        print(f"rank {fm.local_rank()}: the new group sums {int(t[0])}", flush=True)
+    fm.barrier()
+    sys.exit(0)
 victims = [int(v) for v in sys.argv[2].split(",")]
 me = fm.local_rank()  # this rank's number in the first world
 sums, lost = [], []

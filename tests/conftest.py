@@ -29,6 +29,9 @@ def pytest_collection_finish(session):
 # 61 s); the from-scratch builds (test_site_mpi, minutes) lead when selected (make test-builds).
 SLOW_FIRST = (
     "test_site_mpi.py",
+    # 4-rank launches with lost ranks, one after the other on one worker: about 5 minutes
+    # (2026-11-29), the longest group, so it starts first
+    "test_elastic.py",
     "test_reproducible.py",
     "test_examples.py",
     "test_slurm.py",  # 161 s alone (2026-11-29), most of it waiting on the requeue
@@ -36,7 +39,6 @@ SLOW_FIRST = (
     "bundle-np3",
     "bundle-np2",
     "test_failures.py",
-    "test_elastic.py",  # 4-rank launches with lost ranks, about 5 minutes (2026-11-29)
     "test_split_brain.py",  # a 5-rank launch on 3 namespace hosts, about 40 s (2026-11-29)
     "test_resume.py",
     "test_entry_points.py",

@@ -27,14 +27,16 @@ def parameters():
 
 
 def wrap(params, int64=False, **kw):
-    """DistributedOptimizer over ``params``; ``int64``: the exact sums' int64 path."""
+    """DistributedOptimizer over ``params``; ``int64``: the exact sums' int64 path, else their
+    sharded float path at any k (by default from k = 2 the int64 path)."""
     fm.Init()
     kw = {**KW, **kw}
-    _exact_shards.SHARDED = not int64
+    most = _exact_shards.SHARDED_MAX_PASSES
+    _exact_shards.SHARDED, _exact_shards.SHARDED_MAX_PASSES = not int64, 8
     try:
         return fm.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), check_every=0, **kw)
     finally:
-        _exact_shards.SHARDED = True
+        _exact_shards.SHARDED, _exact_shards.SHARDED_MAX_PASSES = True, most
 
 
 def members(plan):

@@ -9,7 +9,7 @@ small CNN (BatchNorm, AdamW, 4 micro-batches of 8 samples a rank and step):
    step the survivors finish after it, and their median step time afterwards;
 3. the peer of 2.'s afterwards: a fresh job of 3 ranks, its median step time.
 
-Each launch runs under `mpiexec --with-ft ulfm --mca coll ^han,cuda` and a timeout; prints one
+Each launch runs under `mpiexec` with the launcher's `--elastic` switches and a timeout; prints one
 JSON line and writes it to results/bench_recovery.json.
 """
 
@@ -21,8 +21,12 @@ import subprocess
 import sys
 import time
 
+from fluxmpi_py.run import ELASTIC_MPIEXEC_ARGS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-FT = ["--with-ft", "ulfm", "--mca", "coll", "^han,cuda"]
+# what `python -m fluxmpi_py.run --elastic` passes (ULFM, no han/cuda collectives, the failure
+# detector and its verdicts by reliable broadcast), so that the cost is the users'
+FT = ELASTIC_MPIEXEC_ARGS
 
 
 def worker(mode, steps, out):

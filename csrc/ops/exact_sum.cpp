@@ -309,6 +309,15 @@ void check_sum(const at::Tensor& sum, const at::Tensor& other, const char* what,
                     " elements but the accumulator has ", sum.numel());
 }
 
+// The ranks' rows of one shard, as pointers of the dtype being summed.
+template <typename T>
+std::vector<const T*> typed_rows(const std::vector<const void*>& rows) {
+  std::vector<const T*> r;
+  r.reserve(rows.size());
+  for (const void* row : rows) r.push_back(static_cast<const T*>(row));
+  return r;
+}
+
 }  // namespace
 
 double exact_quantize(const at::Tensor& grad, const at::Tensor& acc, double scale, double bound,
@@ -346,9 +355,7 @@ double exact_sum_parts(const std::vector<const void*>& rows, void* out, std::int
   TORCH_INTERNAL_ASSERT(!rows.empty() && n >= 0 && power_of_two(scale));
   double most = 0.0;
   AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, dtype, "exact_sum_parts", [&] {
-    std::vector<const scalar_t*> r;
-    r.reserve(rows.size());
-    for (const void* row : rows) r.push_back(static_cast<const scalar_t*>(row));
+    const auto r = typed_rows<scalar_t>(rows);
     auto* o = static_cast<scalar_t*>(out);
     const auto count = static_cast<std::int64_t>(r.size());
     most = exact_inverse(divisor)
@@ -393,9 +400,7 @@ double exact_accumulate_parts(const std::vector<const void*>& rows, std::int64_t
   const bool float64 = g_float64_pass.load(std::memory_order_relaxed);
   double most = 0.0;
   AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, dtype, "exact_accumulate_parts", [&] {
-    std::vector<const scalar_t*> r;
-    r.reserve(rows.size());
-    for (const void* row : rows) r.push_back(static_cast<const scalar_t*>(row));
+    const auto r = typed_rows<scalar_t>(rows);
     auto* o = static_cast<scalar_t*>(out);
     const auto count = static_cast<std::int64_t>(r.size());
     most = exact_inverse(divisor)

@@ -96,11 +96,8 @@ def case_the_default_weighs_every_micro_batch_alike():
         opt.step()
 
 
-@only_at(3)
-def case_each_rank_runs_its_own_count_or_every_rank_raises():
-    # backward_passes_per_step 3, 3 and 2: each rank is checked against its own count, and
-    # rank 2 running 3 passes (as the others) raises on every rank at step()
-    k = [3, 3, 2][fm.local_rank()]
+def exact_linear(k):
+    """A Linear(3, 1) and its DistributedOptimizer(deterministic=True) at k passes a step."""
     model = torch.nn.Linear(3, 1)
     opt = fm.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -108,6 +105,15 @@ def case_each_rank_runs_its_own_count_or_every_rank_raises():
         backward_passes_per_step=k,
         check_every=0,
     )
+    return model, opt
+
+
+@only_at(3)
+def case_each_rank_runs_its_own_count_or_every_rank_raises():
+    # backward_passes_per_step 3, 3 and 2: each rank is checked against its own count, and
+    # rank 2 running 3 passes (as the others) raises on every rank at step()
+    k = [3, 3, 2][fm.local_rank()]
+    model, opt = exact_linear(k)
     assert opt._exact.micro_batches == 8
     for _ in range(k):
         model(torch.ones(1, 3)).sum().backward()
@@ -125,13 +131,7 @@ def case_counts_that_differ_but_divide_take_one_path_on_every_rank():
     # backward_passes_per_step 2, 1 and 3: M = 6 divides among 3 ranks, but the ranks' passes
     # differ, so the per-pass sharded exchange cannot pair: every rank takes the int64 path
     k = [2, 1, 3][fm.local_rank()]
-    model = torch.nn.Linear(3, 1)
-    opt = fm.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        deterministic=True,
-        backward_passes_per_step=k,
-        check_every=0,
-    )
+    model, opt = exact_linear(k)
     assert opt._exact.micro_batches == 6
     assert isinstance(opt._exact, ExactGradientSum), type(opt._exact).__name__
     for _ in range(k):

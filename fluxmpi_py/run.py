@@ -408,6 +408,8 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
                     verdict = _verdict(ranks, opts.grace_s)
+                    if opts.elastic:
+                        _report_lost(ranks)
                     print(verdict, file=sys.stderr, flush=True)
                     _end(proc)
                     return _Outcome(LOST_STATUS, verdict.removeprefix("fluxmpi_py.run: "))

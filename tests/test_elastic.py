@@ -69,9 +69,10 @@ def test_two_losses_one_after_the_other():
 @needs_ulfm
 def test_the_launcher_runs_it_and_names_the_lost_rank():
     # python -m fluxmpi_py.run --elastic: Open MPI's ULFM switches and FLUXMPI_ON_FAILURE for
-    # the ranks (the worker's Init asks for the mode all the same); status 0, the lost rank named
+    # the ranks (the worker's Init asks for the mode all the same); status 0, the lost rank named.
+    # --grace 60: mpiexec's own ending is read here, not the launcher's (see test_resume).
     cmd = _command(worker_path("elastic_worker.py"), 4, ["collectives", "3", "3"], fresh=True)
-    cmd = [sys.executable, "-m", "fluxmpi_py.run", "--elastic", *cmd[1:]]
+    cmd = [sys.executable, "-m", "fluxmpi_py.run", "--elastic", "--grace", "60", *cmd[1:]]
     p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=END_WITHIN)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]

@@ -95,12 +95,14 @@ def run_launcher(*args, timeout=TIMEOUT):
 def test_killed_run_restarts_by_itself_bit_identical(full_run):
     # Attempt 0 saves at steps 4 and 8 and loses its last rank to SIGKILL after step 10; the
     # launcher relaunches the job, which resumes from the newest checkpoint (step 8) and ends
-    # where the uninterrupted run did.
+    # where the uninterrupted run did. --grace 60: this test reads mpiexec's own ending (which
+    # names the rank that exited first); a loaded machine's prterun may take more than the
+    # default 5 s to end after a SIGKILL, and then the launcher would end it instead.
     d = full_run
     worker = worker_path("resume_worker.py")
     rc, out = run_launcher(
-        "-n", str(NP), "--oversubscribe", "--max-restarts", "1", sys.executable, worker,
-        "restart", d,
+        "--grace", "60", "-n", str(NP), "--oversubscribe", "--max-restarts", "1",
+        sys.executable, worker, "restart", d,
     )  # fmt: skip
     assert rc == 0, out[-6000:]
     assert "killing myself after step 10" in out, out[-6000:]

@@ -58,8 +58,15 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ._util.mpiexec import default_mpiexec
+from .runtime.launch_watch import (
+    Outcome,
+    Rank,
+    ended_by,
+    keepalive,
+    report_lost,
+    verdict,
+)
 from .runtime.launcher_link import ADDRESS_ENV
-from .runtime.stop import REQUEUE_STATUS
 
 __all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
 
@@ -184,43 +191,6 @@ def parse_args(argv: list[str]) -> RunOptions:
     return opts
 
 
-@dataclass
-class _Rank:
-    rank: int = -1
-    size: int = 0
-    host: str = "?"
-    pid: int = 0
-    buffer: bytes = b""
-    ended: bool = False  # its process exited (end of stream)
-    lost: str = ""  # why its connection is dead, when it is
-    gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
-    gone_s: float = -1.0  # seconds after the launch when it was
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 2, 3'.
-
-    >>> _ranks_text([2, 3])
-    'ranks 2, 3'
-    """
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
-
-
-def _keepalive(conn: socket.socket, seconds: float) -> None:
-    """Declare `conn` dead after about `seconds` without an answer from its peer's kernel."""
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    probes = 3
-    interval = max(1, int(seconds / (probes + 1)))
-    for name, value in (
-        ("TCP_KEEPIDLE", interval),
-        ("TCP_KEEPINTVL", interval),
-        ("TCP_KEEPCNT", probes),
-        ("TCP_USER_TIMEOUT", int(seconds * 1000)),
-    ):
-        if hasattr(socket, name):  # Linux names; elsewhere the system's keepalive applies
-            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
 def _mpiexec_of(opts: RunOptions) -> str:
     """The mpiexec to run: ``--mpiexec``'s, or by default the one beside the MPI library that
     fluxmpi_py loaded (this venv's Open MPI from PyPI), else PATH's."""
@@ -250,90 +220,11 @@ def _end(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _verdict(ranks: list[_Rank], grace_s: float) -> str:
-    """Why the launcher ended mpiexec, in words that name the lost hosts and ranks."""
-    lost: dict[str, list[int]] = {}
-    for r in ranks:
-        if r.lost:
-            lost.setdefault(r.host, []).append(r.rank)
-    ended = [r.rank for r in ranks if r.ended]
-    parts = []
-    for host, rs in sorted(lost.items()):
-        parts.append(f"lost host {host} ({_ranks_text(rs)}: no TCP answer from it)")
-    if ended:
-        parts.append(f"{_ranks_text(ended)} exited")
-    return (
-        "fluxmpi_py.run: "
-        + "; ".join(parts)
-        + f"; mpiexec had not ended {grace_s:g} s after that: ending it"
-        + (" (Open MPI cannot abort a job on a host it cannot reach)" if lost else "")
-    )
-
-
 class _Stopped(BaseException):
     """SIGTERM to the launcher: end the job, as Ctrl-C does (a scheduler's cancel)."""
 
 
-@dataclass
-class _Outcome:
-    """How one launch of mpiexec ended."""
-
-    status: int  # the exit status to report: mpiexec's, 128 + N for signal N
-    how: str  # what ended it, in words
-    stopped: bool = False  # ended from outside (Ctrl-C, SIGTERM): not relaunched
-
-
-def _signal_name(number: int) -> str:
-    """'SIGKILL' for 9.
-
-    >>> _signal_name(9)
-    'SIGKILL'
-    """
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-LOST_BEFORE_S = 2.0  # --elastic: a rank gone this long before the last one was lost
-
-
-def _report_lost(ranks: list[_Rank]) -> None:
-    """--elastic: name the ranks that went (died, were lost) while the others trained on."""
-    gone = [r for r in ranks if r.rank >= 0 and r.gone_s >= 0]
-    if not gone:
-        return
-    last = max(r.gone_s for r in gone)
-    lost = sorted((r for r in gone if r.gone_s < last - LOST_BEFORE_S), key=lambda r: r.gone_s)
-    if lost:
-        who = "; ".join(
-            f"rank {r.rank} (pid {r.pid} on {r.host}) at {r.gone_s:.1f} s" for r in lost
-        )
-        print(f"fluxmpi_py.run: lost while the job went on: {who}", file=sys.stderr, flush=True)
-
-
-def _ended_by(proc: subprocess.Popen, ranks: list[_Rank]) -> _Outcome:
-    """mpiexec's ending in words, naming the ranks the launcher saw exit first."""
-    code = proc.returncode
-    if code < 0:
-        name = _signal_name(-code)
-        stopped = -code in (signal.SIGINT, signal.SIGTERM)
-        return _Outcome(128 - code, f"mpiexec was ended by {name}", stopped)
-    if code == REQUEUE_STATUS:
-        return _Outcome(code, f"the ranks stopped to be requeued (exit status {code})", True)
-    how = f"exit status {code}"
-    if 128 < code < 128 + 65:
-        how += f" (128 + {_signal_name(code - 128)})"
-    gone = [r for r in ranks if r.rank >= 0 and r.gone_at >= 0]
-    if code and gone:
-        first = min(r.gone_at for r in gone)
-        seen = sorted((r for r in gone if r.gone_at == first), key=lambda r: r.rank)
-        who = ", ".join(f"rank {r.rank} (pid {r.pid} on {r.host})" for r in seen)
-        how += f"; first seen to exit: {who}"
-    return _Outcome(code, how)
-
-
-def _launch(opts: RunOptions, restart: int) -> _Outcome:
+def _launch(opts: RunOptions, restart: int) -> Outcome:
     """Run mpiexec once as attempt `restart`, watching the ranks."""
     listener = socket.create_server(("", 0), backlog=256)
     port = listener.getsockname()[1]
@@ -351,7 +242,7 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
     sel = selectors.DefaultSelector()
     listener.setblocking(False)
     sel.register(listener, selectors.EVENT_READ, None)
-    ranks: list[_Rank] = []
+    ranks: list[Rank] = []
     done_since = None  # when every rank seen had exited or been lost
     try:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -372,11 +263,11 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
                 if key.data is None:
                     conn, _ = listener.accept()
                     conn.setblocking(False)
-                    _keepalive(conn, opts.keepalive_s)
-                    ranks.append(_Rank())
+                    keepalive(conn, opts.keepalive_s)
+                    ranks.append(Rank())
                     sel.register(conn, selectors.EVENT_READ, ranks[-1])
                     continue
-                r: _Rank = key.data
+                r: Rank = key.data
                 try:
                     data = _sock(key).recv(4096)
                 except BlockingIOError:
@@ -407,23 +298,23 @@ def _launch(opts: RunOptions, restart: int) -> _Outcome:
             if size and known >= size and all(r.ended or r.lost for r in ranks):
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
-                    verdict = _verdict(ranks, opts.grace_s)
+                    why = verdict(ranks, opts.grace_s)
                     if opts.elastic:
-                        _report_lost(ranks)
-                    print(verdict, file=sys.stderr, flush=True)
+                        report_lost(ranks)
+                    print(why, file=sys.stderr, flush=True)
                     _end(proc)
-                    return _Outcome(LOST_STATUS, verdict.removeprefix("fluxmpi_py.run: "))
+                    return Outcome(LOST_STATUS, why.removeprefix("fluxmpi_py.run: "))
             else:
                 done_since = None
         if opts.elastic:
-            _report_lost(ranks)
-        return _ended_by(proc, ranks)
+            report_lost(ranks)
+        return ended_by(proc, ranks)
     except KeyboardInterrupt:
         _end(proc)
-        return _Outcome(128 + signal.SIGINT, "interrupted (Ctrl-C or SIGINT)", stopped=True)
+        return Outcome(128 + signal.SIGINT, "interrupted (Ctrl-C or SIGINT)", stopped=True)
     except _Stopped:
         _end(proc)
-        return _Outcome(128 + signal.SIGTERM, "the launcher got SIGTERM", stopped=True)
+        return Outcome(128 + signal.SIGTERM, "the launcher got SIGTERM", stopped=True)
     finally:
         _RUNNING.clear()
         if proc.poll() is None:

@@ -1,0 +1,131 @@
+"""The launcher's watch over the ranks (``python -m fluxmpi_py.run``, fluxmpi_py/run.py): what it
+knows of each rank from its connection (runtime/launcher_link.py is the rank's side), and how it
+words the end of an attempt: mpiexec's own ending, the launcher's verdict when mpiexec outlived
+every rank, and under ``--elastic`` the ranks lost while the job went on.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .stop import REQUEUE_STATUS
+
+
+@dataclass
+class Rank:
+    rank: int = -1
+    size: int = 0
+    host: str = "?"
+    pid: int = 0
+    buffer: bytes = b""
+    ended: bool = False  # its process exited (end of stream)
+    lost: str = ""  # why its connection is dead, when it is
+    gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
+    gone_s: float = -1.0  # seconds after the launch when it was
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 2, 3'.
+
+    >>> ranks_text([2, 3])
+    'ranks 2, 3'
+    """
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+
+
+def keepalive(conn: socket.socket, seconds: float) -> None:
+    """Declare `conn` dead after about `seconds` without an answer from its peer's kernel."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probes = 3
+    interval = max(1, int(seconds / (probes + 1)))
+    for name, value in (
+        ("TCP_KEEPIDLE", interval),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", probes),
+        ("TCP_USER_TIMEOUT", int(seconds * 1000)),
+    ):
+        if hasattr(socket, name):  # Linux names; elsewhere the system's keepalive applies
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def verdict(ranks: list[Rank], grace_s: float) -> str:
+    """Why the launcher ended mpiexec, in words that name the lost hosts and ranks."""
+    lost: dict[str, list[int]] = {}
+    for r in ranks:
+        if r.lost:
+            lost.setdefault(r.host, []).append(r.rank)
+    ended = [r.rank for r in ranks if r.ended]
+    parts = []
+    for host, rs in sorted(lost.items()):
+        parts.append(f"lost host {host} ({ranks_text(rs)}: no TCP answer from it)")
+    if ended:
+        parts.append(f"{ranks_text(ended)} exited")
+    return (
+        "fluxmpi_py.run: "
+        + "; ".join(parts)
+        + f"; mpiexec had not ended {grace_s:g} s after that: ending it"
+        + (" (Open MPI cannot abort a job on a host it cannot reach)" if lost else "")
+    )
+
+
+@dataclass
+class Outcome:
+    """How one launch of mpiexec ended."""
+
+    status: int  # the exit status to report: mpiexec's, 128 + N for signal N
+    how: str  # what ended it, in words
+    stopped: bool = False  # ended from outside (Ctrl-C, SIGTERM): not relaunched
+
+
+def signal_name(number: int) -> str:
+    """'SIGKILL' for 9.
+
+    >>> signal_name(9)
+    'SIGKILL'
+    """
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+LOST_BEFORE_S = 2.0  # --elastic: a rank gone this long before the last one was lost
+
+
+def report_lost(ranks: list[Rank]) -> None:
+    """--elastic: name the ranks that went (died, were lost) while the others trained on."""
+    gone = [r for r in ranks if r.rank >= 0 and r.gone_s >= 0]
+    if not gone:
+        return
+    last = max(r.gone_s for r in gone)
+    lost = sorted((r for r in gone if r.gone_s < last - LOST_BEFORE_S), key=lambda r: r.gone_s)
+    if lost:
+        who = "; ".join(
+            f"rank {r.rank} (pid {r.pid} on {r.host}) at {r.gone_s:.1f} s" for r in lost
+        )
+        print(f"fluxmpi_py.run: lost while the job went on: {who}", file=sys.stderr, flush=True)
+
+
+def ended_by(proc: subprocess.Popen, ranks: list[Rank]) -> Outcome:
+    """mpiexec's ending in words, naming the ranks the launcher saw exit first."""
+    code = proc.returncode
+    if code < 0:
+        name = signal_name(-code)
+        stopped = -code in (signal.SIGINT, signal.SIGTERM)
+        return Outcome(128 - code, f"mpiexec was ended by {name}", stopped)
+    if code == REQUEUE_STATUS:
+        return Outcome(code, f"the ranks stopped to be requeued (exit status {code})", True)
+    how = f"exit status {code}"
+    if 128 < code < 128 + 65:
+        how += f" (128 + {signal_name(code - 128)})"
+    gone = [r for r in ranks if r.rank >= 0 and r.gone_at >= 0]
+    if code and gone:
+        first = min(r.gone_at for r in gone)
+        seen = sorted((r for r in gone if r.gone_at == first), key=lambda r: r.rank)
+        who = ", ".join(f"rank {r.rank} (pid {r.pid} on {r.host})" for r in seen)
+        how += f"; first seen to exit: {who}"
+    return Outcome(code, how)

@@ -14,14 +14,9 @@ Process sets (``hvd.ProcessSet``, ``add_process_set``, ``process_set=``) run on
 
 from __future__ import annotations
 
-import functools
-import inspect
-import numbers
-
 import torch
 
 import fluxmpi_py as _fm
-from fluxmpi_py.runtime.entry import entry_kind, entry_point, local_call, mark
 
 from ...training import SyncBatchNorm  # hvd.SyncBatchNorm is fluxmpi_py's
 from . import (
@@ -42,6 +37,7 @@ from ._ops import Adasum, Average, Max, Min, Product, Sum, _integer_average, _op
 from ._optimizer import *  # noqa: F403
 from ._process_sets import *  # noqa: F403
 from ._reducescatter import *  # noqa: F403
+from ._rule import give_the_rule
 from ._topology import *  # noqa: F403
 
 # The private submodules' examples run as this package's (tests/test_doctests.py runs packages).
@@ -421,62 +417,4 @@ _LOCAL = {
     "get_process_sets",
     *_topology.__all__,
 }
-
-
-# Horovod's argument names that a face function may use after its collective (scaling a
-# result): checked first, so that a bad one raises before the ranks meet, on every rank.
-_FACTORS = ("prescale_factor", "postscale_factor")
-
-
-def _checked_first(fn):
-    """``fn``, checking its Horovod scale factors before it runs (the signature says where)."""
-    params = list(inspect.signature(fn).parameters)
-    where = [(params.index(n), n) for n in _FACTORS if n in params]
-    if not where:
-        return fn
-
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        for i, n in where:
-            v = args[i] if i < len(args) else kwargs.get(n, 1.0)
-            if type(v) is not float and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
-                raise TypeError(
-                    f"hvd.{fn.__name__}(): {n} must be a number, got {type(v).__name__}"
-                )
-        return fn(*args, **kwargs)
-
-    return checked
-
-
-def _at_once_only(fn, ruled):
-    """An ``_async`` call with a ``name=`` waits in its lane and starts in a later round
-    (``_handles.start_async``): until then it has not met the other ranks, and its errors are
-    its rank's own. Without a name it starts at once, a collective: ``ruled``."""
-    index = list(inspect.signature(fn).parameters).index("name")
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        name = args[index] if index < len(args) else kwargs.get("name")
-        return (ruled if name is None else fn)(*args, **kwargs)
-
-    return mark(call, "collective")
-
-
-def _give_the_rule(names) -> None:
-    for n in names:
-        obj = globals()[n]
-        if not callable(obj) or entry_kind(obj) is not None:
-            continue
-        if isinstance(obj, type):
-            if not issubclass(obj, BaseException):
-                local_call(obj)  # ops, compressors, ProcessSet: made without communication
-        elif n in _LOCAL:
-            globals()[n] = local_call(obj)
-        else:
-            ruled = entry_point(f"hvd.{n}()", named=False)(_checked_first(obj))
-            if "_async" in n and "name" in inspect.signature(obj).parameters:
-                ruled = _at_once_only(obj, ruled)
-            globals()[n] = ruled
-
-
-_give_the_rule(__all__)
+give_the_rule(globals(), __all__, _LOCAL)

@@ -32,7 +32,9 @@ Options (before the program; everything else goes to mpiexec unchanged):
                        what ULFM needs (--with-ft ulfm, --mca coll ^han,cuda, its failure
                        detector for cut links and hung ranks: --mca mpi_ft_detector true) and
                        FLUXMPI_ON_FAILURE=shrink to the ranks; the job goes on while ranks
-                       remain, and its status is the survivors'. Lost ranks are named at the end.
+                       remain, and its status is the survivors' (also when the launcher must end
+                       an mpiexec that waits for a lost host: each rank tells the launcher its
+                       exit status as it exits). Lost ranks are named at the end.
 
 The options may come first, or among mpiexec's own options before the program when the
 program is Python (``python``, ``python3.11``, a path to one) or a ``.py`` file:
@@ -66,11 +68,10 @@ from .runtime.launch_watch import (
     report_lost,
     verdict,
 )
-from .runtime.launcher_link import ADDRESS_ENV
+from .runtime.launcher_link import ADDRESS_ENV, parse_exit
 
 __all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
 
-LOST_STATUS = 1  # the launcher's status when it had to end mpiexec
 RESTART_ENV = "FLUXMPI_RESTART"  # the attempt's number, 0 for the first launch
 _KILL_WAIT_S = 3.0  # SIGTERM to SIGKILL
 _RUNNING: list[subprocess.Popen] = []  # the mpiexec of the attempt in progress
@@ -287,6 +288,7 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
                             pass
                     continue
                 r.ended = not r.lost
+                r.status = parse_exit(r.buffer.partition(b"\n")[2])
                 r.gone_at = rounds
                 r.gone_s = time.monotonic() - started
                 sel.unregister(key.fileobj)
@@ -298,12 +300,12 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
             if size and known >= size and all(r.ended or r.lost for r in ranks):
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
-                    why = verdict(ranks, opts.grace_s)
+                    status, why = verdict(ranks, opts.grace_s, opts.elastic)
                     if opts.elastic:
                         report_lost(ranks)
                     print(why, file=sys.stderr, flush=True)
                     _end(proc)
-                    return Outcome(LOST_STATUS, why.removeprefix("fluxmpi_py.run: "))
+                    return Outcome(status, why.removeprefix("fluxmpi_py.run: "))
             else:
                 done_since = None
         if opts.elastic:

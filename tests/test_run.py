@@ -2,7 +2,9 @@
 its ranks connect as fluxmpi_py's Init does, and it hangs or exits as told. The lost host itself
 is tested across virtual hosts in tests/test_multi_host.py."""
 
+import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -25,11 +27,13 @@ FAKE_MPIEXEC = textwrap.dedent(
     # the module alone, loaded from its file: the package would import torch in every rank
     rank = "import importlib.util as u, sys, time; "
     rank += "s = u.spec_from_file_location('launcher_link', {link!r}); m = u.module_from_spec(s); "
-    rank += "s.loader.exec_module(m); m.connect(int(sys.argv[1]), 2); time.sleep(1)"
-    ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r)]) for r in range(2)]
+    rank += "s.loader.exec_module(m); fd = m.connect(int(sys.argv[1]), 2); time.sleep(1); "
+    # "hang-told": each rank writes its exit status as fluxmpi_py's own exit hook does
+    rank += "import os; sys.argv[2] == 'hang-told' and os.write(fd, b'exit 0' + bytes([10]))"
+    ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r), mode]) for r in range(2)]
     for p in ranks:
         p.wait()
-    if mode == "hang":
+    if mode.startswith("hang"):
         time.sleep(600)
     sys.exit(int(mode))
     """
@@ -72,6 +76,40 @@ def test_mpiexec_that_outlives_its_ranks_is_ended(tmp_path):
     # Ended by the launcher (a hung mpiexec would run into the subprocess timeout instead);
     # how soon is a benchmark's question (benchmarks/lost_host.py), not this test's.
     assert "ranks 0, 1 exited; mpiexec had not ended 2 s after that: ending it" in proc.stderr
+
+
+def test_elastic_status_is_the_survivors_when_mpiexec_must_be_ended(tmp_path):
+    # --elastic after a cut: mpiexec waits for the lost host's daemon, the survivors exited 0.
+    # The launcher ends mpiexec as ever, and returns their 0 since every rank that reported its
+    # exit status reported 0; without --elastic, or when no rank reported one, it returns 1.
+    proc, _ = run_launcher(tmp_path, "--elastic", "hang-told")
+    assert proc.returncode == 0, proc.stderr
+    assert "mpiexec had not ended 2 s after that: ending it" in proc.stderr, proc.stderr
+    assert "--elastic: the survivors (ranks 0, 1) exited 0, and so does the job" in proc.stderr
+    for args in (["hang-told"], ["--elastic", "hang"]):
+        proc, _ = run_launcher(tmp_path, *args)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert "the survivors" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_rank_tells_the_launcher_its_exit_status(tmp_path):
+    # fluxmpi_py's exit hook (csrc/runtime/exit_report.cpp) writes "exit N" on the launcher's
+    # connection as the rank's process exits: here one rank, no mpiexec, a listening socket.
+    server = socket.create_server(("127.0.0.1", 0))
+    code = "import sys, fluxmpi_py as fm; fm.Init(verbose=False); sys.exit(3)"
+    env = dict(os.environ, FLUXMPI_RUN_ADDRESS=f"127.0.0.1:{server.getsockname()[1]}")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    rank = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    server.settimeout(240)
+    conn, _ = server.accept()
+    conn.settimeout(240)
+    data = b""
+    while chunk := conn.recv(4096):
+        data += chunk
+    _, err = rank.communicate(timeout=240)
+    assert rank.returncode == 3, err
+    hello, _, tail = data.partition(b"\n")
+    assert json.loads(hello)["rank"] == 0 and tail == b"exit 3\n", data
 
 
 @pytest.mark.parametrize("status", [0, 3])

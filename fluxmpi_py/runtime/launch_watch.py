@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from .stop import REQUEUE_STATUS
 
+LOST_STATUS = 1  # the launcher's status when it had to end mpiexec
+
 
 @dataclass
 class Rank:
@@ -26,6 +28,7 @@ class Rank:
     lost: str = ""  # why its connection is dead, when it is
     gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
     gone_s: float = -1.0  # seconds after the launch when it was
+    status: int | None = None  # the exit status it reported as it exited (none: killed, lost)
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -52,8 +55,15 @@ def keepalive(conn: socket.socket, seconds: float) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
-def verdict(ranks: list[Rank], grace_s: float) -> str:
-    """Why the launcher ended mpiexec, in words that name the lost hosts and ranks."""
+def verdict(ranks: list[Rank], grace_s: float, elastic: bool = False) -> tuple[int, str]:
+    """Why the launcher ended mpiexec, in words that name the lost hosts and ranks, and the
+    status to return: LOST_STATUS, or under --elastic the survivors' 0 when every rank that
+    reported its exit status reported 0 (the others were lost with their host, or killed).
+
+    >>> a, b = Rank(rank=0, ended=True, status=0), Rank(rank=1, host="h1", lost="timed out")
+    >>> verdict([a, b], 5, elastic=True)[0], verdict([a, b], 5)[0]
+    (0, 1)
+    """
     lost: dict[str, list[int]] = {}
     for r in ranks:
         if r.lost:
@@ -64,12 +74,17 @@ def verdict(ranks: list[Rank], grace_s: float) -> str:
         parts.append(f"lost host {host} ({ranks_text(rs)}: no TCP answer from it)")
     if ended:
         parts.append(f"{ranks_text(ended)} exited")
-    return (
+    text = (
         "fluxmpi_py.run: "
         + "; ".join(parts)
         + f"; mpiexec had not ended {grace_s:g} s after that: ending it"
         + (" (Open MPI cannot abort a job on a host it cannot reach)" if lost else "")
     )
+    told = [r for r in ranks if r.status is not None]
+    if elastic and told and all(r.status == 0 for r in told):
+        who = ranks_text([r.rank for r in told])
+        return 0, text + f"; --elastic: the survivors ({who}) exited 0, and so does the job"
+    return LOST_STATUS, text
 
 
 @dataclass

@@ -5,7 +5,9 @@ The launcher listens on a TCP port and hands its address to the ranks in ``FLUXM
 keeps the connection open until its process ends. The launcher learns from that connection
 alone what it needs: an end of stream is a rank that exited; a connection that the kernel's
 TCP keepalive declares dead is a rank whose host, or the link to it, is lost. Nothing else
-travels on it, so a rank pays nothing while it trains.
+travels on it while the rank trains, so it pays nothing; as its process exits, the rank writes
+one more line, ``exit N``, its exit status (csrc/runtime/exit_report.h: none where a signal or
+``os._exit`` ended it).
 """
 
 from __future__ import annotations
@@ -43,17 +45,19 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(rank: int, size: int) -> None:
+def connect(rank: int, size: int) -> int | None:
     """Connect this rank to the launcher named by ``FLUXMPI_RUN_ADDRESS`` (nothing when it is
-    unset, or after the first call). A launcher that cannot be reached is a warning: the job
-    runs on, and only the launcher's watch over lost hosts is missing.
+    unset, or after the first call); the connection's descriptor, or None. A launcher that
+    cannot be reached is a warning: the job runs on, and only the launcher's watch over lost
+    hosts is missing.
 
-    >>> connect(0, 1)  # no FLUXMPI_RUN_ADDRESS here: nothing to do
+    >>> connect(0, 1) is None  # no FLUXMPI_RUN_ADDRESS here: nothing to do
+    True
     """
     global _connection
     text = os.environ.get(ADDRESS_ENV)
     if not text or _connection is not None:
-        return
+        return None
     try:
         host, port = parse_address(text)
         conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
@@ -64,10 +68,24 @@ def connect(rank: int, size: int) -> None:
             f"{text} ({ADDRESS_ENV}): {e}; the launcher will not see this rank exit",
             stacklevel=3,
         )
-        return
+        return None
     # Held open, unread, until the process ends: its end is the message. The bare descriptor,
     # so that no garbage collection at interpreter exit closes it before the process is gone.
     _connection = conn.detach()
+    return _connection
+
+
+def parse_exit(tail: bytes) -> int | None:
+    """The exit status a rank reported in what it sent after its first line, or None.
+
+    >>> parse_exit(b"exit 3\n"), parse_exit(b"")
+    (3, None)
+    """
+    for line in reversed(tail.splitlines()):
+        word, _, number = line.decode(errors="replace").partition(" ")
+        if word == "exit" and number.lstrip("-").isdigit():
+            return int(number)
+    return None
 
 
 def _forget_in_child() -> None:

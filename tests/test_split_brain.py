@@ -21,7 +21,6 @@ import virtual_hosts  # noqa: E402
 from mpi_util import mpi_env  # noqa: E402
 
 from fluxmpi_py import _core  # noqa: E402
-from fluxmpi_py.run import ELASTIC_MPIEXEC_ARGS  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "split_brain_worker.py")
 SLOTS = [2, 2, 1]  # ranks 0, 1 on node0; 2, 3 on node1; 4 on node2
@@ -99,7 +98,10 @@ def test_a_cut_host_ends_and_the_majority_trains_on():
         with virtual_hosts.VirtualCluster(hosts=len(SLOTS)) as c:
             mca = [("coll", "^han,cuda"), *DETECTOR]
             cmd = c.mpiexec_command(argv, SLOTS, mca)
-            cmd[1:1] = ELASTIC_MPIEXEC_ARGS
+            # under the launcher, as a user runs it: --elastic passes ELASTIC_MPIEXEC_ARGS; the
+            # ranks reach it at the head's address. Its status must be the survivors'.
+            launcher = [sys.executable, "-m", "fluxmpi_py.run", "--elastic", "--mpiexec", cmd[0]]
+            cmd = [*launcher, "--address", f"{virtual_hosts.SUBNET}.1", *cmd[1:]]
             env = mpi_env({"FLUXMPI_TIMEOUT": str(TIMEOUT)})
             proc = c.start_on_head(cmd, env)
             reader = threading.Thread(target=_lines_of, args=(proc, lines), daemon=True)
@@ -133,8 +135,13 @@ def test_a_cut_host_ends_and_the_majority_trains_on():
                 done = _wait_for(lambda: all(status(r) is not None for r in (2, 3, 4)), 60)
                 print(f"the majority ended {time.monotonic() - cut:.1f} s after the cut")
                 assert done, f"the majority did not finish:\n{text()}"
+                # mpiexec waits for node0's daemon, which it cannot reach: the launcher ends it
+                # once every rank exited or was lost (keepalive 5 s, --grace 5 s)
+                launcher_status = proc.wait(timeout=60)
+                reader.join(timeout=10)
             finally:
-                os.killpg(proc.pid, 9)  # mpiexec waits for node0's daemon, which it cannot reach
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
                 proc.wait()
             out = text()
             print(out)
@@ -147,6 +154,8 @@ def test_a_cut_host_ends_and_the_majority_trains_on():
                 assert m.group(3) == f"[[5, 0], [3, {k}]]", out
                 assert total == 5 * k + 3 * AFTER, out
                 assert f"lost rank(s) 0, 1 of 5; the 3 survivors went on (this rank was {r})" in out
+            assert launcher_status == 0, out
+            assert "--elastic: the survivors (ranks 2, 3, 4) exited 0, and so does the job" in out
             for r in (0, 1):
                 assert status(r) == 1, out
                 said = f"[rank {r} / 5] fluxmpi_py: this side of a split world may not go on: 2 of"

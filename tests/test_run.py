@@ -27,15 +27,17 @@ FAKE_MPIEXEC = textwrap.dedent(
     # the module alone, loaded from its file: the package would import torch in every rank
     rank = "import importlib.util as u, sys, time; "
     rank += "s = u.spec_from_file_location('launcher_link', {link!r}); m = u.module_from_spec(s); "
-    rank += "s.loader.exec_module(m); fd = m.connect(int(sys.argv[1]), 2); time.sleep(1); "
-    # "hang-told": each rank writes its exit status as fluxmpi_py's own exit hook does
-    rank += "import os; sys.argv[2] == 'hang-told' and os.write(fd, b'exit 0' + bytes([10]))"
-    ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r), mode]) for r in range(2)]
+    rank += "s.loader.exec_module(m); fd = m.connect(int(sys.argv[2]), 2); time.sleep(1); "
+    # "hang-told": each rank writes its exit status as fluxmpi_py's own exit hook does; "one-told":
+    # only rank 0 (rank 1 ends as a killed rank would), and mpiexec exits 0
+    rank += "import os; told = sys.argv[1] == 'hang-told' or sys.argv[1:] == ['one-told', '0']; "
+    rank += "told and os.write(fd, b'exit 0' + bytes([10]))"
+    ranks = [subprocess.Popen([sys.executable, "-c", rank, mode, str(r)]) for r in range(2)]
     for p in ranks:
         p.wait()
     if mode.startswith("hang"):
         time.sleep(600)
-    sys.exit(int(mode))
+    sys.exit(0 if mode == "one-told" else int(mode))
     """
 )
 
@@ -90,6 +92,15 @@ def test_elastic_status_is_the_survivors_when_mpiexec_must_be_ended(tmp_path):
         proc, _ = run_launcher(tmp_path, *args)
         assert proc.returncode == 1, (args, proc.stderr)
         assert "the survivors" not in proc.stderr, (args, proc.stderr)
+
+
+def test_elastic_names_a_rank_that_went_without_exit_0_however_late(tmp_path):
+    # Both ranks end within the same moment; rank 0 told exit 0, rank 1 did not (killed): it is
+    # named, though it went only just before the end.
+    proc, _ = run_launcher(tmp_path, "--elastic", "one-told")
+    assert proc.returncode == 0, proc.stderr
+    assert "fluxmpi_py.run: lost while the job went on: rank 1 (pid" in proc.stderr, proc.stderr
+    assert "rank 0 (pid" not in proc.stderr, proc.stderr
 
 
 def test_a_rank_tells_the_launcher_its_exit_status(tmp_path):

@@ -108,19 +108,35 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-LOST_BEFORE_S = 2.0  # --elastic: a rank gone this long before the last one was lost
+LOST_BEFORE_S = 2.0  # --elastic, where no rank told its status: gone this long before the last
+
+
+def lost_ranks(ranks: list[Rank]) -> list[Rank]:
+    """--elastic: the ranks that went (died, were lost, failed) while the others trained on.
+    Those are, where some rank exited 0 and told the launcher so, every other rank; where none
+    told, the ranks gone LOST_BEFORE_S before the last one.
+
+    >>> ranks = [Rank(rank=0, gone_s=9, status=0), Rank(rank=1, gone_s=8.5), Rank(rank=2, gone_s=9)]
+    >>> [r.rank for r in lost_ranks(ranks)]  # rank 0 told 0; 1 was killed, 2 said nothing
+    [1, 2]
+    """
+    gone = [r for r in ranks if r.rank >= 0 and r.gone_s >= 0]
+    if any(r.status == 0 for r in gone):
+        lost = [r for r in gone if r.status != 0]
+    else:
+        last = max((r.gone_s for r in gone), default=0.0)
+        lost = [r for r in gone if r.gone_s < last - LOST_BEFORE_S]
+    return sorted(lost, key=lambda r: (r.gone_s, r.rank))
 
 
 def report_lost(ranks: list[Rank]) -> None:
-    """--elastic: name the ranks that went (died, were lost) while the others trained on."""
-    gone = [r for r in ranks if r.rank >= 0 and r.gone_s >= 0]
-    if not gone:
-        return
-    last = max(r.gone_s for r in gone)
-    lost = sorted((r for r in gone if r.gone_s < last - LOST_BEFORE_S), key=lambda r: r.gone_s)
+    """--elastic: name the ranks that went while the others trained on (lost_ranks)."""
+    lost = lost_ranks(ranks)
     if lost:
         who = "; ".join(
-            f"rank {r.rank} (pid {r.pid} on {r.host}) at {r.gone_s:.1f} s" for r in lost
+            f"rank {r.rank} (pid {r.pid} on {r.host}) at {r.gone_s:.1f} s"
+            + (f", exit status {r.status}" if r.status is not None else "")
+            for r in lost
         )
         print(f"fluxmpi_py.run: lost while the job went on: {who}", file=sys.stderr, flush=True)
 

@@ -11,6 +11,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 import forks  # noqa: E402
 import mpi_util  # noqa: E402
 
+# PyPI's Open MPI 5.0.11 (make's MPI) comes with libfabric; its btl/ofi finds no fabric on a
+# machine without one and is closed while MPI_Init selects the BTLs, which sleeps 1 s (gdb:
+# sleep <- mca_base_component_close <- mca_btl_base_select): a second of idle time in every
+# rank's and world of one's MPI_Init, some 300 of them a session (a singleton's MPI_Init
+# 1.2 -> 0.15 s, a 2-rank mpiexec 1.3 -> 0.4 s, 2026-11-29). Every process of the session
+# inherits this; the BTLs used here (self, sm, tcp across the virtual hosts) stay. A value
+# set outside (a site with a fabric) is kept.
+os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+
 
 def pytest_collection_finish(session):
     mpi_util.select_cases(

@@ -4,7 +4,10 @@ see RanksLostError, recover() shrinks the world to them, and they go on with the
 once and after a second loss. Without ULFM the mode raises on every rank, saying how to get
 one; by default a lost rank ends the job (tests/test_stalls.py). A rank that hangs (SIGSTOP)
 is declared failed by Open MPI's detector and ended by its neighbours. Workers:
-tests/workers/elastic_worker.py, hung_rank_worker.py."""
+tests/workers/elastic_worker.py, hung_rank_worker.py. Their ranks are forked from the suite's
+fork server (tests/fork_server.py: torch imported once, not by each of the 13 launches' 4 ranks,
+which cost this file 100 of its 180 CPU seconds): mpiexec sees a killed rank's client end by the
+same signal, and a stopped rank is the forked process that the survivors end."""
 
 import os
 import re
@@ -30,7 +33,7 @@ def ulfm_here():
 
 
 def launch(np, args, ft=True, worker="elastic_worker.py"):
-    cmd = _command(worker_path(worker), np, args, fresh=True)
+    cmd = _command(worker_path(worker), np, args)
     if ft:
         cmd[1:1] = FT
     p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=END_WITHIN)
@@ -71,7 +74,7 @@ def test_the_launcher_runs_it_and_names_the_lost_rank():
     # python -m fluxmpi_py.run --elastic: Open MPI's ULFM switches and FLUXMPI_ON_FAILURE for
     # the ranks (the worker's Init asks for the mode all the same); status 0, the lost rank named.
     # --grace 60: mpiexec's own ending is read here, not the launcher's (see test_resume).
-    cmd = _command(worker_path("elastic_worker.py"), 4, ["collectives", "3", "3"], fresh=True)
+    cmd = _command(worker_path("elastic_worker.py"), 4, ["collectives", "3", "3"])
     cmd = [sys.executable, "-m", "fluxmpi_py.run", "--elastic", "--grace", "60", *cmd[1:]]
     p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=END_WITHIN)
     out = p.stdout + p.stderr
@@ -210,7 +213,7 @@ def test_a_hung_rank_is_excluded_and_ended():
     # launcher's switches (ELASTIC_MPIEXEC_ARGS: Open MPI's failure detector) its silence
     # declares it failed; the survivors recover, go on with the right sums, and end the stopped
     # process (it is on their host), so that mpiexec ends, status 0
-    cmd = _command(worker_path("hung_rank_worker.py"), 4, [], fresh=True)
+    cmd = _command(worker_path("hung_rank_worker.py"), 4, [])
     cmd[1:1] = ELASTIC_MPIEXEC_ARGS
     proc = subprocess.Popen(
         cmd,

@@ -15,6 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import forks  # noqa: E402
 import stop_runs  # noqa: E402
 from mpi_util import (  # noqa: E402
     ROOT,
@@ -22,7 +23,6 @@ from mpi_util import (  # noqa: E402
     kill_session,
     mpi_env,
     run_mpi,
-    singleton_env,
     worker_params,
 )
 from stop_runs import STEPS, TIMEOUT, TRAIN, digests  # noqa: E402
@@ -50,7 +50,7 @@ def test_signal_to_one_rank_stops_every_rank_and_resumes_exactly(tmp_path, unint
 
 def test_usr1_to_the_launcher_stops_and_is_not_relaunched(tmp_path, uninterrupted):
     cmd = [sys.executable, "-m", "fluxmpi_py.run", "--mpiexec", find_mpiexec()]
-    cmd += ["-n", "2", "--oversubscribe", "--max-restarts", "2", sys.executable, TRAIN]
+    cmd += ["-n", "2", "--oversubscribe", "--max-restarts", "2", *forks.python(), TRAIN]
     cmd += [str(tmp_path), str(STEPS), "--delay", "0.1"]
     env = mpi_env()
     proc = subprocess.Popen(
@@ -103,11 +103,8 @@ print("not reached", flush=True)
 
 
 @pytest.mark.parametrize("mode", ["unarmed", "armed"])
-def test_sigterm_is_a_stop_only_once_asked(mode):
-    out = subprocess.run(
-        [sys.executable, "-c", SIGNALS, mode], capture_output=True, text=True, timeout=120,
-        env=singleton_env(), cwd=ROOT,
-    )  # fmt: skip
+def test_sigterm_is_a_stop_only_once_asked(mode, forked):
+    out = forked.run(SIGNALS, [mode], timeout=120)
     assert out.returncode == -signal.SIGTERM, (out.returncode, out.stdout, out.stderr)
     assert ("stopped, still running" in out.stdout) == (mode == "armed"), out.stdout
     assert "not reached" not in out.stdout
@@ -153,9 +150,6 @@ print("done", fm.stop_requested(), flush=True)
 """
 
 
-def test_usr1_to_dataloader_workers_does_not_end_them():
-    out = subprocess.run(
-        [sys.executable, "-c", WORKERS_SIGNALLED], capture_output=True, text=True, timeout=120,
-        env=singleton_env(), cwd=ROOT,
-    )  # fmt: skip
+def test_usr1_to_dataloader_workers_does_not_end_them(forked):
+    out = forked.run(WORKERS_SIGNALLED, timeout=120)
     assert out.returncode == 0 and "done True" in out.stdout, (out.stdout, out.stderr[-2000:])

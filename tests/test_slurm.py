@@ -129,7 +129,7 @@ def test_sbatch_usr1_stops_requeues_and_resumes_bit_identical(cluster, tmp_path,
             "--overcommit",
             os.path.join(EXAMPLES, "preemptible.sbatch"),
         ]
-        + [sys.executable, TRAIN, str(tmp_path), str(STEPS), "--delay", "0.15"],
+        + [sys.executable, TRAIN, str(tmp_path), str(STEPS), "--delay", "0.15", "--hold"],
     )
     progress = tmp_path / "progress"
     deadline = time.monotonic() + 150

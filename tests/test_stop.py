@@ -51,7 +51,7 @@ def test_signal_to_one_rank_stops_every_rank_and_resumes_exactly(tmp_path, unint
 def test_usr1_to_the_launcher_stops_and_is_not_relaunched(tmp_path, uninterrupted):
     cmd = [sys.executable, "-m", "fluxmpi_py.run", "--mpiexec", find_mpiexec()]
     cmd += ["-n", "2", "--oversubscribe", "--max-restarts", "2", *forks.python(), TRAIN]
-    cmd += [str(tmp_path), str(STEPS), "--delay", "0.1"]
+    cmd += [str(tmp_path), str(STEPS), "--delay", "0.1", "--hold"]
     env = mpi_env()
     proc = subprocess.Popen(
         cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

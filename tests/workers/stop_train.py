@@ -10,7 +10,9 @@ dropout. After every step it asks ``fm.stop_requested()``: on a stop it saves DI
 and exits with ``fm.REQUEUE_STATUS``. Rank 0 writes the number of steps done to DIR/progress.
 ``--workers N``: DataLoader workers; ``--generator``: the DataLoader gets a generator of its
 own. ``--signal-at K``: the last rank sends itself SIGUSR1 after step K (one rank, as a scheduler's
-signal may reach only one). ``--kill-at K``: the last rank SIGKILLs itself after step K. At the
+signal may reach only one). ``--hold``: before the last step, the ranks wait (barriers, up to
+HOLD_S) for a stop, so that a signal sent from outside lands before the end however loaded the
+machine is. ``--kill-at K``: the last rank SIGKILLs itself after step K. At the
 end every rank prints the digest of its model, optimizer and generator state; the ranks must
 hold the same model and optimizer.
 """
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 import fluxmpi_py as fm
 
 BATCH, N = 8, 256  # 128 samples per rank on 2 ranks: 16 steps per epoch
+HOLD_S = 120.0  # --hold: the longest wait for a stop before the last step
 
 
 def digest(*objects):
@@ -60,6 +63,7 @@ def main():
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--signal-at", type=int, default=-1)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--hold", action="store_true", help="wait for a stop before the last step")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--generator", action="store_true", help="DataLoader(generator=...)")
     args = p.parse_args()
@@ -111,6 +115,13 @@ def main():
                 print(f"rank {rank}: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(args.delay)
+            if args.hold and step == args.steps - 1:
+                # the same number of barriers on every rank: the stop is agreed at one of them
+                for _ in range(int(HOLD_S / 0.1)):
+                    fm.barrier()
+                    if fm.stop_requested():
+                        break
+                    time.sleep(0.1)
             if fm.stop_requested():
                 path = os.path.join(args.dir, f"ckpt-{step:04d}.pt")
                 state = data.state_dict(consumed=consumed)

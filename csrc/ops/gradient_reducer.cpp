@@ -40,12 +40,12 @@ std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
 // One bucket's collective, on the engine: `t` is what travels (complex as pairs), `wire` the
 // 16-bit buffer of a fused compressed bucket (cast back into `unpack_into` by `unpack_plan`).
 void reduce_bucket(const at::Tensor& t, ReduceOp op, std::optional<c10::ScalarType> comp, int world,
-                   bool direct, const at::Tensor& wire, const PackPlan& unpack_plan,
+                   bool prescaled, const at::Tensor& wire, const PackPlan& unpack_plan,
                    const std::vector<at::Tensor>& unpack_into) {
   Backend& be = backend_for(t);
-  // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
-  // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-  const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
+  // A bucket whose contributions its pack pre-scaled for "average" is summed; any other (a
+  // direct bucket, a float or double fused one) is averaged by the reduction itself.
+  const ReduceOp wire_op = op == ReduceOp::Average && prescaled ? ReduceOp::Sum : op;
   if (wire.defined()) {
     // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
     // cast back into the slots by one unpack.
@@ -105,11 +105,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   bucket_of_.assign(params_.size(), -1);
   slot_of_.assign(params_.size(), -1);
   state_.resize(buckets_.size());
-  // "average" pre-scales every contribution by 1/world in the bucket's pack, on every rank
-  // alike, so a fused bucket is summed with no division pass afterwards.
   const int world = current_group().size();
-  const double scale = opts_.op == ReduceOp::Average && world > 1 ? 1.0 / world : 1.0;
-  scaled_ = scale != 1.0;
+  const bool average = opts_.op == ReduceOp::Average && world > 1;
   const auto comp = compressed_dtype(opts_.compression);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bk = buckets_[b];
@@ -129,8 +126,15 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     const auto real = c10::toRealValueType(bk.dtype);
     const std::int64_t per = c10::isComplexType(bk.dtype) ? 2 : 1;
     std::vector<PackSource> sources;
-    for (auto i : bk.members) sources.push_back({real, params_[i].numel() * per, scale});
+    for (auto i : bk.members) sources.push_back({real, params_[i].numel() * per, 1.0});
     const auto wire = comp && *comp != real ? *comp : real;
+    // "average" of a 16-bit wire pre-scales every contribution by 1/world in the pack (so the
+    // sum cannot overflow), on every rank alike; a float or double bucket is averaged by the
+    // backend instead (the ring divides in its last step), which saves a pass over the bucket.
+    st.prescaled = average && wire != c10::kFloat && wire != c10::kDouble;
+    if (st.prescaled) {
+      for (auto& src : sources) src.scale = 1.0 / world;
+    }
     st.pack = plan_pack(sources, wire);
     if (wire != real) st.wire = at::zeros({st.pack.numel}, st.flat.options().dtype(wire));
   }
@@ -296,7 +300,7 @@ void GradientReducer::launch(std::int64_t b) {
   // (An average must scale in the pack on every rank alike: whether a rank's gradients are in
   // place is its own affair, so it may not decide how the ranks reduce.)
   const bool nothing_to_pack =
-      !wire.defined() && !scaled_ &&
+      !wire.defined() && !st.prescaled &&
       std::none_of(st.fresh.begin(), st.fresh.end(), [](auto f) { return f; });
   if (!bk.direct && !nothing_to_pack) {
     pack(st.pack, real_views(st.sources), wire.defined() ? wire : as_pairs(st.flat));
@@ -318,13 +322,14 @@ void GradientReducer::launch(std::int64_t b) {
   int world = current_group().size();
   auto failed = failed_;
   state_[b].launched = true;
-  const bool direct = bk.direct;
+  const bool prescaled = st.prescaled;
   state_[b].work = start(
-      labels_[b], [t, op, comp, world, failed, direct, wire, unpack_plan, unpack_into, order] {
+      labels_[b], [t, op, comp, world, failed, prescaled, wire, unpack_plan, unpack_into, order] {
         if (failed->load()) return;  // the step's agreement failed: move no data
         try {
-          order->run(
-              [&] { reduce_bucket(t, op, comp, world, direct, wire, unpack_plan, unpack_into); });
+          order->run([&] {
+            reduce_bucket(t, op, comp, world, prescaled, wire, unpack_plan, unpack_into);
+          });
         } catch (...) {
           failed->store(true);
           throw;

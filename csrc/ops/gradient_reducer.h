@@ -13,9 +13,11 @@
 // gradient is copied in once).
 //
 // A fused bucket moves its data with one pack and, when compressed, one unpack, both driven by
-// the bucket's pack plan (fusion/pack_plan.h): pack copies the fresh gradients in, applies the
-// average's 1/world and the cast to the wire dtype in one pass (one kernel launch on a GPU, on
-// the stream that produced the gradients); unpack casts the reduced values back into the slots.
+// the bucket's pack plan (fusion/pack_plan.h): pack copies the fresh gradients in, applies a
+// 16-bit wire's 1/world ("average") and the cast to the wire dtype in one pass (one kernel
+// launch on a GPU, on the stream that produced the gradients); unpack casts the reduced values
+// back into the slots. A float or double bucket's "average" is the backend's, with no pass of
+// its own (the ring divides in its last step).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -95,6 +97,7 @@ class GradientReducer {
     std::vector<std::uint8_t> fresh;
     at::Tensor wire;  // fused, compressed: the 16-bit buffer that travels
     PackPlan pack;    // fused: members -> flat (or wire), with the average's 1/world
+    bool prescaled = false;  // fused: pack scales by 1/world (a 16-bit wire's "average")
     std::shared_ptr<StreamHandOff> order;  // GPU: the bucket's producer and end (stream marks)
     int pending = 0;                       // members not yet ready this step
     bool launched = false;
@@ -130,7 +133,6 @@ class GradientReducer {
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;
   bool step_open_ = false;
-  bool scaled_ = false;      // the packs scale by 1/world ("average" on several ranks)
   bool all_host_ = false;    // every bucket on the host (see finalize: the inline step)
   bool run_inline_ = false;  // this step's collectives run on the calling thread (start)
   std::shared_ptr<Work> agree_work_;

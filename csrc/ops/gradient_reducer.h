@@ -31,22 +31,12 @@
 #include "backend/backend.h"
 #include "fusion/bucket_plan.h"
 #include "fusion/pack_plan.h"
+#include "ops/bucket_reduce.h"
 #include "ops/stream_order.h"
 #include "runtime/engine.h"
 #include "runtime/group.h"
 
 namespace fluxmpi {
-
-// How buckets travel: in the gradients' own dtype, or in 16 bits (float16 or bfloat16; the
-// result comes back into the full-precision gradients).
-enum class Compression { None, Fp16, Bf16 };
-
-// DistributedOptimizer's `compression`: "" or "none" -> None, "fp16" or "float16" -> Fp16,
-// "bf16" or "bfloat16" -> Bf16; a ValueError naming `name` otherwise.
-Compression parse_compression(const std::string& name);
-
-// "none", "fp16" or "bf16".
-const char* compression_name(Compression c);
 
 struct ReducerOptions {
   PlanOptions plan;
@@ -89,8 +79,8 @@ class GradientReducer {
   struct BucketState {
     at::Tensor flat;                // fused buckets: the flat buffer that grads view
     std::vector<at::Tensor> slots;  // fused: a view per member, shaped like the param
-    // Fused: what pack reads this step, one per member: a fresh gradient, or the member's slot
-    // when the gradient accumulated there (pack then scales it in place).
+    // Fused: what pack reads this step, one per member: a fresh gradient, or undefined for
+    // the member's slot, where the gradient accumulated (pack then scales it in place).
     std::vector<at::Tensor> sources;
     // Fused: member k's gradient was fresh this step; p.grad keeps the local gradient until
     // finalize() points it at its slot, which then holds the reduced value.
@@ -111,7 +101,8 @@ class GradientReducer {
   void agree_step(bool unclear, const std::string& local_error);
   // finalize(): params_[i]'s gradient is final; returns whether this rank has one.
   bool settle(std::size_t i);
-  void prepare(std::int64_t i);  // put params_[i]'s grad where its bucket reduces it
+  // Put params_[i]'s grad where its bucket reduces it; returns whether this rank has one.
+  bool prepare(std::int64_t i);
   void launch(std::int64_t b);
   void launch_ready();
   // Engine work of this step: submitted, or run now on this thread when run_inline_.

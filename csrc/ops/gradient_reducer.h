@@ -85,8 +85,8 @@ class GradientReducer {
     // Fused: member k's gradient was fresh this step; p.grad keeps the local gradient until
     // finalize() points it at its slot, which then holds the reduced value.
     std::vector<std::uint8_t> fresh;
-    at::Tensor wire;  // fused, compressed: the 16-bit buffer that travels
-    PackPlan pack;    // fused: members -> flat (or wire), with the average's 1/world
+    at::Tensor wire;         // fused, compressed: the 16-bit buffer that travels
+    PackPlan pack;           // fused: members -> flat (or wire), with the average's 1/world
     bool prescaled = false;  // fused: pack scales by 1/world (a 16-bit wire's "average")
     std::shared_ptr<StreamHandOff> order;  // GPU: the bucket's producer and end (stream marks)
     int pending = 0;                       // members not yet ready this step

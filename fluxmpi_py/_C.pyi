@@ -331,6 +331,7 @@ def plan_buckets(
     element_bytes: int | None = None,
     direct: bool = True,
 ) -> list[dict[str, Any]]: ...
+def same_objects(a: list[Any], b: list[Any]) -> bool: ...
 
 # ---- synchronize_ (bind_sync.cpp) ---------------------------------------------------------
 class ErrorClass:

@@ -44,6 +44,11 @@ class PieceView {
   std::vector<std::int64_t> starts_;
 };
 
+// Whether x / divisor may be computed as x * (1 / divisor): where the divisor is a power of
+// two its reciprocal is exact, so the bits are the division's, at a multiply's cost (a divide
+// has a fraction of a multiply's throughput).
+inline bool exact_inverse(int divisor) { return divisor > 0 && (divisor & (divisor - 1)) == 0; }
+
 // d <- op(d, got) over n elements; `divisor` > 1 (sums only): then divided, the last step of
 // an average. Min and max as Open MPI's MPI_MIN and MPI_MAX.
 template <typename T>
@@ -51,8 +56,13 @@ void combine(ReduceOp op, T* d, const T* got, std::int64_t n, int divisor) {
   switch (op) {
     case ReduceOp::Sum:
       if (divisor != 1) {
-        const T inv = static_cast<T>(divisor);
-        for (std::int64_t i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / inv;
+        const T by = static_cast<T>(divisor);
+        if (exact_inverse(divisor)) {
+          const T inv = static_cast<T>(1) / by;
+          for (std::int64_t i = 0; i < n; ++i) d[i] = (d[i] + got[i]) * inv;
+        } else {
+          for (std::int64_t i = 0; i < n; ++i) d[i] = (d[i] + got[i]) / by;
+        }
       } else {
         for (std::int64_t i = 0; i < n; ++i) d[i] += got[i];
       }
@@ -74,8 +84,13 @@ void combine_and_copy(ReduceOp op, T* d, const T* got, T* copy, std::int64_t n, 
   switch (op) {
     case ReduceOp::Sum:
       if (divisor != 1) {
-        const T inv = static_cast<T>(divisor);
-        for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = (d[i] + got[i]) / inv;
+        const T by = static_cast<T>(divisor);
+        if (exact_inverse(divisor)) {
+          const T inv = static_cast<T>(1) / by;
+          for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = (d[i] + got[i]) * inv;
+        } else {
+          for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = (d[i] + got[i]) / by;
+        }
       } else {
         for (std::int64_t i = 0; i < n; ++i) copy[i] = d[i] = d[i] + got[i];
       }

@@ -8,81 +8,15 @@
 
 #include "backend/select.h"
 #include "ops/bucket_pack.h"
+#include "ops/bucket_reduce.h"
 #include "ops/collectives.h"
 #include "ops/consensus.h"
+#include "ops/grad_prefetch.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 #include "runtime/user_call.h"
 
 namespace fluxmpi {
-
-namespace {
-
-// The dtype a compressed bucket travels in; none without compression.
-std::optional<c10::ScalarType> compressed_dtype(Compression c) {
-  switch (c) {
-    case Compression::Fp16: return c10::kHalf;
-    case Compression::Bf16: return c10::kBFloat16;
-    case Compression::None: break;
-  }
-  return std::nullopt;
-}
-
-// What pack sees of tensors: complex values as pairs of reals (the plan scales and casts
-// floating dtypes only).
-std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(as_pairs(t));
-  return out;
-}
-
-// One bucket's collective, on the engine: `t` is what travels (complex as pairs), `wire` the
-// 16-bit buffer of a fused compressed bucket (cast back into `unpack_into` by `unpack_plan`).
-void reduce_bucket(const at::Tensor& t, ReduceOp op, std::optional<c10::ScalarType> comp, int world,
-                   bool direct, const at::Tensor& wire, const PackPlan& unpack_plan,
-                   const std::vector<at::Tensor>& unpack_into) {
-  Backend& be = backend_for(t);
-  // A flat bucket's contributions are pre-scaled for "average" (by its pack), so it is
-  // summed; a direct bucket (autograd's own tensor) is averaged by the reduction itself.
-  const ReduceOp wire_op = op == ReduceOp::Average && !direct ? ReduceOp::Sum : op;
-  if (wire.defined()) {
-    // A fused bucket in 16 bits (the 1/world pre-scale keeps the sum from overflowing),
-    // cast back into the slots by one unpack.
-    allreduce_data(be, wire, wire_op, world, HalfReduction::Wire16);
-    unpack(unpack_plan, wire, unpack_into);
-  } else if (comp && *comp != t.scalar_type()) {
-    // Travel in 16 bits (the 1/world pre-scale keeps the sum from overflowing).
-    at::Tensor h = t.to(*comp);
-    allreduce_data(be, h, wire_op, world, HalfReduction::Wire16);
-    t.copy_(h);
-  } else {
-    // 16-bit gradients on a GPU reduce in 16 bits, each combine rounded, as DDP's do on
-    // NCCL (half the bytes of an fp32 temporary; bit-identical to it at 2 ranks, where
-    // there is one combine). On the host they accumulate in fp32, as the MPI path does.
-    const auto half = t.is_cuda() ? HalfReduction::Wire16 : HalfReduction::Fp32;
-    allreduce_data(be, t, wire_op, world, half);
-  }
-}
-
-}  // namespace
-
-Compression parse_compression(const std::string& name) {
-  if (name.empty() || name == "none") return Compression::None;
-  if (name == "fp16" || name == "float16") return Compression::Fp16;
-  if (name == "bf16" || name == "bfloat16") return Compression::Bf16;
-  TORCH_CHECK_VALUE(false, "DistributedOptimizer(compression='", name,
-                    "'): expected None, 'fp16' or 'bf16'");
-}
-
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::Fp16: return "fp16";
-    case Compression::Bf16: return "bf16";
-    case Compression::None: break;
-  }
-  return "none";
-}
 
 GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts)
     : params_(std::move(params)), opts_(opts) {
@@ -105,11 +39,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   bucket_of_.assign(params_.size(), -1);
   slot_of_.assign(params_.size(), -1);
   state_.resize(buckets_.size());
-  // "average" pre-scales every contribution by 1/world in the bucket's pack, on every rank
-  // alike, so a fused bucket is summed with no division pass afterwards.
   const int world = current_group().size();
-  const double scale = opts_.op == ReduceOp::Average && world > 1 ? 1.0 / world : 1.0;
-  scaled_ = scale != 1.0;
+  const bool average = opts_.op == ReduceOp::Average && world > 1;
   const auto comp = compressed_dtype(opts_.compression);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bk = buckets_[b];
@@ -129,8 +60,15 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     const auto real = c10::toRealValueType(bk.dtype);
     const std::int64_t per = c10::isComplexType(bk.dtype) ? 2 : 1;
     std::vector<PackSource> sources;
-    for (auto i : bk.members) sources.push_back({real, params_[i].numel() * per, scale});
+    for (auto i : bk.members) sources.push_back({real, params_[i].numel() * per, 1.0});
     const auto wire = comp && *comp != real ? *comp : real;
+    // "average" of a 16-bit wire pre-scales every contribution by 1/world in the pack (so the
+    // sum cannot overflow), on every rank alike; a float or double bucket is averaged by the
+    // backend instead (the ring divides in its last step), which saves a pass over the bucket.
+    st.prescaled = average && wire != c10::kFloat && wire != c10::kDouble;
+    if (st.prescaled) {
+      for (auto& src : sources) src.scale = 1.0 / world;
+    }
     st.pack = plan_pack(sources, wire);
     if (wire != real) st.wire = at::zeros({st.pack.numel}, st.flat.options().dtype(wire));
   }
@@ -226,24 +164,33 @@ std::shared_ptr<Work> GradientReducer::start(std::string label, std::function<vo
                      : Engine::get().submit(std::move(label), std::move(fn));
 }
 
-void GradientReducer::prepare(std::int64_t i) {
+bool GradientReducer::prepare(std::int64_t i) {
   auto& p = params_[i];
   const auto& bk = buckets_[bucket_of_[i]];
-  const at::Tensor& g = p.grad();
+  // The impl's own read: TensorBase::grad() also asks autograd whether p is a leaf (a virtual
+  // call and another cache line a parameter, for a warning that never concerns a parameter).
+  const at::Tensor& g = p.unsafeGetTensorImpl()->grad();
   if (!bk.direct && g.defined()) {
     // The common case of a fused bucket: the gradient is its slot, as finalize() left it and
     // the user zeroed it in place. One read of one TensorImpl (a 1000-parameter plan paid
-    // ~0.2 ms in the general checks below, mostly cache misses).
+    // ~0.2 ms in the general checks below, mostly cache misses), and no reference taken: an
+    // undefined source is the slot itself (see launch).
     auto& st = state_[bucket_of_[i]];
     const auto k = static_cast<std::size_t>(slot_of_[i]);
-    const at::Tensor& slot = st.slots[k];
-    if (g.unsafeGetTensorImpl() == slot.unsafeGetTensorImpl() && g.sizes() == p.sizes() &&
+    if (g.unsafeGetTensorImpl() == st.slots[k].unsafeGetTensorImpl() && g.sizes() == p.sizes() &&
         g.is_contiguous()) {
       st.fresh[k] = 0;
-      st.sources[k] = slot;
-      return;
+      st.sources[k].reset();
+      return true;
     }
   }
+  // The plan's caches (the slots, the bucket sizes) hold for the parameters' sizes when it was
+  // made: a parameter resized since (p.data = ...) is this rank's error, before any data moves.
+  const std::int64_t planned =
+      bk.direct ? bk.numel : state_[bucket_of_[i]].slots[slot_of_[i]].numel();
+  TORCH_CHECK(p.numel() == planned, "parameter ", i, " has ", p.numel(), " elements, but had ",
+              planned, " when its reduction was planned: resize no parameter after ",
+              "DistributedOptimizer or allreduce_gradients took it");
   if (g.defined()) {
     TORCH_CHECK(
         g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() && g.layout() == c10::kStrided,
@@ -253,27 +200,28 @@ void GradientReducer::prepare(std::int64_t i) {
   if (bk.direct) {
     if (!g.defined()) {
       zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
-      return;
+      return false;
     }
     // Reduced in its own storage; "average" divides inside the reduction (allreduce_data).
     if (!g.is_contiguous()) p.mutable_grad() = g.contiguous();
-    return;
+    return true;
   }
   auto& st = state_[bucket_of_[i]];
   const auto k = static_cast<std::size_t>(slot_of_[i]);  // a search here made a step O(n^2)
   at::Tensor& slot = st.slots[k];
   st.fresh[k] = 0;
+  st.sources[k].reset();  // the slot itself, unless a fresh gradient replaces it below
   if (!g.defined()) {
     slot.zero_();  // missing here: contribute zeros
-    st.sources[k] = slot;
-  } else if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
+    return false;
+  }
+  if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
     // A fresh gradient: the bucket's pack copies it in (scaled) at launch; from finalize() on,
     // it lives in its slot.
     st.sources[k] = g.contiguous();
     st.fresh[k] = 1;
-  } else {
-    st.sources[k] = slot;  // accumulated in place in its slot: pack scales it where it lives
   }
+  return true;  // else accumulated in place in its slot: pack scales it where it lives
 }
 
 at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
@@ -296,10 +244,15 @@ void GradientReducer::launch(std::int64_t b) {
   // (An average must scale in the pack on every rank alike: whether a rank's gradients are in
   // place is its own affair, so it may not decide how the ranks reduce.)
   const bool nothing_to_pack =
-      !wire.defined() && !scaled_ &&
+      !wire.defined() && !st.prescaled &&
       std::none_of(st.fresh.begin(), st.fresh.end(), [](auto f) { return f; });
   if (!bk.direct && !nothing_to_pack) {
-    pack(st.pack, real_views(st.sources), wire.defined() ? wire : as_pairs(st.flat));
+    std::vector<at::Tensor> from;  // what pack reads: the fresh gradients, else the slots
+    from.reserve(st.slots.size());
+    for (std::size_t k = 0; k < st.slots.size(); ++k) {
+      from.push_back(as_pairs(st.sources[k].defined() ? st.sources[k] : st.slots[k]));
+    }
+    pack(st.pack, from, wire.defined() ? wire : as_pairs(st.flat));
   }
   if (!bk.direct) {
     std::fill(st.sources.begin(), st.sources.end(), at::Tensor());
@@ -318,13 +271,14 @@ void GradientReducer::launch(std::int64_t b) {
   int world = current_group().size();
   auto failed = failed_;
   state_[b].launched = true;
-  const bool direct = bk.direct;
+  const bool prescaled = st.prescaled;
   state_[b].work = start(
-      labels_[b], [t, op, comp, world, failed, direct, wire, unpack_plan, unpack_into, order] {
+      labels_[b], [t, op, comp, world, failed, prescaled, wire, unpack_plan, unpack_into, order] {
         if (failed->load()) return;  // the step's agreement failed: move no data
         try {
-          order->run(
-              [&] { reduce_bucket(t, op, comp, world, direct, wire, unpack_plan, unpack_into); });
+          order->run([&] {
+            reduce_bucket(t, op, comp, world, prescaled, wire, unpack_plan, unpack_into);
+          });
         } catch (...) {
           failed->store(true);
           throw;
@@ -338,9 +292,8 @@ void GradientReducer::launch_ready() {
 
 bool GradientReducer::settle(std::size_t i) {
   ready_[i] = 1;
-  const bool here = params_[i].grad().defined();
+  const bool here = prepare(static_cast<std::int64_t>(i));
   present_[i] = here ? 1 : 0;
-  prepare(static_cast<std::int64_t>(i));
   --state_[bucket_of_[i]].pending;
   return here;
 }
@@ -392,7 +345,10 @@ bool GradientReducer::finalize(bool flag) {
     bool unclear = flag;
     std::string local_error;
     try {
-      for (std::size_t i = 0; i < params_.size(); ++i) unclear |= !settle(i);
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        prefetch_grad_path(params_, i);
+        unclear |= !settle(i);
+      }
     } catch (const c10::Error& e) {
       local_error = e.what_without_backtrace();
     }

@@ -13,9 +13,11 @@
 // gradient is copied in once).
 //
 // A fused bucket moves its data with one pack and, when compressed, one unpack, both driven by
-// the bucket's pack plan (fusion/pack_plan.h): pack copies the fresh gradients in, applies the
-// average's 1/world and the cast to the wire dtype in one pass (one kernel launch on a GPU, on
-// the stream that produced the gradients); unpack casts the reduced values back into the slots.
+// the bucket's pack plan (fusion/pack_plan.h): pack copies the fresh gradients in, applies a
+// 16-bit wire's 1/world ("average") and the cast to the wire dtype in one pass (one kernel
+// launch on a GPU, on the stream that produced the gradients); unpack casts the reduced values
+// back into the slots. A float or double bucket's "average" is the backend's, with no pass of
+// its own (the ring divides in its last step).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,22 +31,12 @@
 #include "backend/backend.h"
 #include "fusion/bucket_plan.h"
 #include "fusion/pack_plan.h"
+#include "ops/bucket_reduce.h"
 #include "ops/stream_order.h"
 #include "runtime/engine.h"
 #include "runtime/group.h"
 
 namespace fluxmpi {
-
-// How buckets travel: in the gradients' own dtype, or in 16 bits (float16 or bfloat16; the
-// result comes back into the full-precision gradients).
-enum class Compression { None, Fp16, Bf16 };
-
-// DistributedOptimizer's `compression`: "" or "none" -> None, "fp16" or "float16" -> Fp16,
-// "bf16" or "bfloat16" -> Bf16; a ValueError naming `name` otherwise.
-Compression parse_compression(const std::string& name);
-
-// "none", "fp16" or "bf16".
-const char* compression_name(Compression c);
 
 struct ReducerOptions {
   PlanOptions plan;
@@ -87,14 +79,15 @@ class GradientReducer {
   struct BucketState {
     at::Tensor flat;                // fused buckets: the flat buffer that grads view
     std::vector<at::Tensor> slots;  // fused: a view per member, shaped like the param
-    // Fused: what pack reads this step, one per member: a fresh gradient, or the member's slot
-    // when the gradient accumulated there (pack then scales it in place).
+    // Fused: what pack reads this step, one per member: a fresh gradient, or undefined for
+    // the member's slot, where the gradient accumulated (pack then scales it in place).
     std::vector<at::Tensor> sources;
     // Fused: member k's gradient was fresh this step; p.grad keeps the local gradient until
     // finalize() points it at its slot, which then holds the reduced value.
     std::vector<std::uint8_t> fresh;
-    at::Tensor wire;  // fused, compressed: the 16-bit buffer that travels
-    PackPlan pack;    // fused: members -> flat (or wire), with the average's 1/world
+    at::Tensor wire;         // fused, compressed: the 16-bit buffer that travels
+    PackPlan pack;           // fused: members -> flat (or wire), with the average's 1/world
+    bool prescaled = false;  // fused: pack scales by 1/world (a 16-bit wire's "average")
     std::shared_ptr<StreamHandOff> order;  // GPU: the bucket's producer and end (stream marks)
     int pending = 0;                       // members not yet ready this step
     bool launched = false;
@@ -108,7 +101,8 @@ class GradientReducer {
   void agree_step(bool unclear, const std::string& local_error);
   // finalize(): params_[i]'s gradient is final; returns whether this rank has one.
   bool settle(std::size_t i);
-  void prepare(std::int64_t i);  // put params_[i]'s grad where its bucket reduces it
+  // Put params_[i]'s grad where its bucket reduces it; returns whether this rank has one.
+  bool prepare(std::int64_t i);
   void launch(std::int64_t b);
   void launch_ready();
   // Engine work of this step: submitted, or run now on this thread when run_inline_.
@@ -130,7 +124,6 @@ class GradientReducer {
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;
   bool step_open_ = false;
-  bool scaled_ = false;      // the packs scale by 1/world ("average" on several ranks)
   bool all_host_ = false;    // every bucket on the host (see finalize: the inline step)
   bool run_inline_ = false;  // this step's collectives run on the calling thread (start)
   std::shared_ptr<Work> agree_work_;

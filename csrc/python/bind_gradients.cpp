@@ -140,6 +140,20 @@ void bind_gradients(py::module_& m) {
       "the exact path's int64 sums); None: each tensor's dtype size. `direct=False`: no tensor "
       "goes direct (a path that copies every value into its buffers)");
 
+  // allreduce_gradients' plan cache compares a call's parameters with the cached ones by
+  // identity: ~1 ns a tensor here against ~25 ns in Python's all(map(operator.is_, ...)).
+  m.def(
+      "same_objects",
+      [](const py::list& a, const py::list& b) {
+        if (a.size() != b.size()) return false;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          if (PyList_GET_ITEM(a.ptr(), i) != PyList_GET_ITEM(b.ptr(), i)) return false;
+        }
+        return true;
+      },
+      py::arg("a"), py::arg("b"),
+      "Whether lists a and b hold the same objects (by identity) in the same order");
+
   py::class_<GradientReducer, std::shared_ptr<GradientReducer>>(m, "GradientReducer")
       .def(py::init([](std::vector<at::Tensor> params, const ReducerOptions& options) {
              return std::make_shared<GradientReducer>(std::move(params), options);

@@ -4,12 +4,11 @@ parameter list."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 
 import torch
 
-from .._core import gradient_op_error
+from .._core import C, gradient_op_error
 from ..runtime.entry import entry_point
 from ._optimizer_args import reduction_options
 from ._reduction_plan import ReductionPlan, replan_if_changed
@@ -20,6 +19,28 @@ __all__ = ["allreduce_gradients"]
 
 
 _plan_cache: dict = {}
+# The last call's arguments (the very objects) with their checked options and repr: a loop
+# that passes the same arguments each step skips the checks (no allocation either).
+_last_options: list = [object(), None, None, None, ""]
+
+
+def _options(op, bucket_cap_mb, direct_min_bytes) -> tuple:
+    """The reduction's options and their repr, checked once for the same argument objects (by
+    identity: True is never taken for 1)."""
+    last = _last_options
+    if op is last[0] and bucket_cap_mb is last[1] and direct_min_bytes is last[2]:
+        return last[3], last[4]
+    op_error = gradient_op_error("allreduce_gradients", op)
+    if op_error:
+        raise ValueError(op_error)
+    options = reduction_options(
+        "allreduce_gradients",
+        op=op,
+        bucket_cap_mb=bucket_cap_mb,
+        direct_min_bytes=direct_min_bytes,
+    )
+    last[:] = [op, bucket_cap_mb, direct_min_bytes, options, repr(options)]
+    return options, last[4]
 
 
 @entry_point("allreduce_gradients()")
@@ -55,15 +76,7 @@ def allreduce_gradients(
     >>> m = fm.synchronize_(torch.nn.Linear(3, 1)); m(torch.ones(2, 3)).sum().backward()
     >>> fm.allreduce_gradients(m)
     """
-    op_error = gradient_op_error("allreduce_gradients", op)
-    if op_error:
-        raise ValueError(op_error)
-    options = reduction_options(
-        "allreduce_gradients",
-        op=op,
-        bucket_cap_mb=bucket_cap_mb,
-        direct_min_bytes=direct_min_bytes,
-    )
+    options, options_key = _options(op, bucket_cap_mb, direct_min_bytes)
     is_module = isinstance(model_or_params, torch.nn.Module)
     given = (
         list(model_or_params.parameters())
@@ -78,9 +91,9 @@ def allreduce_gradients(
 
     # The same parameters as last time (checked by identity, at C speed): reuse the plan, its
     # reducer and its buffers; per call that leaves the requires_grad check and the reduction.
-    key = (id(model_or_params), len(given), repr(options))
+    key = (id(model_or_params), len(given), options_key)
     hit = _plan_cache.get(key)
-    if hit is None or not all(map(operator.is_, hit[0], given)):
+    if hit is None or not C.same_objects(hit[0], given):
         if not is_module and not all(isinstance(p, torch.Tensor) for p in given):
             raise TypeError("allreduce_gradients takes an nn.Module or an iterable of tensors")
         if len(_plan_cache) > 8:

@@ -119,6 +119,35 @@ def case_allreduce_gradients_in_place_fresh_and_missing_mixed():
             )
 
 
+def case_allreduce_gradients_notices_replaced_and_resized_parameters():
+    # Its cached plan is reused for the same parameter objects: a parameter replaced in the
+    # same list re-plans (its gradient reduced), one resized raises on every rank
+    n, r = fm.total_workers(), fm.local_rank()
+    ps = [torch.nn.Parameter(torch.zeros(5)) for _ in range(40)]
+
+    def reduce_ones():
+        for p in ps:
+            p.grad = torch.full_like(p, r + 1.0)
+        fm.allreduce_gradients(ps, op="sum")
+        for i, p in enumerate(ps):
+            assert torch.all(p.grad == n * (n + 1) / 2), (i, p.grad)
+
+    reduce_ones()
+    reduce_ones()  # the cached plan
+    ps[7] = torch.nn.Parameter(torch.zeros(3, 2))
+    reduce_ones()
+    for p in ps:
+        p.grad.fill_(r + 1.0)  # in place, in the new plan's slots
+    fm.allreduce_gradients(ps, op="sum")
+    assert torch.all(ps[7].grad == n * (n + 1) / 2), ps[7].grad
+    with torch.no_grad():
+        if r == 0:  # one rank's error is every rank's
+            ps[3].data = torch.zeros(9)
+        ps[3].grad = torch.ones_like(ps[3])
+    raises(RuntimeError, lambda: fm.allreduce_gradients(ps, op="sum"), "parameter", "resize")
+    raises(ValueError, lambda: fm.allreduce_gradients(ps, op=True), "op")  # checked anew
+
+
 def case_first_step_checks_that_the_ranks_started_equal():
     n, r = fm.total_workers(), fm.local_rank()
     torch.manual_seed(r)  # a different start on each rank, and no synchronize_

@@ -65,7 +65,10 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
     // "average" of a 16-bit wire pre-scales every contribution by 1/world in the pack (so the
     // sum cannot overflow), on every rank alike; a float or double bucket is averaged by the
     // backend instead (the ring divides in its last step), which saves a pass over the bucket.
-    st.prescaled = average && wire != c10::kFloat && wire != c10::kDouble;
+    // (On CUDA the pack kernel keeps scaling every bucket: the backend's average of a fused
+    // CUDA bucket has not run on a GPU.)
+    st.prescaled =
+        average && (bk.device.is_cuda() || (wire != c10::kFloat && wire != c10::kDouble));
     if (st.prescaled) {
       for (auto& src : sources) src.scale = 1.0 / world;
     }

@@ -190,9 +190,8 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
     for (int s = 0; s < sets; ++s) {
       own[s].clear();
       next[s] = 0;
-      v.runs(part(s, rank) + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
-        own[s].push_back({at, pos, n});
-      });
+      v.runs(part(s, rank) + b, k,
+             [&](char* at, std::int64_t n, std::int64_t pos) { own[s].push_back({at, pos, n}); });
     }
     for (std::int64_t pos = 0; pos < k;) {
       std::int64_t end = k;
@@ -200,8 +199,8 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
         const Run& r = own[s][next[s]];
         end = std::min(end, r.pos + r.n);
         for (int j = 0; j < p; ++j) {
-          rows[s * p + j] = j == rank ? r.at + (pos - r.pos)
-                                      : slot(rank, s, (j - rank - 1 + p) % p) + pos;
+          rows[s * p + j] =
+              j == rank ? r.at + (pos - r.pos) : slot(rank, s, (j - rank - 1 + p) % p) + pos;
         }
       }
       pass(rows, results + pos, (b + pos) / elem, (end - pos) / elem);

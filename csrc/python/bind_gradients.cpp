@@ -188,8 +188,7 @@ void bind_gradients(py::module_& m) {
                                         std::move(segments), std::move(label), passes);
       },
       py::arg("index"), py::arg("plan"), py::arg("pieces"), py::arg("flat"), py::arg("rows"),
-      py::arg("most"), py::arg("segments"), py::arg("label"), py::kw_only(),
-      py::arg("passes") = 1,
+      py::arg("most"), py::arg("segments"), py::arg("label"), py::kw_only(), py::arg("passes") = 1,
       "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): pieces are "
       "the bucket's gradients in order (reduced in place), segments (start, end, scale, bound, "
       "divisor) in this rank's shard; passes > 1: the pieces hold that many passes' gradients "

@@ -195,7 +195,12 @@ def case_k_passes_sharded_int64_and_one_process_give_the_same_bits():
         counts = [0, 0, 0]  # calls through the window, float64 blocks, int64 blocks
         for step, top in enumerate((3, 3, 12, -2, 9)):
             with sharded_way() as moved:
-                micro_batches(sharded[0], rank, k, step, top)
+                calls = C.shared_owner_parts_calls()
+                for j in range(k - 1):
+                    backward(sharded[0], rank * k + j, step, top)
+                assert sharded[1]._exact.requests == [], "a pass before the last moved a bucket"
+                assert C.shared_owner_parts_calls() == calls
+                backward(sharded[0], rank * k + k - 1, step, top)
                 sharded[1].synchronize()
             counts = [a + b for a, b in zip(counts, moved)]
             micro_batches(int64[0], rank, k, step, top)

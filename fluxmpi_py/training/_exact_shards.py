@@ -43,8 +43,10 @@ from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, pl
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDED = True
 #: The most backward passes a step that take the sharded path (it holds every pass's
-#: gradients until the last one); more take the int64 path (the same bits).
-SHARDED_MAX_PASSES = 4
+#: gradients until the last one); more take the int64 path (the same bits). Measured (2 ranks,
+#: ResNet-50's shapes, four launches, docs/measurements.md): at k = 2 quicker than the int64
+#: path in every launch, at k = 4 in two of four, so k >= 3 keeps the int64 path (less memory).
+SHARDED_MAX_PASSES = 2
 
 
 def exact_sum_for(

@@ -227,6 +227,26 @@ def case_k_passes_sharded_int64_and_one_process_give_the_same_bits():
         assert counts[1] > 0 and counts[2] > 0, counts
 
 
+def case_k_up_to_the_limit_takes_the_sharded_path_by_default():
+    """Up to SHARDED_MAX_PASSES passes a step (every rank alike) the sharded path, one more
+    the int64 path; both give the bits above."""
+    most = _exact_shards.SHARDED_MAX_PASSES
+    assert most >= 2
+    for k, kind in (
+        (1, "ShardedExactSum"),
+        (most, "ShardedExactSum"),
+        (most + 1, "ExactGradientSum"),
+    ):
+        p = torch.nn.Parameter(torch.zeros(5))
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD([p], lr=0.0),
+            deterministic=True,
+            backward_passes_per_step=k,
+            check_every=0,
+        )
+        assert type(opt._exact).__name__ == kind, (k, type(opt._exact).__name__)
+
+
 def case_k_passes_the_window_the_alltoall_and_both_owner_passes_give_the_same_bits():
     """k = 2 with a bucket that takes several rounds of the window (the owner's blocks cut at
     the rounds' edges), each way and owner pass against the int64 path."""

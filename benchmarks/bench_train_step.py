@@ -127,7 +127,8 @@ def train_steps(make_model, x, y, comm, size, gloo, wanted=()):
 
     # ours with deterministic=True (exact sums, the same bits at any world size), and both
     # with two and four backward passes (micro-batches) per step; "_int64": through the int64
-    # path (the sharded float path's baseline, the same bits; k > 1 took it before issue 48)
+    # path (the sharded float path's baseline, the same bits; k > 1 took it until issue 48's
+    # one exchange a step of all k passes' values)
     for label, det, k in (
         ("ours_deterministic", True, 1),
         ("ours_deterministic_int64", True, 1),

@@ -308,7 +308,6 @@ def exact_sum_rows(
 ) -> float: ...
 def set_exact_float64_pass(on: bool) -> bool: ...
 def exact_sum_block_counts() -> tuple[int, int]: ...
-def exact_accumulator_blocks(numel: int) -> int: ...
 def exact_shard_bucket(
     index: int,
     plan: int,
@@ -319,10 +318,7 @@ def exact_shard_bucket(
     segments: Sequence[tuple[int, int, float, float, float]],
     label: str,
     *,
-    acc: torch.Tensor | None = None,
-    bounds: torch.Tensor | None = None,
-    first: bool = True,
-    last: bool = True,
+    passes: int = 1,
 ) -> Work: ...
 def plan_buckets(
     tensors: Sequence[torch.Tensor],

@@ -28,7 +28,7 @@ def parameters():
 
 def wrap(params, int64=False, **kw):
     """DistributedOptimizer over ``params``; ``int64``: the exact sums' int64 path, else their
-    sharded float path at any k (by default from k = 2 the int64 path)."""
+    sharded float path at any k (by default from k = 3 the int64 path)."""
     fm.Init()
     kw = {**KW, **kw}
     most = _exact_shards.SHARDED_MAX_PASSES

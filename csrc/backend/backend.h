@@ -99,11 +99,13 @@ class Backend {
   // of every rank's pieces. What an alltoall, the pass and an allgather do, without their
   // copies. Returns false, having moved nothing, where this backend has no memory that all
   // the ranks share (the caller takes that path); it decides from its kind and the ranks'
-  // hosts alone, so every rank of an agreed call decides alike. `results_back` false: the
-  // owners keep their results (a pass that only accumulates): nothing lands in the pieces.
+  // hosts alone, so every rank of an agreed call decides alike. `sets` > 1: the pieces hold
+  // `sets` such runs of `size` parts one after another (set s's part r at s * size + r); rank
+  // r's pass gets `sets * size` rows (set s's rank j's values at s * size + j), and the
+  // results land in the last set's part r alone.
   virtual bool reduce_parts_by_owner(const std::vector<BufferPiece>& pieces,
                                      std::int64_t part_count, c10::ScalarType dtype,
-                                     const OwnerPass& pass, bool results_back = true) {
+                                     const OwnerPass& pass, int sets = 1) {
     return false;
   }
 

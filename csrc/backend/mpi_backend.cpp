@@ -413,13 +413,12 @@ class MpiBackend final : public Backend {
   }
 
   bool reduce_parts_by_owner(const std::vector<BufferPiece>& pieces, std::int64_t part_count,
-                             c10::ScalarType dt, const OwnerPass& pass,
-                             bool results_back) override {
+                             c10::ScalarType dt, const OwnerPass& pass, int sets) override {
     const CommView v = c();
     if (v.size < 2 || !ring_options().list_shared_memory || layout().nodes != 1) return false;
     const auto elem = static_cast<std::int64_t>(c10::elementSize(dt));
-    BlockingCall guard("reduce_scatter", v.group, part_count * elem * v.size);
-    shared_owner_parts(pieces, part_count * elem, elem, pass, v.comm, v.rank, v.size, results_back);
+    BlockingCall guard("reduce_scatter", v.group, part_count * elem * v.size * sets);
+    shared_owner_parts(pieces, part_count * elem, elem, pass, v.comm, v.rank, v.size, sets);
     return true;
   }
 

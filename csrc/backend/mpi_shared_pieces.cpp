@@ -155,34 +155,64 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
   }
 }
 
-// Rounds of at most `cap` bytes of each part; slot s of rank c's window holds rank
-// (c + s + 1) % p's values of part c, slot p - 1 the owner's result, as in round() above.
-void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem,
-                 const OwnerPass& pass, MPI_Comm comm, int rank, int p, bool results_back) {
+// Rounds of at most `step` bytes of each part of each set (`step` = a slot's bytes / sets):
+// sub-slot s * (p - 1) + t of rank c's window holds set s of rank (c + t + 1) % p's values
+// of part c, all within the bytes of slots 0 to p - 2; slot p - 1 holds the owner's result,
+// as in round() above, at the same byte for every `sets`.
+void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem, int sets,
+                 const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
   const SharedWindow& w = window_of(comm, p);
-  const std::int64_t cap = slot_bytes(p);
-  auto slot = [&](int owner, int s) { return w.base[owner] + s * cap; };
-  std::vector<const void*> rows(static_cast<std::size_t>(p));
-  for (std::int64_t b = 0; b < part_bytes; b += cap) {
-    const std::int64_t k = std::min(cap, part_bytes - b);
-    for (int c = 0; c < p; ++c) {  // my values of the others' parts, into their windows
-      if (c == rank) continue;
-      char* dst = slot(c, (rank - c - 1 + p) % p);
-      v.runs(c * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
-        std::memcpy(dst + pos, at, static_cast<std::size_t>(n));
-      });
+  const std::int64_t step = slot_bytes(p) / sets / 64 * 64;
+  TORCH_INTERNAL_ASSERT(step > 0 && step % elem == 0);
+  auto slot = [&](int owner, int s, int t) { return w.base[owner] + (s * (p - 1) + t) * step; };
+  char* const results = w.base[rank] + (p - 1) * slot_bytes(p);
+  auto part = [&](int s, int c) { return (static_cast<std::int64_t>(s) * p + c) * part_bytes; };
+  struct Run {
+    char* at;
+    std::int64_t pos, n;
+  };
+  std::vector<std::vector<Run>> own(static_cast<std::size_t>(sets));
+  std::vector<std::size_t> next(own.size());
+  std::vector<const void*> rows(static_cast<std::size_t>(sets) * p);
+  for (std::int64_t b = 0; b < part_bytes; b += step) {
+    const std::int64_t k = std::min(step, part_bytes - b);
+    for (int s = 0; s < sets; ++s) {  // my values of the others' parts, into their windows
+      for (int c = 0; c < p; ++c) {
+        if (c == rank) continue;
+        char* dst = slot(c, s, (rank - c - 1 + p) % p);
+        v.runs(part(s, c) + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
+          std::memcpy(dst + pos, at, static_cast<std::size_t>(n));
+        });
+      }
     }
     meet(w, comm);
-    // every rank's values of my part (mine where they lie), a run of my pieces at a time
-    v.runs(rank * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
-      for (int j = 0; j < p; ++j)
-        rows[j] = j == rank ? at : slot(rank, (j - rank - 1 + p) % p) + pos;
-      pass(rows, slot(rank, p - 1) + pos, (b + pos) / elem, n / elem);
-    });
+    // every rank's values of my part (mine where they lie), cut where any set's pieces end
+    for (int s = 0; s < sets; ++s) {
+      own[s].clear();
+      next[s] = 0;
+      v.runs(part(s, rank) + b, k,
+             [&](char* at, std::int64_t n, std::int64_t pos) { own[s].push_back({at, pos, n}); });
+    }
+    for (std::int64_t pos = 0; pos < k;) {
+      std::int64_t end = k;
+      for (int s = 0; s < sets; ++s) {
+        const Run& r = own[s][next[s]];
+        end = std::min(end, r.pos + r.n);
+        for (int j = 0; j < p; ++j) {
+          rows[s * p + j] =
+              j == rank ? r.at + (pos - r.pos) : slot(rank, s, (j - rank - 1 + p) % p) + pos;
+        }
+      }
+      pass(rows, results + pos, (b + pos) / elem, (end - pos) / elem);
+      for (int s = 0; s < sets; ++s) {
+        if (own[s][next[s]].pos + own[s][next[s]].n == end) ++next[s];
+      }
+      pos = end;
+    }
     meet(w, comm);
-    for (int c = 0; c < p && results_back; ++c) {  // every owner's result, into my pieces
-      const char* src = slot(c, p - 1);
-      v.runs(c * part_bytes + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
+    for (int c = 0; c < p; ++c) {  // every owner's result, into my pieces of the last set
+      const char* src = w.base[c] + (p - 1) * slot_bytes(p);
+      v.runs(part(sets - 1, c) + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
         std::memcpy(at, src + pos, static_cast<std::size_t>(n));
       });
     }
@@ -196,16 +226,17 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
 
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
                         std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
-                        bool results_back) {
-  TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1);
+                        int sets) {
+  TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1 &&
+                        sets >= 1);
   std::int64_t total = 0;
   for (const auto& piece : pieces) {
     TORCH_INTERNAL_ASSERT(piece.bytes % elem == 0);
     total += piece.bytes;
   }
-  TORCH_INTERNAL_ASSERT(total == part_bytes * size);
+  TORCH_INTERNAL_ASSERT(total == part_bytes * size * sets);
   ++g_owner_calls;
-  owner_parts(PieceView<char>(pieces), part_bytes, elem, pass, comm, rank, size, results_back);
+  owner_parts(PieceView<char>(pieces), part_bytes, elem, sets, pass, comm, rank, size);
 }
 
 std::int64_t shared_owner_parts_calls() { return g_owner_calls.load(); }

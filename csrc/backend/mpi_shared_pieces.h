@@ -61,11 +61,12 @@ std::int64_t shared_reduce_scatter_calls();
 // lie) and writes the result into its window; after a second meeting every rank copies every
 // owner's result into its pieces. One copy in and one out per element, where an alltoall and
 // an allgather cost two each way here. `elem` is the element size in bytes. Same
-// requirements as shared_allreduce_pieces. `results_back` false: no copy out (the owners
-// keep their results).
+// requirements as shared_allreduce_pieces. `sets` > 1: `sets` such runs of parts, one after
+// another, each rank's values of all of them in one pass (Backend::reduce_parts_by_owner);
+// a round then moves 1 / sets of a slot of each, and the results go into the last set.
 void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
                         std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
-                        bool results_back = true);
+                        int sets = 1);
 
 // How many shared_owner_parts calls this process has made (for tests).
 std::int64_t shared_owner_parts_calls();

@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,21 +42,15 @@ struct ShardSegment {
 // dtype, size and `plan` (the caller's hash of the bucket's index and parameter shapes): a
 // mismatch raises on every rank from wait().
 //
-// Several backward passes a step: each pass's bucket is one such call, with `passes` set.
-// The owner then adds every rank's values of its shard into `passes->acc` (its accumulator,
-// exact_accumulate_parts) and, at the step's last pass alone, converts the sum once and sends
-// the results back; `most` keeps the largest |x| over the step's passes.
-struct ShardPasses {
-  at::Tensor acc;      // int64, the shard's size: the owner's exact sums
-  at::Tensor bounds;   // float64, exact_accumulator_blocks(shard): their blocks' state
-  bool first = false;  // the step's first pass: acc, bounds and most start from zero
-  bool last = false;   // the step's last pass: the results go back into the pieces
-};
+// Several backward passes a step (`passes` = k > 1): `pieces` hold the k passes' gradients,
+// pass after pass (k * flat.numel() / k values: `flat` and `rows` are k times a pass's bucket,
+// pass j's in their j-th k-th), moved in one exchange at the step's last pass; each owner sums
+// the k * W values of each element of its shard in one pass (the sum is exact, so the bits
+// are those of any other grouping), and the results land in the last pass's pieces alone.
 std::shared_ptr<Work> start_exact_shard_bucket(std::int64_t index, std::int64_t plan,
                                                std::vector<at::Tensor> pieces, at::Tensor flat,
                                                at::Tensor rows, at::Tensor most,
                                                std::vector<ShardSegment> segments,
-                                               std::string label,
-                                               std::optional<ShardPasses> passes = std::nullopt);
+                                               std::string label, int passes = 1);
 
 }  // namespace fluxmpi

@@ -220,69 +220,6 @@ double sum_parts(const T* const* rows, I64 count, T* out, I64 n, double scale, d
              : sum_parts_plain<T, kMultiply>(rows, count, out, n, scale, bound, divisor, float64);
 }
 
-// The owner's accumulator over several backward passes (exact_accumulate_parts): per block of
-// kBlock elements (aligned in the accumulator), `bounds[b] >= 0` means the block holds
-// float64 integers of magnitude at most bounds[b] (exact while below 2**52), and -1 that it
-// holds int64. A block starts in float64 (zeros, bound 0) and turns to int64, exactly, the
-// first time an addition could leave float64's exact integers (or reach the grid's bound, or
-// read a NaN); it never turns back within the step.
-template <typename T, bool kMultiply>
-double accumulate_parts(const T* const* rows, I64 count, I64* acc, double* bounds, I64 acc_numel,
-                        I64 lo, I64 n, T* out, double scale, double bound, double divisor,
-                        bool float64) {
-  WideBits<T> most = 0;
-  const double inverse = 1.0 / divisor;
-  for (I64 pos = lo; pos < lo + n;) {
-    const I64 blk = pos / kBlock;
-    const I64 m = std::min(lo + n, (blk + 1) * kBlock) - pos;
-    const I64 skip = pos - lo;
-    WideBits<T> block = 0;
-    for (I64 r = 0; r < count; ++r) {
-      const auto b = block_max_bits(rows[r] + skip, m);
-      block = b > block ? b : block;
-    }
-    most = block > most ? block : most;
-    const double a = static_cast<double>(std::bit_cast<Wide<T>>(block));  // NaN for a NaN
-    // |round(x * scale)| <= |x * scale| + 1
-    const double grows = static_cast<double>(count) * (a * scale + 1.0);
-    double& bd = bounds[blk];
-    if (float64 && bd >= 0 && a < bound && a * scale < kFastLimit && bd + grows < 0x1p52) {
-      g_f64_blocks.fetch_add(1, std::memory_order_relaxed);
-      auto* d = reinterpret_cast<double*>(acc + pos);
-      for (I64 r = 0; r < count; ++r) {
-        const T* g = rows[r] + skip;
-        for (I64 j = 0; j < m; ++j) d[j] += (widen(g[j]) * scale + kMagic) - kMagic;
-      }
-      bd += grows;
-      if (out != nullptr) {
-        T* o = out + skip;
-        for (I64 j = 0; j < m; ++j)
-          o[j] = static_cast<T>(kMultiply ? d[j] * inverse : d[j] / divisor);
-      }
-      pos += m;
-      continue;
-    }
-    g_int64_blocks.fetch_add(1, std::memory_order_relaxed);
-    if (bd >= 0) {  // the whole block to int64 (its float64 integers are exact)
-      const I64 b0 = blk * kBlock, b1 = std::min(acc_numel, b0 + kBlock);
-      const auto* d = reinterpret_cast<const double*>(acc + b0);
-      for (I64 j = 0; j < b1 - b0; ++j) acc[b0 + j] = static_cast<I64>(d[j]);
-      bd = -1.0;
-    }
-    for (I64 r = 0; r < count; ++r) {
-      const T* g = rows[r] + skip;
-      if (a < bound && a * scale < kFastLimit) {
-        quantize_fast(g, acc + pos, m, scale, true);
-      } else {
-        quantize_exact(g, acc + pos, m, scale, bound, true);
-      }
-    }
-    if (out != nullptr) dequantize<T, kMultiply>(acc + pos, out + skip, m, divisor);
-    pos += m;
-  }
-  return static_cast<double>(std::bit_cast<Wide<T>>(most));
-}
-
 // Whether 1 / d is a power of two that a double holds exactly (d = 2**k, |k| <= 1021): x / d
 // and x * (1 / d) are then the same exact quotient, rounded once the same way.
 // A finite power of two (frexp's mantissa 0.5) within [2**lo, 2**hi]: scaling by it, or by its
@@ -390,29 +327,6 @@ double exact_sum_rows(const at::Tensor& rows, const at::Tensor& out, double scal
   return exact_sum_parts(parts, out.data_ptr(), rows.size(1), rows.scalar_type(), scale, bound,
                          divisor);
 }
-
-double exact_accumulate_parts(const std::vector<const void*>& rows, std::int64_t* acc,
-                              double* bounds, std::int64_t acc_numel, std::int64_t lo,
-                              std::int64_t n, void* out, c10::ScalarType dtype, double scale,
-                              double bound, double divisor) {
-  TORCH_INTERNAL_ASSERT(!rows.empty() && n >= 0 && lo >= 0 && lo + n <= acc_numel &&
-                        power_of_two(scale));
-  const bool float64 = g_float64_pass.load(std::memory_order_relaxed);
-  double most = 0.0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, dtype, "exact_accumulate_parts", [&] {
-    const auto r = typed_rows<scalar_t>(rows);
-    auto* o = static_cast<scalar_t*>(out);
-    const auto count = static_cast<std::int64_t>(r.size());
-    most = exact_inverse(divisor)
-               ? accumulate_parts<scalar_t, true>(r.data(), count, acc, bounds, acc_numel, lo, n, o,
-                                                  scale, bound, divisor, float64)
-               : accumulate_parts<scalar_t, false>(r.data(), count, acc, bounds, acc_numel, lo, n,
-                                                   o, scale, bound, divisor, float64);
-  });
-  return most;
-}
-
-std::int64_t exact_accumulator_blocks(std::int64_t numel) { return (numel + kBlock - 1) / kBlock; }
 
 bool set_exact_float64_pass(bool on) { return g_float64_pass.exchange(on); }
 

@@ -45,23 +45,6 @@ double exact_sum_rows(const at::Tensor& rows, const at::Tensor& out, double scal
 double exact_sum_parts(const std::vector<const void*>& rows, void* out, std::int64_t n,
                        c10::ScalarType dtype, double scale, double bound, double divisor);
 
-// The owner's pass of a step of several backward passes (training/_exact_shards.py): adds
-// the quantized values of `rows` (as exact_sum_parts rounds them; `n` elements of `dtype` at
-// each) into elements [lo, lo + n) of the owner's accumulator `acc` (`acc_numel` 8-byte
-// values, zeroed with `bounds` at the step's first pass), exactly: per block of the
-// accumulator, float64 integers while that is exact, else int64 (`bounds`, one double per
-// exact_accumulator_blocks(acc_numel), says which and how large). With `out` (the step's last
-// pass), out = dtype(float64(sum) / divisor) for those elements: the bits of exact_quantize
-// on every row of every pass into one int64 accumulator, then exact_dequantize. Returns the
-// largest |x| read (NaN for a NaN). For callers that checked their buffers.
-double exact_accumulate_parts(const std::vector<const void*>& rows, std::int64_t* acc,
-                              double* bounds, std::int64_t acc_numel, std::int64_t lo,
-                              std::int64_t n, void* out, c10::ScalarType dtype, double scale,
-                              double bound, double divisor);
-
-// The number of `bounds` entries an accumulator of `numel` values needs.
-std::int64_t exact_accumulator_blocks(std::int64_t numel);
-
 // Turns the float64 pass off (false: every block in int64) or on; returns the previous
 // setting. For tests that compare the two passes.
 bool set_exact_float64_pass(bool on);

@@ -184,8 +184,6 @@ void bind_gradients(py::module_& m) {
   m.def("set_exact_float64_pass", &set_exact_float64_pass, py::arg("on"),
         "Turns the owner pass's float64 blocks off (every block summed in int64) or on; returns "
         "the previous setting (for tests; no Init)");
-  m.def("exact_accumulator_blocks", &exact_accumulator_blocks, py::arg("numel"),
-        "The length of exact_shard_bucket's bounds for an accumulator of numel values");
   m.def("exact_sum_block_counts", &exact_sum_block_counts,
         "(float64 blocks, int64 blocks) the owner passes of this process have summed (for "
         "tests)");
@@ -194,26 +192,21 @@ void bind_gradients(py::module_& m) {
       [](std::int64_t index, std::int64_t plan, std::vector<at::Tensor> pieces,
          const at::Tensor& flat, const at::Tensor& rows, const at::Tensor& most,
          const std::vector<std::tuple<std::int64_t, std::int64_t, double, double, double>>& segs,
-         std::string label, std::optional<at::Tensor> acc, std::optional<at::Tensor> bounds,
-         bool first, bool last) {
+         std::string label, int passes) {
         env();
         std::vector<ShardSegment> segments;
         segments.reserve(segs.size());
         for (const auto& [start, end, scale, bound, divisor] : segs)
           segments.push_back({start, end, scale, bound, divisor});
-        std::optional<ShardPasses> passes;
-        if (acc) passes = ShardPasses{*acc, bounds.value(), first, last};
         return start_exact_shard_bucket(index, plan, std::move(pieces), flat, rows, most,
                                         std::move(segments), std::move(label), passes);
       },
       py::arg("index"), py::arg("plan"), py::arg("pieces"), py::arg("flat"), py::arg("rows"),
-      py::arg("most"), py::arg("segments"), py::arg("label"), py::kw_only(),
-      py::arg("acc") = py::none(), py::arg("bounds") = py::none(), py::arg("first") = true,
-      py::arg("last") = true,
+      py::arg("most"), py::arg("segments"), py::arg("label"), py::kw_only(), py::arg("passes") = 1,
       "Start one bucket of the sharded exact sum on the engine (ops/exact_shards.h): pieces are "
       "the bucket's gradients in order (reduced in place), segments (start, end, scale, bound, "
-      "divisor) in this rank's shard; with acc and bounds (several passes a step), the owner "
-      "adds into acc and converts at the last pass alone; returns its Work");
+      "divisor) in this rank's shard; passes > 1: the pieces hold that many passes' gradients "
+      "(flat and rows that many buckets), summed in one exchange; returns its Work");
 }
 
 }  // namespace fluxmpi

@@ -18,12 +18,15 @@ engine runs its work in submission order, and buckets start in bucket order, so 
 issues the same collectives in the same order. The buffers are made once and reused every
 step.
 
-With k backward passes a step (``backward_passes_per_step=k``), every pass moves its bucket
-to the owners in the same way, and each owner adds the ranks' values into its own exact sums
-of its shard (``C.exact_shard_bucket(..., acc=...)``: float64 integers per block of 2048
-values while that is exact, else int64); only the last pass converts them, once, and sends
-the results back. Pass p's gradients are copied into one of two buffers per bucket (p % 2),
-so a pass never writes where the previous pass's bucket may still be read.
+With k backward passes a step (``backward_passes_per_step=k``), the passes before the last
+move nothing: each keeps its gradients (backward's own tensors, or copies in its own part of
+the bucket's buffer, which holds k passes' buckets one after another). In the last pass each
+complete bucket moves all k passes' values to the owners in one exchange
+(``C.exact_shard_bucket(..., passes=k)``), and each owner sums the k * W values of each of its
+elements in the same one pass (any grouping of an exact sum gives the same integers, so the
+bits of the int64 path): one exchange and one agreement a bucket a step, as at k = 1, carrying
+k times the values; no accumulator is written. It holds k passes' gradients until the last
+pass, so only k up to :data:`SHARDED_MAX_PASSES` takes it.
 """
 
 from __future__ import annotations
@@ -39,12 +42,11 @@ from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, pl
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDED = True
-#: The most backward passes a step that take the sharded path; more take the int64 path (the
-#: same bits). Each pass moves its buckets here, where the int64 path moves one int64 bucket a
-#: step: on a quiet VM (2 ranks, ResNet-50's shapes, two launches) k = 2 was 1.68-1.82x the
-#: default step through the sharded path against 1.42-1.50x through the int64 path, so only
-#: k = 1 takes it (docs/measurements.md). Tests raise it to run the k-pass sharded path.
-SHARDED_MAX_PASSES = 1
+#: The most backward passes a step that take the sharded path (it holds every pass's
+#: gradients until the last one); more take the int64 path (the same bits). Measured (2 ranks,
+#: ResNet-50's shapes, four launches, docs/measurements.md): at k = 2 quicker than the int64
+#: path in every launch, at k = 4 in two of four, so k >= 3 keeps the int64 path (less memory).
+SHARDED_MAX_PASSES = 2
 
 
 def exact_sum_for(
@@ -84,8 +86,7 @@ def exact_sum_for(
 class ShardedExactSum(ExactSum):
     """Buckets of floats, each moved to the shards' owners, summed there in one fused pass
     (``C.exact_sum_rows``'s) and moved back, as one item of engine work; with k passes a step,
-    every pass's bucket is moved and added into the owners' exact sums, and the last pass
-    converts and moves back."""
+    the last pass moves every pass's values of the bucket at once."""
 
     def __init__(
         self,
@@ -105,14 +106,12 @@ class ShardedExactSum(ExactSum):
             order, names, plan, passes_per_step=passes_per_step, micro_batches=micro_batches,
             average=options.op == "average", group=group,
         )  # fmt: skip
-        self.flats: list[torch.Tensor] = []  # per bucket, W shards; the result after step()
-        # k > 1: per bucket, the second buffer (odd passes), the owner's exact sums of its
-        # shard (int64 storage) and their blocks' state
-        self.spares: list[torch.Tensor] = []
-        self.accs: list[torch.Tensor] = []
-        self.bounds: list[torch.Tensor] = []
-        # per bucket, the ranks' values of this rank's shard (without shared memory; untouched,
-        # hence never paged in, with it)
+        # per bucket, k passes' buckets of W shards each, one after another; the last pass's
+        # holds the result after step()
+        self.flats: list[torch.Tensor] = []
+        self.sizes: list[int] = []  # per bucket, one pass's values (W shards, padded)
+        # per bucket, the ranks' values of this rank's shard, each pass's (without shared
+        # memory; untouched, hence never paged in, with it)
         self.rows: list[torch.Tensor] = []
         self.most: list[torch.Tensor] = []  # per bucket, float64: each segment's largest |g|
         self.plans: list[int] = []  # per bucket, the hash of its shapes the ranks compare
@@ -124,14 +123,9 @@ class ShardedExactSum(ExactSum):
             numel = sum(self.order[i].numel() for i in members)
             shard = -(-numel // world)
             dtype = self.order[members[0]].dtype
-            self.flats.append(torch.zeros(shard * world, dtype=dtype))
-            self.rows.append(torch.empty(shard * world, dtype=dtype))
-            if self.k > 1:
-                self.spares.append(torch.zeros(shard * world, dtype=dtype))
-                self.accs.append(torch.empty(shard, dtype=torch.int64))
-                self.bounds.append(
-                    torch.empty(C.exact_accumulator_blocks(shard), dtype=torch.float64)
-                )
+            self.sizes.append(shard * world)
+            self.flats.append(torch.zeros(shard * world * self.k, dtype=dtype))
+            self.rows.append(torch.empty(shard * world * self.k, dtype=dtype))
             lo, hi = rank * shard, (rank + 1) * shard
             at, mine = 0, []
             for i in members:
@@ -147,83 +141,47 @@ class ShardedExactSum(ExactSum):
 
     def _reset_step(self) -> None:
         super()._reset_step()
-        self.works: list = []  # every bucket started this step, all passes, in order
-        self.failed: list[Exception] = []  # raised while waiting for a buffer (at step())
-        # per bucket and buffer, the last work that reads it (k > 1: a pass waits for it)
-        self.reading: dict[tuple[int, int], C.Work] = {}
-        self._reset_pass()
-        self.last_kept = self.kept
-
-    def _reset_pass(self) -> None:
-        self.missing = [len(m) for m in self.buckets]  # members not yet ready in this pass
-        self.requests = []  # this pass's started buckets, in bucket order
-        self.now = [False] * len(self.order)  # a gradient in this pass
-        # per parameter, this pass's gradient when it is reduced where it lies (else None: it
-        # was copied into the bucket's flat buffer)
-        self.kept: list[torch.Tensor | None] = [None] * len(self.order)
+        # per pass and parameter, that pass's gradient when it is reduced where it lies (else
+        # None: it was copied into the bucket's buffer, or there was none)
+        self.kept: list[list[torch.Tensor | None]] = [
+            [None] * len(self.order) for _ in range(self.k)
+        ]
+        self.now = [[False] * len(self.order) for _ in range(self.k)]  # per pass: a gradient
         self.kept_at: set[int] = set()  # their data pointers: no two pieces may overlap
 
-    def _buffer(self, b: int, p: int | None = None) -> torch.Tensor:
-        """Bucket ``b``'s flat buffer for pass ``p`` (this one by default)."""
-        p = self.passes if p is None else p
-        return self.spares[b] if p % 2 else self.flats[b]
-
-    def _free(self, b: int) -> None:
-        """Before this pass writes into bucket ``b``'s buffer: wait for the work of two passes
-        ago that reads it (done long since, as a rule; a no-op once done in a pass)."""
-        work = self.reading.pop((b, self.passes % 2), None)
-        if work is not None:
-            try:
-                work.wait()
-            except Exception as e:  # noqa: BLE001 - a disagreement: raised at step()
-                self.failed.append(e)
-
     def _view(self, i: int, p: int | None = None) -> torch.Tensor:
+        """Parameter ``i``'s values of pass ``p`` (this one by default) in its bucket."""
         b, at = self.bucket_of[i], self.at[i]
-        return self._buffer(b, p)[at : at + self.order[i].numel()]
+        at += self.sizes[b] * (self.passes if p is None else p)
+        return self.flats[b][at : at + self.order[i].numel()]
 
-    # ---- during backward: every pass (k > 1) moves its buckets ------------------------
+    # ---- during backward: the last pass moves its buckets -----------------------------
     def add(self, i: int, last_pass: bool) -> None:
-        """Take parameter ``i``'s gradient of this pass off the parameter and start the
-        buckets that are complete. A pass beyond the k-th is counted, not reduced (``step()``
-        then raises on every rank)."""
+        """Take parameter ``i``'s gradient of this pass off the parameter; in the step's k-th
+        pass, start the buckets that are complete. A pass beyond the k-th is counted, not
+        reduced (``step()`` then raises on every rank)."""
         p = self.order[i]
         if p.grad is not None:
             if self.passes < self.k:
                 self._take(i, p.grad)
-                self.now[i] = True
+                self.now[self.passes][i] = True
             self.written[i] = True
             p.grad = None
-        if self.passes < self.k:
+        if self.passes == self.k - 1:
             self.missing[self.bucket_of[i]] -= 1
             self._start_ready()
 
     def end_pass(self, last_pass: bool) -> None:
-        """The end of a backward pass: start every bucket of it not started (their
+        """The end of a backward pass; after the k-th, start every bucket not started (their
         parameters had no gradient on this rank)."""
-        self._finish_pass()
-
-    def _finish_pass(self) -> None:
-        if self.passes < self.k:
-            while len(self.requests) < len(self.buckets):
-                self._start(len(self.requests))
         if self.passes == self.k - 1:
-            self.last_kept = self.kept
+            self._start_rest()
         self.passes += 1
-        self._reset_pass()
-
-    def _start_rest(self) -> None:
-        # A rank that ran fewer passes than k (step() then raises on every rank) still moves
-        # every pass's buckets, zeros where it had no gradient: the ranks' collectives pair.
-        counted = self.passes
-        while self.passes < self.k:
-            self._finish_pass()
-        self.passes = counted
 
     def _take(self, i: int, g: torch.Tensor) -> None:
         """Keep the gradient as its own piece of the bucket, reduced in place (no copy), when
         it is a plain tensor of its own: contiguous, of p's dtype and shape, on the CPU, the
-        whole of its storage and no other piece's; else copy it into the flat buffer."""
+        whole of its storage and no other piece's; else copy it into the bucket's buffer."""
         own = (
             plain_gradient_of(g, self.order[i])
             and g.storage_offset() == 0
@@ -231,59 +189,44 @@ class ShardedExactSum(ExactSum):
             and g.data_ptr() not in self.kept_at
         )
         g = g.detach()
-        if self.k > 1:
-            self._free(self.bucket_of[i])  # before this pass writes into the bucket's buffer
-        old = self.kept[i]
-        if old is not None:  # a second pass before step() (which then raises)
-            self.kept_at.discard(old.data_ptr())
         if own and g.numel() > 0:
-            self.kept[i] = g.view(-1)
+            self.kept[self.passes][i] = g.view(-1)
             self.kept_at.add(g.data_ptr())
         else:
-            self.kept[i] = None
             self._view(i).copy_(g.reshape(-1))
 
     def _start(self, b: int) -> None:
-        if self.k > 1:
-            self._free(b)  # where no gradient of this pass took the buffer yet
+        """Start bucket ``b`` with every pass's values (zeros where a pass had no gradient:
+        also for the passes a rank that ran fewer than k did not run; step() then raises)."""
         pieces = []
-        for i in self.buckets[b]:
-            kept = self.kept[i]
-            if kept is None:
-                view = self._view(i)
-                if not self.now[i]:  # no gradient this pass on this rank: adds nothing
-                    view.zero_()
-                pieces.append(view)
-            else:
-                pieces.append(kept)
-        flat = self._buffer(b)
         used = sum(self.order[i].numel() for i in self.buckets[b])
-        if used < flat.numel():
-            pieces.append(flat[used:])  # the padding (zeros)
+        for p in range(self.k):
+            for i in self.buckets[b]:
+                kept = self.kept[p][i]
+                if kept is None:
+                    view = self._view(i, p)
+                    if not self.now[p][i]:  # no gradient this pass on this rank: adds nothing
+                        view.zero_()
+                    pieces.append(view)
+                else:
+                    pieces.append(kept)
+            if used < self.sizes[b]:  # the padding (zeros)
+                pieces.append(self.flats[b][p * self.sizes[b] + used : (p + 1) * self.sizes[b]])
         segments = [(lo, hi, *self.scaling(i)) for i, lo, hi in self.segments[b]]
         label = f"deterministic gradient bucket {b + 1} of {len(self.buckets)}"
-        several = self.k > 1
-        if several:
-            label += f", pass {self.passes + 1} of {self.k}"
         with on_group(self.group, "DistributedOptimizer(deterministic=True)"):
             work = C.exact_shard_bucket(
-                b, self.plans[b], pieces, flat, self.rows[b], self.most[b], segments, label,
-                acc=self.accs[b] if several else None,
-                bounds=self.bounds[b] if several else None,
-                first=self.passes == 0,
-                last=self.passes == self.k - 1,
+                b, self.plans[b], pieces, self.flats[b], self.rows[b], self.most[b], segments,
+                label, passes=self.k,
             )  # fmt: skip
         self.requests.append(work)
-        self.works.append(work)
-        if self.k > 1:
-            self.reading[(b, self.passes % 2)] = work
 
     def _complete(self) -> list[float]:
         """Wait for every bucket; returns the largest |g| of each parameter over the values
         this rank summed (-1: none)."""
         most = [-1.0] * len(self.order)
-        failed = self.failed
-        for work in self.works:  # all of them: none may still use the buffers next step
+        failed = []
+        for work in self.requests:  # all of them: none may still use the buffers next step
             try:
                 work.wait()
             except Exception as e:  # a disagreement: raised on every rank
@@ -297,6 +240,6 @@ class ShardedExactSum(ExactSum):
         return most
 
     def _result(self, i: int) -> torch.Tensor:
-        kept = self.last_kept[i]
+        kept = self.kept[self.k - 1][i]
         view = self._view(i, self.k - 1)
         return (view if kept is None else kept).view(self.order[i].shape)

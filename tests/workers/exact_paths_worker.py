@@ -181,9 +181,10 @@ def micro_batches(params, rank, k, step, top):
 
 
 def case_k_passes_sharded_int64_and_one_process_give_the_same_bits():
-    """k = 2 and 4 passes a step: every pass through the owners' exact sums (issue 48), the
-    bits of the int64 path and of one process running all W * k micro-batches in turn; some
-    parameters lack a gradient in some passes (micro-batch 0 leaves one out)."""
+    """k = 2 and 4 passes a step: the k passes' values moved in one exchange at the last pass
+    and summed by their owners at once (issue 48), the bits of the int64 path and of one
+    process running all W * k micro-batches in turn; some parameters lack a gradient in some
+    passes (micro-batch 0 leaves one out)."""
     rank, world = fm.local_rank(), fm.total_workers()
     solo = [fm.new_group([r]) for r in range(world)]
     for k in (2, 4):
@@ -194,7 +195,12 @@ def case_k_passes_sharded_int64_and_one_process_give_the_same_bits():
         counts = [0, 0, 0]  # calls through the window, float64 blocks, int64 blocks
         for step, top in enumerate((3, 3, 12, -2, 9)):
             with sharded_way() as moved:
-                micro_batches(sharded[0], rank, k, step, top)
+                calls = C.shared_owner_parts_calls()
+                for j in range(k - 1):
+                    backward(sharded[0], rank * k + j, step, top)
+                assert sharded[1]._exact.requests == [], "a pass before the last moved a bucket"
+                assert C.shared_owner_parts_calls() == calls
+                backward(sharded[0], rank * k + k - 1, step, top)
                 sharded[1].synchronize()
             counts = [a + b for a, b in zip(counts, moved)]
             micro_batches(int64[0], rank, k, step, top)
@@ -213,11 +219,32 @@ def case_k_passes_sharded_int64_and_one_process_give_the_same_bits():
             for _, opt in (sharded, int64, one):
                 with opt.skip_synchronize():
                     opt.step()
-        # one window call a bucket a pass on one host; float64 blocks, and int64 ones where
-        # step 2's values outgrow them
+        # one window call a bucket a step on one host, carrying all k passes (none in the
+        # passes before the last); float64 blocks, and int64 ones where step 2's values
+        # outgrow them
         buckets = len(sharded[1]._exact.buckets)
-        assert counts[0] == (5 * k * buckets if world > 1 else 0), counts
+        assert counts[0] == (5 * buckets if world > 1 else 0), counts
         assert counts[1] > 0 and counts[2] > 0, counts
+
+
+def case_k_up_to_the_limit_takes_the_sharded_path_by_default():
+    """Up to SHARDED_MAX_PASSES passes a step (every rank alike) the sharded path, one more
+    the int64 path; both give the bits above."""
+    most = _exact_shards.SHARDED_MAX_PASSES
+    assert most >= 2
+    for k, kind in (
+        (1, "ShardedExactSum"),
+        (most, "ShardedExactSum"),
+        (most + 1, "ExactGradientSum"),
+    ):
+        p = torch.nn.Parameter(torch.zeros(5))
+        opt = fm.DistributedOptimizer(
+            torch.optim.SGD([p], lr=0.0),
+            deterministic=True,
+            backward_passes_per_step=k,
+            check_every=0,
+        )
+        assert type(opt._exact).__name__ == kind, (k, type(opt._exact).__name__)
 
 
 def case_k_passes_the_window_the_alltoall_and_both_owner_passes_give_the_same_bits():
@@ -277,7 +304,7 @@ def case_the_gradients_are_reduced_where_they_lie():
     at = next(k for k, q in enumerate(exact.order) if q is params[0])  # p0, in backward order
     wide = torch.ones(2 * SHAPES[0][0])  # every other value of a larger tensor
     exact._take(at, wide[::2])
-    assert exact.kept[at] is None and inside(exact._view(at))
+    assert exact.kept[0][at] is None and inside(exact._view(at))
     assert torch.equal(exact._view(at), wide[::2])
     exact._reset_step()
 

@@ -345,8 +345,9 @@ struct Offer {
   bool divided = false;  // an average of floats divided as allreduce_divided does
 };
 
-bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, bool allreduce, Signature& s,
-                     Offer& o) {
+bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, std::int64_t root,
+                     Signature& s, Offer& o) {
+  const bool allreduce = root < 0;
   const Group& e = current_group();
   if (s.error != ErrorClass::None || e.size() < 2 || !t.is_cpu() || t.numel() == 0) return false;
   if (order != SumOrder::Fastest) return false;
@@ -367,13 +368,17 @@ bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, bool allr
   o.carry.op = wop;
   o.carry.data = o.c.data_ptr();
   o.carry.bytes = bytes;
+  o.carry.root = root;
+  o.carry.dest = o.c.data_ptr();
   return true;
 }
 
 // The carried result into the tensor: only once the agreement passed on every rank.
 void take_reduction(const at::Tensor& t, ReduceOp op, const Offer& o, int world) {
   c10::AutoGradMode no_grad(false);
-  std::memcpy(o.c.data_ptr(), o.carry.result, static_cast<std::size_t>(o.carry.bytes));
+  if (o.carry.result != o.c.data_ptr()) {
+    std::memcpy(o.c.data_ptr(), o.carry.result, static_cast<std::size_t>(o.carry.bytes));
+  }
   if (op == ReduceOp::Average) average_in_place(o.c, world, o.divided);
   write_back(o.c, t);
 }
@@ -402,7 +407,7 @@ void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
   s.joinable = Joinable::Allreduce;
   bool joined = false;
   Offer o;
-  const bool offered = offer_reduction(t, op, order, /*allreduce=*/true, s, o);
+  const bool offered = offer_reduction(t, op, order, /*root=*/-1, s, o);
   agree(
       s, "allreduce_()", msg, [&] { return describe(tensor); }, nullptr, &joined,
       offered ? &o.carry : nullptr);
@@ -436,10 +441,10 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
     carry.kind = kEnvelopeTake;
     carry.bytes = bytes;
     carry.present = is_root;
-    if (is_root) {
-      c = staging(t, t.scalar_type());
-      carry.data = c.data_ptr();
-    }
+    carry.root = root;
+    c = staging(t, t.scalar_type());
+    carry.data = is_root ? c.data_ptr() : nullptr;
+    carry.dest = is_root ? nullptr : c.data_ptr();
   }
   agree(
       s, "bcast_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
@@ -447,8 +452,9 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
   if (carry.carried) {
     if (is_root) return;  // the root's values do not change
     c10::AutoGradMode no_grad(false);
-    c = staging(t, t.scalar_type());
-    std::memcpy(c.data_ptr(), carry.result, static_cast<std::size_t>(bytes));
+    if (carry.result != c.data_ptr()) {
+      std::memcpy(c.data_ptr(), carry.result, static_cast<std::size_t>(bytes));
+    }
     return write_back(c, t);
   }
   broadcast_data(backend_for(t), t, static_cast<int>(root));
@@ -465,7 +471,7 @@ void reduce_checked(const at::Tensor& tensor, const std::string& opname, std::in
   check_op_dtype(op, t, s, msg);
   check_root(root, s, msg);
   Offer o;
-  const bool offered = offer_reduction(t, op, SumOrder::Fastest, /*allreduce=*/false, s, o);
+  const bool offered = offer_reduction(t, op, SumOrder::Fastest, root, s, o);
   agree(
       s, "reduce_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
       offered ? &o.carry : nullptr);

@@ -9,7 +9,7 @@
 
 #include "backend/mpi_ring.h"
 #include "backend/select.h"
-#include "ops/carried.h"
+#include "ops/carried_offer.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 #include "runtime/hash.h"
@@ -100,15 +100,10 @@ void divide_by(const at::Tensor& x, int world) {
   }
 }
 
-namespace {
-
-// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
 at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
   if (t.scalar_type() == dt && t.is_contiguous()) return t;
   return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
 }
-
-}  // namespace
 
 // Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
 // in-place op would (a saved tensor modified by a collective then fails loudly in backward).
@@ -116,9 +111,6 @@ void bump_version(const at::Tensor& t) {
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
 }
 
-namespace {
-
-// The reduced buffer `c` back into `t`.
 void write_back(const at::Tensor& c, const at::Tensor& t) {
   if (c.is_same(t)) {
     bump_version(t);
@@ -126,8 +118,6 @@ void write_back(const at::Tensor& c, const at::Tensor& t) {
     t.copy_(c);
   }
 }
-
-}  // namespace
 
 ErrorClass validate_tensor(const at::Tensor& t, std::string& msg) {
   if (!t.defined()) {
@@ -315,76 +305,6 @@ at::Tensor as_pairs(const at::Tensor& t) {
   return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
 }
 
-namespace {
-
-// The sum over the ranks into the average, as allreduce_divided does it (float and double:
-// each element divided in its own type) or divide_by (integers).
-void average_in_place(const at::Tensor& c, int world, bool divided) {
-  if (!divided) return divide_by(c, world);
-  if (c.scalar_type() == c10::kFloat) {
-    auto* p = c.data_ptr<float>();
-    const float d = static_cast<float>(world);
-    for (std::int64_t i = 0; i < c.numel(); ++i) p[i] /= d;
-  } else {
-    auto* p = c.data_ptr<double>();
-    const double d = static_cast<double>(world);
-    for (std::int64_t i = 0; i < c.numel(); ++i) p[i] /= d;
-  }
-}
-
-// A reduction's offer to ride in its agreement (ops/carried.h): a good host call of 1 to
-// kMaxCarryBytes bytes on the wire, whose combine an envelope computes as MPI would and, for an
-// allreduce, that the MPI backend would send as one MPI_Allreduce. Floats only on 2 ranks:
-// there each rank adds the other's values to its own, in any algorithm, so the bits are MPI's;
-// on more, MPI's algorithm for the data alone (a ring at some sizes) orders the additions
-// differently from the envelope's. `c` gets the contiguous wire buffer. `allreduce`: else a
-// reduce_, which then rides an allreduce.
-struct Offer {
-  Carry carry;
-  at::Tensor c;
-  bool divided = false;  // an average of floats divided as allreduce_divided does
-};
-
-bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, std::int64_t root,
-                     Signature& s, Offer& o) {
-  const bool allreduce = root < 0;
-  const Group& e = current_group();
-  if (s.error != ErrorClass::None || e.size() < 2 || !t.is_cpu() || t.numel() == 0) return false;
-  if (order != SumOrder::Fastest) return false;
-  const auto dt = t.scalar_type();
-  const auto wire = wire_dtype(dt, op, HalfReduction::Fp32);
-  const auto wop = wire_op(op, dt);
-  const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(c10::elementSize(wire));
-  if (bytes > kMaxCarryBytes || !envelope_reduces(wire, wop)) return false;
-  if (e.size() > 2 && c10::isFloatingType(wire)) return false;
-  Backend& b = backend_for(t);
-  o.divided = allreduce && op == ReduceOp::Average && b.fuses_division() &&
-              (wire == c10::kFloat || wire == c10::kDouble);
-  if (allreduce && !b.allreduces_plainly(t.numel(), wire, wop, o.divided)) return false;
-  s.carry_bytes = bytes;
-  o.c = staging(t, wire);
-  o.carry.kind = kEnvelopeReduce;
-  o.carry.dtype = wire;
-  o.carry.op = wop;
-  o.carry.data = o.c.data_ptr();
-  o.carry.bytes = bytes;
-  o.carry.root = root;
-  o.carry.dest = o.c.data_ptr();
-  return true;
-}
-
-// The carried result into the tensor: only once the agreement passed on every rank.
-void take_reduction(const at::Tensor& t, ReduceOp op, const Offer& o, int world) {
-  c10::AutoGradMode no_grad(false);
-  if (o.carry.result != o.c.data_ptr()) {
-    std::memcpy(o.c.data_ptr(), o.carry.result, static_cast<std::size_t>(o.carry.bytes));
-  }
-  if (op == ReduceOp::Average) average_in_place(o.c, world, o.divided);
-  write_back(o.c, t);
-}
-
-}  // namespace
-
 void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
                        const std::string& local_error) {
   const Group& e = current_group();
@@ -427,35 +347,15 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
   const at::Tensor t = as_pairs(tensor);
   validate_into(t, local_error, s, msg);
   check_root(root, s, msg);
-  const Group& e = current_group();
-  const bool is_root = e.rank() == root;
-  // Any dtype rides as bytes; the root's reach every rank.
-  Carry carry;
-  at::Tensor c;
-  const std::int64_t bytes =
-      t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
-  const bool offered = s.error == ErrorClass::None && e.size() > 1 && t.is_cpu() && bytes > 0 &&
-                       bytes <= kMaxCarryBytes;
-  if (offered) {
-    s.carry_bytes = bytes;
-    carry.kind = kEnvelopeTake;
-    carry.bytes = bytes;
-    carry.present = is_root;
-    carry.root = root;
-    c = staging(t, t.scalar_type());
-    carry.data = is_root ? c.data_ptr() : nullptr;
-    carry.dest = is_root ? nullptr : c.data_ptr();
-  }
+  Offer o;
+  const bool offered = offer_broadcast(t, root, s, o);
+  if (offered) s.carry_bytes = o.carry.bytes;
   agree(
       s, "bcast_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
-      offered ? &carry : nullptr);
-  if (carry.carried) {
-    if (is_root) return;  // the root's values do not change
-    c10::AutoGradMode no_grad(false);
-    if (carry.result != c.data_ptr()) {
-      std::memcpy(c.data_ptr(), carry.result, static_cast<std::size_t>(bytes));
-    }
-    return write_back(c, t);
+      offered ? &o.carry : nullptr);
+  if (o.carry.carried) {
+    if (current_group().rank() == root) return;  // the root's values do not change
+    return take_broadcast(t, o);
   }
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }

@@ -38,6 +38,10 @@ void divide_by(const at::Tensor& x, int world);
 // Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
 // in-place op would (a saved tensor modified by a collective then fails loudly in backward).
 void bump_version(const at::Tensor& t);
+// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
+at::Tensor staging(const at::Tensor& t, c10::ScalarType dt);
+// A result computed in buffer `c` (staging) back into `t`.
+void write_back(const at::Tensor& c, const at::Tensor& t);
 // Parse `name` into s.op; a bad name becomes this rank's ValueError (s.error, `msg`).
 ReduceOp parse_op_into(const std::string& name, Signature& s, std::string& msg);
 

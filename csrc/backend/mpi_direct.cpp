@@ -39,9 +39,10 @@ struct Buffers {
 };
 thread_local Buffers t_buf;
 
-void wait_all(std::vector<MPI_Request>& r, const char* what) {
-  if (r.empty()) return;
-  mpi_check(MPI_Waitall(static_cast<int>(r.size()), r.data(), MPI_STATUSES_IGNORE), what);
+// One at a time, not MPI_Waitall: its error would be MPI_ERR_IN_STATUS, and a lost rank must
+// read as one (mpi_check: RanksLost in the shrink mode).
+void wait_all(std::vector<MPI_Request>& r) {
+  for (MPI_Request& q : r) mpi_check(MPI_Wait(&q, MPI_STATUS_IGNORE), "MPI_Wait");
   r.clear();
 }
 
@@ -88,7 +89,7 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size) {
       b.sends.push_back(r);
     }
   }
-  wait_all(b.heads, "MPI_Waitall");
+  wait_all(b.heads);
   // Every rank's lanes and head: the lanes' max, and whether every call moves the same.
   bool same = x.head.kind != kEnvelopeNone;
   std::vector<DirectHead>& heads = b.peer_heads;
@@ -128,7 +129,7 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size) {
               "MPI_Recv");
     from[p] = into;
   }
-  wait_all(b.sends, "MPI_Waitall");  // `data` may be `dest`: sent before it changes
+  wait_all(b.sends);  // `data` may be `dest`: sent before it changes
   if (!take) return;
   const DirectHead& h = x.head;
   for (int p = 0; p < size; ++p) {

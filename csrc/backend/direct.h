@@ -54,8 +54,8 @@ inline bool direct_sends(const DirectHead& h, int from, int to) {
 struct DirectExchange {
   std::int64_t* lanes = nullptr;  // in: this rank's; out: their max over the group's ranks
   int nlanes = 0;
-  DirectHead head;                // kind none: this rank's call carries nothing
-  const void* data = nullptr;     // this rank's payload (head.bytes), read while it is sent
+  DirectHead head;             // kind none: this rank's call carries nothing
+  const void* data = nullptr;  // this rank's payload (head.bytes), read while it is sent
   // Where this rank's result goes, when it takes one: a reduction combines the others' data
   // into it (so it holds this rank's own payload already; it may be `data`), a broadcast
   // writes the root's bytes there.

@@ -136,7 +136,7 @@ void combine_envelopes(const void* in, void* inout) {
     b.kind = kEnvelopePoisoned;  // absorbing: stays poisoned whatever it meets next
   } else if (b.kind == kEnvelopeReduce) {
     if (!combine_elements(pa, pb, b.bytes, static_cast<c10::ScalarType>(b.dtype),
-                         static_cast<ReduceOp>(b.op))) {
+                          static_cast<ReduceOp>(b.op))) {
       b.kind = kEnvelopePoisoned;
     }
   } else if (b.kind == kEnvelopeTake && a.present != 0 && b.present == 0) {

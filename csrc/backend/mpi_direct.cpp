@@ -124,9 +124,9 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size) {
       b.scratch[p].resize(static_cast<std::size_t>((h.bytes + 7) / 8));
       into = b.scratch[p].data();
     }
-    mpi_check(MPI_Recv(into, static_cast<int>(h.bytes), MPI_BYTE, p, kDataTag, comm,
-                       MPI_STATUS_IGNORE),
-              "MPI_Recv");
+    mpi_check(
+        MPI_Recv(into, static_cast<int>(h.bytes), MPI_BYTE, p, kDataTag, comm, MPI_STATUS_IGNORE),
+        "MPI_Recv");
     from[p] = into;
   }
   wait_all(b.sends);  // `data` may be `dest`: sent before it changes
@@ -137,9 +137,9 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size) {
     if (h.kind == kEnvelopeTake) {
       std::memcpy(x.dest, from[p], static_cast<std::size_t>(h.bytes));
     } else {
-      const bool ok = combine_elements(from[p], x.dest, h.bytes,
-                                       static_cast<c10::ScalarType>(h.dtype),
-                                       static_cast<ReduceOp>(h.op));
+      const bool ok =
+          combine_elements(from[p], x.dest, h.bytes, static_cast<c10::ScalarType>(h.dtype),
+                           static_cast<ReduceOp>(h.op));
       TORCH_INTERNAL_ASSERT(ok, "fluxmpi_py: a direct reduction the envelope refuses");
     }
   }

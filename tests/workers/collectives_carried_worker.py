@@ -16,7 +16,6 @@ from harness import raises, run_cases  # noqa: E402
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
 
-
 # Groups of at most this many ranks agree point to point (backend/direct.h kDirectMaxRanks):
 # there every small call carries its data, its first call too.
 DIRECT_MAX_RANKS = 4

@@ -25,11 +25,6 @@ namespace fluxmpi {
 // no more than MPI's allreduce of the lanes there. Larger groups use envelopes (envelope.h).
 constexpr int kDirectMaxRanks = 4;
 
-// Payloads of at most this many bytes ride inside the header's message (one message per pair,
-// below shared memory's eager limit); larger ones go as a second message, straight from the
-// caller's buffer into the receiver's.
-constexpr std::int64_t kDirectInlineBytes = 2048;
-
 // What a rank's call moves; equal on every rank for the data to be taken.
 struct DirectHead {
   std::int64_t kind = kEnvelopeNone;  // kEnvelopeReduce, kEnvelopeTake (a broadcast), or none

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "ops/carried.h"
-#include "ops/collectives.h"
 #include "ops/consensus.h"
+#include "ops/wire.h"
 
 namespace fluxmpi {
 

@@ -20,6 +20,7 @@ left behind even when a test fails. Needs root (``SlurmUser=root``) and the Debi
 """
 
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -37,6 +38,7 @@ PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gn
 
 CONF = """\
 ClusterName={name}
+FirstJobId={first_job_id}
 SlurmctldHost={controller}
 SlurmUser=root
 SlurmdUser=root
@@ -69,6 +71,15 @@ MinJobAge=600
 SchedulerParameters=sched_interval=1
 {nodes}PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """
+
+
+def _first_job_id():
+    """A first job id of this cluster's own. Open MPI names a job's shared-memory segments
+    (/dev/shm/sm_segment.HOST.UID.JOBID.RANK) after its PMIx namespace, which under srun is
+    slurm.pmix.JOB.STEP; a rank killed by a test leaves its segment behind, and a cluster that
+    numbered its jobs from 1 again, as every test session's did, opened a killed job's segment
+    as its own: ranks then crashed in Open MPI's shared-memory progress (seen 2026-11-29)."""
+    return 1000 + random.SystemRandom().randrange(60_000_000)
 
 
 def _cgroup_mounts():
@@ -228,6 +239,7 @@ class SlurmCluster:
                     ctld_port=ctld_port,
                     d_port=d_port,
                     mpi_default=self.mpi_default,
+                    first_job_id=_first_job_id(),
                 )
             )
         self._daemon(

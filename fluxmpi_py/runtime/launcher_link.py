@@ -76,7 +76,7 @@ def connect(rank: int, size: int) -> int | None:
 
 
 def parse_exit(tail: bytes) -> int | None:
-    """The exit status a rank reported in what it sent after its first line, or None.
+    r"""The exit status a rank reported in what it sent after its first line, or None.
 
     >>> parse_exit(b"exit 3\n"), parse_exit(b"")
     (3, None)

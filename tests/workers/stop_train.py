@@ -10,8 +10,8 @@ dropout. After every step it asks ``fm.stop_requested()``: on a stop it saves DI
 and exits with ``fm.REQUEUE_STATUS``. Rank 0 writes the number of steps done to DIR/progress.
 ``--workers N``: DataLoader workers; ``--generator``: the DataLoader gets a generator of its
 own. ``--signal-at K``: the last rank sends itself SIGUSR1 after step K (one rank, as a scheduler's
-signal may reach only one). ``--hold``: before the last step, the ranks wait (barriers, up to
-HOLD_S) for a stop, so that a signal sent from outside lands before the end however loaded the
+signal may reach only one). ``--hold``: before the last step of a run that did not resume, the
+ranks wait (barriers, up to HOLD_S) for a stop, so that a signal sent from outside lands before the end however loaded the
 machine is. ``--kill-at K``: the last rank SIGKILLs itself after step K. At the
 end every rank prints the digest of its model, optimizer and generator state; the ranks must
 hold the same model and optimizer.
@@ -115,7 +115,7 @@ def main():
                 print(f"rank {rank}: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(args.delay)
-            if args.hold and step == args.steps - 1:
+            if args.hold and latest is None and step == args.steps - 1:  # not once resumed
                 # the same number of barriers on every rank: the stop is agreed at one of them
                 for _ in range(int(HOLD_S / 0.1)):
                     fm.barrier()

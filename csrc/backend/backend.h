@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/direct.h"
 #include "backend/reduce_op.h"
 
 namespace fluxmpi {
@@ -56,6 +57,8 @@ class Backend {
   virtual void allreduce_envelope(void* buf, std::int64_t bytes) {
     unsupported("allreduce_envelope");
   }
+  // Run a small group's agreement point to point (backend/direct.h).
+  virtual void exchange_direct(DirectExchange& x) { unsupported("exchange_direct"); }
   // Whether allreduce (allreduce_divided with `divided`) of `count` elements of `dtype` with
   // `op` would be one MPI_Allreduce, no ring or node-aware path: then an envelope may carry
   // it (the same sum order). Decided from the process's options alone, like the paths.

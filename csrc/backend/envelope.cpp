@@ -76,8 +76,10 @@ bool combine_bool(const void* in, void* io, std::int64_t n, ReduceOp op) {
   }
 }
 
-bool combine_payload(const void* in, void* io, std::int64_t bytes, c10::ScalarType dt,
-                     ReduceOp op) {
+}  // namespace
+
+bool combine_elements(const void* in, void* io, std::int64_t bytes, c10::ScalarType dt,
+                      ReduceOp op) {
   const auto n = bytes / static_cast<std::int64_t>(c10::elementSize(dt));
   switch (dt) {
     case c10::kFloat: return combine_typed<float>(in, io, n, op);
@@ -91,6 +93,8 @@ bool combine_payload(const void* in, void* io, std::int64_t bytes, c10::ScalarTy
     default: return false;
   }
 }
+
+namespace {
 
 bool same_payload(const EnvelopeHead& a, const EnvelopeHead& b) {
   return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.bytes == b.bytes;
@@ -131,8 +135,8 @@ void combine_envelopes(const void* in, void* inout) {
   if (a.lanes != b.lanes || !same_payload(a, b)) {
     b.kind = kEnvelopePoisoned;  // absorbing: stays poisoned whatever it meets next
   } else if (b.kind == kEnvelopeReduce) {
-    if (!combine_payload(pa, pb, b.bytes, static_cast<c10::ScalarType>(b.dtype),
-                         static_cast<ReduceOp>(b.op))) {
+    if (!combine_elements(pa, pb, b.bytes, static_cast<c10::ScalarType>(b.dtype),
+                          static_cast<ReduceOp>(b.op))) {
       b.kind = kEnvelopePoisoned;
     }
   } else if (b.kind == kEnvelopeTake && a.present != 0 && b.present == 0) {

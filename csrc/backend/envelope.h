@@ -41,6 +41,12 @@ constexpr std::int64_t kEnvelopeHeadWords =
 // max of a NaN depend on the operand order MPI's own op uses).
 bool envelope_reduces(c10::ScalarType dtype, ReduceOp op);
 
+// `in` combined into `io` elementwise, `bytes` bytes of `dtype` with `op`, as MPI's predefined
+// op would (word-aligned buffers). Returns false, having done nothing, for a pair that
+// envelope_reduces refuses. Never throws.
+bool combine_elements(const void* in, void* io, std::int64_t bytes, c10::ScalarType dtype,
+                      ReduceOp op);
+
 // The reduction of envelope `in` into `inout` (both of the layout above). Never throws: it runs
 // inside MPI.
 void combine_envelopes(const void* in, void* inout);

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/mpi_backend.h"
 #include "backend/mpi_check.h"
+#include "backend/mpi_direct.h"
 #include "backend/mpi_envelope.h"
 #include "backend/mpi_hierarchical.h"
 #include "backend/mpi_ring.h"
@@ -254,6 +255,12 @@ class MpiBackend final : public Backend {
     const CommView v = c();
     BlockingCall guard("allreduce", v.group, bytes);
     mpi_allreduce_envelope(buf, bytes, v.comm);
+  }
+
+  void exchange_direct(DirectExchange& x) override {
+    const CommView v = c();
+    BlockingCall guard("allreduce", v.group, x.head.bytes);
+    mpi_exchange_direct(x, v.comm, v.rank, v.size);
   }
 
   bool allreduces_plainly(std::int64_t count, c10::ScalarType dt, ReduceOp op,

@@ -40,6 +40,7 @@ void set_room(MPI_Comm comm, std::int64_t bytes) {
 }
 
 std::atomic<std::int64_t> g_carried{0};
+std::atomic<std::int64_t> g_direct{0};
 
 // This thread's envelope, kept between calls (a loop of one size allocates once).
 thread_local std::vector<std::int64_t> t_envelope;
@@ -48,11 +49,40 @@ thread_local std::vector<std::int64_t> t_envelope;
 
 void set_carry_room(const Group& e, std::int64_t bytes) { set_room(e.comm(), bytes); }
 
-void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry) {
+namespace {
+
+void exchange_direct(std::int64_t* v, int lanes, Carry* carry,
+                     const std::function<bool(const std::int64_t*)>& passed) {
+  DirectExchange x;
+  x.lanes = v;
+  x.nlanes = lanes;
+  if (carry != nullptr && carry->kind != kEnvelopeNone) {
+    x.head.kind = carry->kind;
+    x.head.dtype = carry->kind == kEnvelopeReduce ? static_cast<std::int64_t>(carry->dtype) : -1;
+    x.head.op = carry->kind == kEnvelopeReduce ? static_cast<std::int64_t>(carry->op) : -1;
+    x.head.bytes = carry->bytes;
+    x.head.root = carry->root;
+    x.data = carry->data;
+    x.dest = carry->dest;
+  }
+  x.passed = passed;
+  mpi_backend().exchange_direct(x);
+  g_direct.fetch_add(1, std::memory_order_relaxed);
+  if (x.delivered) {
+    carry->carried = true;
+    carry->result = carry->dest;
+  }
+}
+
+}  // namespace
+
+void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry,
+                    const std::function<bool(const std::int64_t*)>& passed) {
   if (carry != nullptr) {
     carry->carried = false;
     carry->result = nullptr;
   }
+  if (e.size() <= kDirectMaxRanks) return exchange_direct(v, lanes, carry, passed);
   const MPI_Comm comm = e.comm();
   const std::int64_t room = room_of(comm);
   if (room == 0) {
@@ -97,4 +127,5 @@ void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry) {
 namespace fluxmpi {
 void note_carried() { g_carried.fetch_add(1, std::memory_order_relaxed); }
 std::int64_t carried_calls() { return g_carried.load(std::memory_order_relaxed); }
+std::int64_t direct_agreements() { return g_direct.load(std::memory_order_relaxed); }
 }  // namespace fluxmpi

@@ -9,11 +9,17 @@
 // each; a call that does not fit sends its check alone and moves its data after it, as before.
 // The reduced payload reaches the caller only after the agreement passed: a bad call leaves
 // every tensor as it was.
+//
+// A group of at most kDirectMaxRanks ranks agrees point to point instead (backend/direct.h):
+// each rank's header and its data travel at once, to the ranks that need them, and a message's
+// size is its sender's own, announced in its header; so no room is needed, and a broadcast or
+// reduce moves its data once, not as an allreduce.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "backend/envelope.h"
 #include "backend/reduce_op.h"
@@ -33,15 +39,23 @@ struct Carry {
   const void* data = nullptr;          // this rank's payload (kEnvelopeTake: read on the root only)
   std::int64_t bytes = 0;
   bool present = false;  // kEnvelopeTake: this rank is the root
+  // The direct path (backend/direct.h): kEnvelopeTake: the root; kEnvelopeReduce: the rank
+  // that takes the result, -1 for every rank. `dest`: where this rank's result goes (a
+  // reduction's holds this rank's payload already).
+  std::int64_t root = -1;
+  void* dest = nullptr;
   // Set by the agreement: whether the payload travelled, and the result (valid until this
   // thread's next agreement). Read only once agree() has returned.
   bool carried = false;
   const void* result = nullptr;
 };
 
-// The agreement's exchange of `lanes` int64 words `v` (max) over group `e`: a plain allreduce
-// while the group's room is 0, else one envelope that also carries `carry` where it fits.
-void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry);
+// The agreement's exchange of `lanes` int64 words `v` (max) over group `e`: on a small group the
+// direct path; else a plain allreduce while the group's room is 0, or one envelope that also
+// carries `carry` where it fits. `passed`, told the lanes' max, says whether the call passed:
+// the direct path moves the data into carry->dest only then.
+void exchange_lanes(std::int64_t* v, int lanes, const Group& e, Carry* carry,
+                    const std::function<bool(const std::int64_t*)>& passed);
 
 // The room the group's next agreement makes (bytes, 0 for none); every rank sets the same,
 // from the lanes they just agreed on. A new communicator (a group, the world after a shrink)
@@ -52,5 +66,7 @@ void set_carry_room(const Group& e, std::int64_t bytes);
 void note_carried();
 // How many calls of this process carried their data in their agreement (for tests).
 std::int64_t carried_calls();
+// How many agreements of this process went point to point (backend/direct.h) (for tests).
+std::int64_t direct_agreements();
 
 }  // namespace fluxmpi

@@ -9,7 +9,7 @@
 
 #include "backend/mpi_ring.h"
 #include "backend/select.h"
-#include "ops/carried.h"
+#include "ops/carried_offer.h"
 #include "runtime/environment.h"
 #include "runtime/group.h"
 #include "runtime/hash.h"
@@ -65,66 +65,6 @@ Signature signature_of(CallKind kind, const at::Tensor& t) {
     s.detail = shape_hash(t);
   }
   return s;
-}
-
-bool is_half(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; }
-
-bool is_narrow_int(c10::ScalarType t) {
-  return t == c10::kChar || t == c10::kShort || t == c10::kInt || t == c10::kByte;
-}
-
-}  // namespace
-
-// The dtype a reduction travels in: fp32 for 16-bit float sums, products and averages (see
-// HalfReduction), int64 for averages of narrower integers (the sum must not wrap).
-c10::ScalarType wire_dtype(c10::ScalarType dt, ReduceOp op, HalfReduction half) {
-  if (is_half(dt) && half == HalfReduction::Fp32 && op != ReduceOp::Min && op != ReduceOp::Max)
-    return c10::kFloat;
-  if (op == ReduceOp::Average && is_narrow_int(dt)) return c10::kLong;
-  return dt;
-}
-
-// Average is not a backend op. For bool, the floor of the mean of 0/1 values is "all of them".
-ReduceOp wire_op(ReduceOp op, c10::ScalarType dt) {
-  if (op != ReduceOp::Average) return op;
-  return dt == c10::kBool ? ReduceOp::Min : ReduceOp::Sum;
-}
-
-// Turn a sum over `world` ranks into the average: the floor of the mean for integers.
-void divide_by(const at::Tensor& x, int world) {
-  if (world == 1 || x.scalar_type() == c10::kBool) return;
-  if (c10::isFloatingType(x.scalar_type())) {
-    x.div_(world);
-  } else {
-    x.div_(world, "floor");
-  }
-}
-
-namespace {
-
-// A contiguous buffer with t's values in dtype `dt`: t itself when it already is one.
-at::Tensor staging(const at::Tensor& t, c10::ScalarType dt) {
-  if (t.scalar_type() == dt && t.is_contiguous()) return t;
-  return at::empty(t.sizes(), t.options().dtype(dt)).copy_(t);
-}
-
-}  // namespace
-
-// Writes through data_ptr() bypass the dispatcher, so tell autograd that `t` changed, as any
-// in-place op would (a saved tensor modified by a collective then fails loudly in backward).
-void bump_version(const at::Tensor& t) {
-  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
-}
-
-namespace {
-
-// The reduced buffer `c` back into `t`.
-void write_back(const at::Tensor& c, const at::Tensor& t) {
-  if (c.is_same(t)) {
-    bump_version(t);
-  } else {
-    t.copy_(c);
-  }
 }
 
 }  // namespace
@@ -315,71 +255,6 @@ at::Tensor as_pairs(const at::Tensor& t) {
   return t.defined() && t.is_complex() && !t.is_conj() ? at::view_as_real(t) : t;
 }
 
-namespace {
-
-// The sum over the ranks into the average, as allreduce_divided does it (float and double:
-// each element divided in its own type) or divide_by (integers).
-void average_in_place(const at::Tensor& c, int world, bool divided) {
-  if (!divided) return divide_by(c, world);
-  if (c.scalar_type() == c10::kFloat) {
-    auto* p = c.data_ptr<float>();
-    const float d = static_cast<float>(world);
-    for (std::int64_t i = 0; i < c.numel(); ++i) p[i] /= d;
-  } else {
-    auto* p = c.data_ptr<double>();
-    const double d = static_cast<double>(world);
-    for (std::int64_t i = 0; i < c.numel(); ++i) p[i] /= d;
-  }
-}
-
-// A reduction's offer to ride in its agreement (ops/carried.h): a good host call of 1 to
-// kMaxCarryBytes bytes on the wire, whose combine an envelope computes as MPI would and, for an
-// allreduce, that the MPI backend would send as one MPI_Allreduce. Floats only on 2 ranks:
-// there each rank adds the other's values to its own, in any algorithm, so the bits are MPI's;
-// on more, MPI's algorithm for the data alone (a ring at some sizes) orders the additions
-// differently from the envelope's. `c` gets the contiguous wire buffer. `allreduce`: else a
-// reduce_, which then rides an allreduce.
-struct Offer {
-  Carry carry;
-  at::Tensor c;
-  bool divided = false;  // an average of floats divided as allreduce_divided does
-};
-
-bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, bool allreduce, Signature& s,
-                     Offer& o) {
-  const Group& e = current_group();
-  if (s.error != ErrorClass::None || e.size() < 2 || !t.is_cpu() || t.numel() == 0) return false;
-  if (order != SumOrder::Fastest) return false;
-  const auto dt = t.scalar_type();
-  const auto wire = wire_dtype(dt, op, HalfReduction::Fp32);
-  const auto wop = wire_op(op, dt);
-  const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(c10::elementSize(wire));
-  if (bytes > kMaxCarryBytes || !envelope_reduces(wire, wop)) return false;
-  if (e.size() > 2 && c10::isFloatingType(wire)) return false;
-  Backend& b = backend_for(t);
-  o.divided = allreduce && op == ReduceOp::Average && b.fuses_division() &&
-              (wire == c10::kFloat || wire == c10::kDouble);
-  if (allreduce && !b.allreduces_plainly(t.numel(), wire, wop, o.divided)) return false;
-  s.carry_bytes = bytes;
-  o.c = staging(t, wire);
-  o.carry.kind = kEnvelopeReduce;
-  o.carry.dtype = wire;
-  o.carry.op = wop;
-  o.carry.data = o.c.data_ptr();
-  o.carry.bytes = bytes;
-  return true;
-}
-
-// The carried result into the tensor: only once the agreement passed on every rank.
-void take_reduction(const at::Tensor& t, ReduceOp op, const Offer& o, int world) {
-  c10::AutoGradMode no_grad(false);
-  std::memcpy(o.c.data_ptr(), o.carry.result, static_cast<std::size_t>(o.carry.bytes));
-  if (op == ReduceOp::Average) average_in_place(o.c, world, o.divided);
-  write_back(o.c, t);
-}
-
-}  // namespace
-
 void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
                        const std::string& local_error) {
   const Group& e = current_group();
@@ -402,7 +277,7 @@ void allreduce_checked(const at::Tensor& tensor, const std::string& opname,
   s.joinable = Joinable::Allreduce;
   bool joined = false;
   Offer o;
-  const bool offered = offer_reduction(t, op, order, /*allreduce=*/true, s, o);
+  const bool offered = offer_reduction(t, op, order, /*root=*/-1, s, o);
   agree(
       s, "allreduce_()", msg, [&] { return describe(tensor); }, nullptr, &joined,
       offered ? &o.carry : nullptr);
@@ -422,34 +297,15 @@ void broadcast_checked(const at::Tensor& tensor, std::int64_t root,
   const at::Tensor t = as_pairs(tensor);
   validate_into(t, local_error, s, msg);
   check_root(root, s, msg);
-  const Group& e = current_group();
-  const bool is_root = e.rank() == root;
-  // Any dtype rides as bytes; the root's reach every rank.
-  Carry carry;
-  at::Tensor c;
-  const std::int64_t bytes =
-      t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
-  const bool offered = s.error == ErrorClass::None && e.size() > 1 && t.is_cpu() && bytes > 0 &&
-                       bytes <= kMaxCarryBytes;
-  if (offered) {
-    s.carry_bytes = bytes;
-    carry.kind = kEnvelopeTake;
-    carry.bytes = bytes;
-    carry.present = is_root;
-    if (is_root) {
-      c = staging(t, t.scalar_type());
-      carry.data = c.data_ptr();
-    }
-  }
+  Offer o;
+  const bool offered = offer_broadcast(t, root, s, o);
+  if (offered) s.carry_bytes = o.carry.bytes;
   agree(
       s, "bcast_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
-      offered ? &carry : nullptr);
-  if (carry.carried) {
-    if (is_root) return;  // the root's values do not change
-    c10::AutoGradMode no_grad(false);
-    c = staging(t, t.scalar_type());
-    std::memcpy(c.data_ptr(), carry.result, static_cast<std::size_t>(bytes));
-    return write_back(c, t);
+      offered ? &o.carry : nullptr);
+  if (o.carry.carried) {
+    if (current_group().rank() == root) return;  // the root's values do not change
+    return take_broadcast(t, o);
   }
   broadcast_data(backend_for(t), t, static_cast<int>(root));
 }
@@ -465,7 +321,7 @@ void reduce_checked(const at::Tensor& tensor, const std::string& opname, std::in
   check_op_dtype(op, t, s, msg);
   check_root(root, s, msg);
   Offer o;
-  const bool offered = offer_reduction(t, op, SumOrder::Fastest, /*allreduce=*/false, s, o);
+  const bool offered = offer_reduction(t, op, SumOrder::Fastest, root, s, o);
   agree(
       s, "reduce_()", msg, [&] { return describe(tensor); }, nullptr, nullptr,
       offered ? &o.carry : nullptr);

@@ -251,7 +251,10 @@ std::int64_t next_room(const std::int64_t* v) {
 // `carry`: the call's data, where the group's room lets it ride along (ops/carried.h).
 void exchange(std::int64_t* v, const Group& e, Carry* carry = nullptr) {
   v[kStop] = e.is_world() ? stop_lane() : 0;
-  exchange_lanes(v, kLanes, e, carry);
+  // The direct path's data reaches the caller only where the call passed on every rank (no
+  // report, no rank joined): every rank decides that from the same lanes.
+  exchange_lanes(v, kLanes, e, carry,
+                 [](const std::int64_t* w) { return !needs_report(w) && w[kJoinMode] == 0; });
   set_carry_room(e, next_room(v));
   ++t_agreements;
   if (e.is_world()) {

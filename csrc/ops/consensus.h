@@ -1,9 +1,12 @@
 // The cross-rank check that runs before any data moves. Every collective first calls agree()
 // with a small signature of what this rank is about to do. In the common case that costs one
-// allreduce of 25 int64 (max of v and of -v gives min and max at once; ranks that have joined
-// take part with neutral values and a mark, see ops/join.h); a small call's data rides in the
-// same message where the group's previous agreement made room (ops/carried.h), so then no data
-// moves before it and the call costs that message alone. When any rank reported
+// max over the ranks of 25 int64 lanes (max of v and of -v gives min and max at once; ranks
+// that have joined take part with neutral values and a mark, see ops/join.h): on a group of up
+// to 4 ranks each rank's lanes go to every other rank, point to point, and a small call's data
+// travels beside them (backend/direct.h); on a larger group one allreduce, where a small call's
+// data rides in the same message when the group's previous agreement made room
+// (ops/carried.h). Either way no data moves before the check, and a small call costs the
+// check's messages alone. When any rank reported
 // a local error or the signatures differ, all ranks gather everyone's signature and text and
 // raise the same exception, naming the ranks and the values that differ. Either way every
 // rank leaves agree() together, so a bad input can never leave a rank waiting in a collective.

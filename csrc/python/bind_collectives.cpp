@@ -89,6 +89,9 @@ void bind_ring_options(py::module_& m) {
   m.def("carried_calls", &carried_calls,
         "How many calls this process sent with their data in their agreement's message, one "
         "round trip in all (ops/carried.h) (for tests)");
+  m.def("direct_agreements", &direct_agreements,
+        "How many agreements this process made point to point, a small group's way "
+        "(backend/direct.h) (for tests)");
   m.def("alltoall_block_calls", &alltoall_block_calls,
         "How many alltoalls this process has sent as MPI_Alltoall, every part one length "
         "(for tests)");

@@ -16,56 +16,116 @@ from harness import raises, run_cases  # noqa: E402
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
 
+# Groups of at most this many ranks agree point to point (backend/direct.h kDirectMaxRanks):
+# there every small call carries its data, its first call too.
+DIRECT_MAX_RANKS = 4
+
+
+def _expected(kind, op, root, inputs, mine):
+    """What a call gives on this rank, in closed form from every rank's input (a sum of floats
+    only on 2 ranks: there a + b is MPI's bits in any algorithm)."""
+    r = rank()
+    if kind == "bcast":
+        return inputs[root]
+    if kind == "reduce" and r != root:
+        return mine
+    stack = torch.stack([t.contiguous() for t in inputs])
+    if op == "max":
+        return stack.amax(0)
+    if op == "min":
+        return stack.amin(0)
+    if op == "bxor":
+        out = stack[0].clone()
+        for t in stack[1:]:
+            out ^= t
+        return out
+    if mine.dtype == torch.bool:  # sum of bools: "or"
+        return stack.any(0)
+    if op == "average" and not mine.is_floating_point():
+        return stack.long().sum(0).div(len(inputs), rounding_mode="floor").to(mine.dtype)
+    total = stack[0] + stack[1] if len(inputs) == 2 else stack.sum(0)
+    return total / len(inputs) if op == "average" else total
+
 
 def case_small_calls_carry_their_data():
-    """A loop of small calls of one size rides in the agreement's message (ops/carried.h) from
-    its second call on, with the bits of the first (which moved its data after the check); a
-    mismatch or a bad argument after such a loop still raises on every rank and leaves every
-    tensor as it was."""
+    """Small calls ride in their agreement (ops/carried.h), on a group of up to
+    DIRECT_MAX_RANKS from the first call on (point to point: backend/direct.h), with the bits
+    of the closed form (MPI's); a mismatch or a bad argument after such a loop still raises on
+    every rank and leaves every tensor as it was."""
     n, r = world(), rank()
     if n == 1:
         return
     g = torch.Generator().manual_seed(r)
     x = torch.randn(1000, generator=g) * 1e3 ** torch.rand(1000, generator=g)
     ints = (x * 100).to(torch.int64)
-    calls = [  # (call, input, carried at this world size)
-        (lambda t: fm.allreduce_(t), x, n == 2),  # floats: the same bits on 2 ranks only
-        (lambda t: fm.allreduce_(t, op="average"), x.double(), n == 2),
-        (lambda t: fm.allreduce_(t, op="max"), ints, True),
-        (lambda t: fm.allreduce_(t, op="average"), ints.to(torch.int16), True),
-        (lambda t: fm.allreduce_(t, op="bxor"), ints.to(torch.int32), True),
-        (lambda t: fm.allreduce_(t, op="sum"), ints > 0, True),
-        (lambda t: fm.bcast_(t, root_rank=n - 1), x, True),
-        (lambda t: fm.bcast_(t, root_rank=0), x.half().view(10, 100).t(), True),
-        (lambda t: fm.reduce_(t, op="sum", root_rank=n - 1), x, n == 2),
-        (lambda t: fm.reduce_(t, op="min", root_rank=0), ints.to(torch.int8), True),
+    big = torch.randn(4096, generator=g)  # 16 KiB: past the header's inline bytes
+    calls = [  # (kind, op, root, input, carried at this world size)
+        ("allreduce", "sum", -1, x, n == 2),  # floats: the same bits on 2 ranks only
+        ("allreduce", "sum", -1, big, n == 2),
+        ("allreduce", "average", -1, x.double(), n == 2),
+        ("allreduce", "max", -1, ints, True),
+        ("allreduce", "max", -1, (big * 1e6).int(), True),
+        ("allreduce", "average", -1, ints.to(torch.int16), True),
+        ("allreduce", "bxor", -1, ints.to(torch.int32), True),
+        ("allreduce", "sum", -1, ints > 0, True),
+        ("bcast", None, n - 1, x, True),
+        ("bcast", None, 0, big, True),
+        ("bcast", None, 0, x.half().view(10, 100).t(), True),
+        ("reduce", "sum", n - 1, x, n == 2),
+        ("reduce", "sum", 0, big, n == 2),
+        ("reduce", "min", 0, ints.to(torch.int8), True),
+        ("reduce", "max", n - 1, (big * 1e6).int(), True),
     ]
-    for call, given, carries in calls:
-        fm.barrier()  # no room: the first call moves its data after its check
-        first = call(given.clone())
-        before = C.carried_calls()
-        again = [call(given.clone()) for _ in range(3)]
+    direct = n <= DIRECT_MAX_RANKS
+    for kind, op, root, given, carries in calls:
+        if kind == "allreduce":
+            call = functools.partial(fm.allreduce_, op=op)
+        elif kind == "bcast":
+            call = functools.partial(fm.bcast_, root_rank=root)
+        else:
+            call = functools.partial(fm.reduce_, op=op, root_rank=root)
+        inputs = fm.allgather_object(given)
+        fm.barrier()  # no room: on a large group the first call moves its data after its check
+        before, agreements = C.carried_calls(), C.direct_agreements()
+        outs = [call(given.clone()) for _ in range(4)]
         carried = C.carried_calls() - before
-        assert carried == (3 if carries else 0), (carried, carries, given.dtype)
-        for t in again:
-            assert torch.equal(t, first) and t.stride() == first.stride(), "carried bits differ"
-    # After a loop of one size, a mismatch raises on every rank, the tensors untouched.
+        assert carried == (4 if direct else 3) * carries, (carried, carries, kind, given.dtype)
+        assert C.direct_agreements() - agreements == (4 if direct else 0), "not point to point"
+        want = _expected(kind, op, root, inputs, given)
+        for t in outs:
+            if carries or kind == "bcast" or not given.is_floating_point():
+                assert torch.equal(t, want), f"{kind} {op} {given.dtype}: not the closed form"
+            else:  # MPI's own order of the additions
+                assert torch.equal(t, outs[0]) and torch.allclose(t, want, rtol=1e-5, atol=1e-2)
+            assert t.stride() == given.stride()
+    # After a loop of one size, a mismatch raises on every rank, the tensors untouched: in
+    # the header's message (1000 elements) and past it (16 KiB).
+    one = n - 1  # the rank that differs from the others
     bad = [
         (lambda t: fm.allreduce_(t if r == 0 else t[:-1]), RuntimeError, "disagree on numel"),
         (lambda t: fm.allreduce_(t, op="sum" if r == 0 else "prod"), RuntimeError, "on op"),
         (lambda t: fm.bcast_(t, root_rank=r % 2), RuntimeError, "disagree on root_rank"),
+        (lambda t: fm.bcast_(t if r != one else t[:-1], 0), RuntimeError, "disagree on numel"),
+        (lambda t: fm.bcast_(t if r != one else t[: t.numel() // 2], one), RuntimeError, "numel"),
+        (lambda t: fm.bcast_(t if r != one else t.view(torch.float32), 0), RuntimeError, "dtype"),
+        (lambda t: fm.bcast_(t, 0, name="a" if r == one else "b"), RuntimeError, "different"),
         (lambda t: fm.reduce_(t, "max", 0 if r == 0 else n), ValueError, "out of range"),
-        (lambda t: fm.allreduce_(t if r == 0 else t.int()), RuntimeError, "disagree on dtype"),
+        (lambda t: fm.reduce_(t, "max", 0 if r != one else 1), RuntimeError, "on root_rank"),
+        (lambda t: fm.reduce_(t, "max" if r != one else "min", 0), RuntimeError, "on op"),
+        (lambda t: fm.reduce_(t if r != one else t[1:], "max", one), RuntimeError, "numel"),
+        (lambda t: fm.allreduce_(t if r == 0 else t.short()), RuntimeError, "disagree on dtype"),
         (lambda t: fm.allreduce_(t, name="a" if r == 0 else "b"), RuntimeError, "different"),
     ]
-    for call, error, text in bad:
-        for _ in range(2):
-            fm.allreduce_(ints.clone(), op="max")
-        t = ints.clone()
-        before = C.carried_calls()
-        raises(error, functools.partial(call, t), text)
-        assert torch.equal(t, ints), f"a failed check changed the tensor ({text})"
-        assert C.carried_calls() == before, text
+    for size in (1000, 4096):
+        given = (x.repeat(5)[:size] * 100).to(torch.int32 if size == 4096 else torch.int64)
+        for call, error, text in bad:
+            for _ in range(2):
+                fm.allreduce_(given.clone(), op="max")
+            t = given.clone()
+            before = C.carried_calls()
+            raises(error, functools.partial(call, t), text)
+            assert torch.equal(t, given), f"a failed check changed the tensor ({text}, {size})"
+            assert C.carried_calls() == before, text
     # and the ranks are still in step
     t = torch.full((2,), float(r + 1))
     fm.allreduce_(t)

@@ -1,0 +1,14 @@
+// The MPI side of a direct agreement (backend/direct.h): point-to-point messages on the
+// group's own communicator.
+#pragma once
+
+#include <mpi.h>
+
+#include "backend/direct.h"
+
+namespace fluxmpi {
+
+// Run `x` among the `size` ranks of `comm` (at most kDirectMaxRanks), as rank `rank`.
+void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size);
+
+}  // namespace fluxmpi

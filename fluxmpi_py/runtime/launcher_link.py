@@ -98,9 +98,7 @@ def parse_excluded(tail: bytes) -> list[tuple[int, int]]:
     r"""The processes (pid, start) that a survivor told the launcher it excluded (csrc's
     runtime/launcher_notice.h: ``excluded PID START``), in what it sent after its first line.
 
-    >>> parse_excluded(b"excluded 41 7
-exit 0
-")
+    >>> parse_excluded(b"excluded 41 7\nexit 0\n")
     [(41, 7)]
     """
     found = []

@@ -62,7 +62,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from ._util.mpiexec import default_mpiexec
+from ._util.mpiexec import default_mpiexec, remove_session_dir
 from .runtime.launch_watch import (
     Outcome,
     Rank,
@@ -212,7 +212,8 @@ def _is_open_mpi(mpiexec: str) -> bool:
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """SIGTERM to mpiexec's process group, SIGKILL after a moment; then reap it."""
+    """SIGTERM to mpiexec's process group, SIGKILL after a moment; then reap it, and remove
+    the session directory a killed one leaves (a later mpiexec given its pid could not start)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -224,6 +225,7 @@ def _end(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
+    remove_session_dir(proc.pid)
 
 
 class _Stopped(BaseException):

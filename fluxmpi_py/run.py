@@ -34,7 +34,10 @@ Options (before the program; everything else goes to mpiexec unchanged):
                        FLUXMPI_ON_FAILURE=shrink to the ranks; the job goes on while ranks
                        remain, and its status is the survivors' (also when the launcher must end
                        an mpiexec that waits for a lost host: each rank tells the launcher its
-                       exit status as it exits). Lost ranks are named at the end.
+                       exit status as it exits). Lost ranks are named at the end. A rank the
+                       survivors excluded while it still ran (hung alone on its host) is told
+                       to end, SIGKILLed when on this host, else ended with mpiexec once the
+                       survivors have exited.
 
 The options may come first, or among mpiexec's own options before the program when the
 program is Python (``python``, ``python3.11``, a path to one) or a ``.py`` file:
@@ -59,16 +62,18 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from ._util.mpiexec import default_mpiexec
+from ._util.mpiexec import default_mpiexec, remove_session_dir
 from .runtime.launch_watch import (
     Outcome,
     Rank,
+    end_excluded,
     ended_by,
     keepalive,
+    newly_excluded,
     report_lost,
     verdict,
 )
-from .runtime.launcher_link import ADDRESS_ENV, parse_exit
+from .runtime.launcher_link import ADDRESS_ENV, parse_excluded, parse_exit
 
 __all__ = ["RunOptions", "parse_args", "run_job", "run_with_restarts", "RESTART_ENV"]
 
@@ -207,7 +212,8 @@ def _is_open_mpi(mpiexec: str) -> bool:
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """SIGTERM to mpiexec's process group, SIGKILL after a moment; then reap it."""
+    """SIGTERM to mpiexec's process group, SIGKILL after a moment; then reap it, and remove
+    the session directory a killed one leaves (a later mpiexec given its pid could not start)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -219,6 +225,7 @@ def _end(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
+    remove_session_dir(proc.pid)
 
 
 class _Stopped(BaseException):
@@ -265,7 +272,7 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
                     conn, _ = listener.accept()
                     conn.setblocking(False)
                     keepalive(conn, opts.keepalive_s)
-                    ranks.append(Rank())
+                    ranks.append(Rank(conn=conn))
                     sel.register(conn, selectors.EVENT_READ, ranks[-1])
                     continue
                 r: Rank = key.data
@@ -278,14 +285,20 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
                     data = None
                 if data:
                     r.buffer += data
-                    line, sep, _ = r.buffer.partition(b"\n")
+                    line, sep, tail = r.buffer.partition(b"\n")
                     if sep and r.rank < 0:
                         try:
                             me = json.loads(line)
                             r.rank, r.size = int(me["rank"]), int(me["size"])
                             r.host, r.pid = str(me["host"]), int(me["pid"])
+                            r.start = int(me.get("start", 0))
                         except (ValueError, KeyError, TypeError):
                             pass
+                    # the shrink mode: a survivor names the processes it excluded (hung ones)
+                    now_s = time.monotonic() - started
+                    for hung in newly_excluded(ranks, parse_excluded(tail), now_s):
+                        hung.gone_at = rounds
+                        print(end_excluded(hung), file=sys.stderr, flush=True)
                     continue
                 r.ended = not r.lost
                 r.status = parse_exit(r.buffer.partition(b"\n")[2])
@@ -294,10 +307,12 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
                 sel.unregister(key.fileobj)
                 _sock(key).close()
             # Judged once every rank of the world has connected (a rank that dies before it
-            # connects ends the job the ordinary way): all of them exited or lost.
+            # connects ends the job the ordinary way): all of them exited, lost, or excluded by
+            # the survivors (a hung rank, which mpiexec would wait for).
             size = max((r.size for r in ranks), default=0)
             known = sum(r.rank >= 0 for r in ranks)
-            if size and known >= size and all(r.ended or r.lost for r in ranks):
+            gone = all(r.ended or r.lost or r.excluded_s >= 0 for r in ranks)
+            if size and known >= size and gone:
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
                     status, why = verdict(ranks, opts.grace_s, opts.elastic)

@@ -273,3 +273,18 @@ def test_an_mpiexec_that_cannot_run_is_named_and_not_relaunched(tmp_path):
     missing = str(tmp_path / "no-such-mpiexec")
     with pytest.raises(SystemExit, match="cannot run mpiexec .*no-such-mpiexec"):
         run.main(["--mpiexec", missing, "--max-restarts", "2", "-n", "1", "true"])
+
+
+def test_the_session_directory_of_a_killed_mpiexec_is_removed(tmp_path):
+    # PMIx 5.0.11rc1 will not start a server over a rendezvous file a killed one left: the
+    # launcher removes the directory of an mpiexec it ended (fluxmpi_py/_util/mpiexec.py)
+    from fluxmpi_py._util.mpiexec import remove_session_dir
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is free now
+    dead, alive = tmp_path / f"ompi.{child.pid}", tmp_path / f"ompi.{os.getpid()}"
+    for d in (dead, alive):
+        (d / "0").mkdir(parents=True)
+        (d / "pmix.vm.tool").write_text("stale")
+    assert remove_session_dir(child.pid, str(tmp_path)) and not dead.exists()
+    assert not remove_session_dir(os.getpid(), str(tmp_path)) and alive.exists()

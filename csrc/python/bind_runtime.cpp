@@ -13,6 +13,7 @@
 #include "runtime/fake_streams.h"
 #include "runtime/fault_tolerance.h"
 #include "runtime/flight.h"
+#include "runtime/launcher_notice.h"
 #include "runtime/stall_watch.h"
 #include "runtime/stop_request.h"
 #include "runtime/user_call.h"
@@ -34,6 +35,7 @@ void bind_runtime(py::module_& m) {
   m.def("set_stall_settings", &set_stall_settings, py::arg("warning_s"), py::arg("timeout_s"));
   m.def("set_job_label", &set_job_label, py::arg("label"));
   m.def("report_exit_status_to", &report_exit_status_to, py::arg("fd"));
+  m.def("watch_launcher_line", &watch_launcher_line, py::arg("fd"), py::arg("prefix"));
   m.def("stall_settings", [] { return py::make_tuple(stall_warning_s(), stall_timeout_s()); });
   m.def("wait_stack_request", &wait_stack_request, py::call_guard<py::gil_scoped_release>());
   m.def("post_stack", &post_stack, py::arg("stack"), py::arg("site"));

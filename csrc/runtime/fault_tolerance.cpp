@@ -18,6 +18,7 @@
 
 #include "runtime/environment.h"
 #include "runtime/flight.h"
+#include "runtime/launcher_notice.h"
 #include "runtime/world_change.h"
 
 #if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI
@@ -240,7 +241,15 @@ Recovery shrink_world() {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
-  end_lost_here(r.lost);
+  // The lost ranks that may still run elsewhere (hung alone on their host: no survivor there to
+  // end them): named to the launcher, which ends them or tells them (runtime/launcher_notice.h)
+  const std::vector<int> ended = end_lost_here(r.lost);
+  const auto& procs = rank_processes();
+  for (int lost : r.lost) {
+    if (std::find(ended.begin(), ended.end(), lost) == ended.end() && lost >= 0 &&
+        static_cast<std::size_t>(lost) < procs.size())
+      tell_launcher_excluded(procs[lost].pid, procs[lost].start);
+  }
   adopt_world(comm, control);
   r.rank = env().rank;
   r.size = env().size;

@@ -39,3 +39,32 @@ def default_mpiexec(name: str = "mpiexec") -> str:
         if os.access(beside, os.X_OK):
             return beside
     return shutil.which(name) or name
+
+
+def remove_session_dir(pid: int, tmpdir: str | None = None) -> bool:
+    """Remove the session directory that Open MPI's ``mpiexec`` (PRRTE) of process `pid` left
+    in ``$TMPDIR`` (else /tmp) when it was killed (SIGKILL: a clean end removes its own), if
+    that process is gone and the directory is this user's. Whether it removed one.
+
+    PMIx 5.0.11rc1 (in PyPI's Open MPI 5.0.11) refuses to start a server whose rendezvous file
+    is already there: a later ``mpiexec`` given the same pid would fail with "The PMIx server's
+    listener thread failed to start" (openpmix#4022, fixed upstream by #4046).
+
+    >>> remove_session_dir(os.getpid())  # alive: left alone
+    False
+    """
+    path = os.path.join(tmpdir or os.environ.get("TMPDIR") or "/tmp", f"ompi.{pid}")
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        pass
+    except OSError:
+        return False
+    try:
+        if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
+            return False
+    except OSError:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.exists(path)

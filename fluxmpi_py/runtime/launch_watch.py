@@ -1,17 +1,20 @@
 """The launcher's watch over the ranks (``python -m fluxmpi_py.run``, fluxmpi_py/run.py): what it
-knows of each rank from its connection (runtime/launcher_link.py is the rank's side), and how it
-words the end of an attempt: mpiexec's own ending, the launcher's verdict when mpiexec outlived
-every rank, and under ``--elastic`` the ranks lost while the job went on.
+knows of each rank from its connection (runtime/launcher_link.py is the rank's side), what it
+does with a rank that the survivors excluded, and how it words the end of an attempt: mpiexec's
+own ending, the launcher's verdict when mpiexec outlived every rank, and under ``--elastic`` the
+ranks lost while the job went on.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from .launcher_link import process_start
 from .stop import REQUEUE_STATUS
 
 LOST_STATUS = 1  # the launcher's status when it had to end mpiexec
@@ -23,12 +26,57 @@ class Rank:
     size: int = 0
     host: str = "?"
     pid: int = 0
+    start: int = 0  # its process's start (launcher_link.process_start), 0 where unknown
+    conn: socket.socket | None = None  # the launcher's end of its line
     buffer: bytes = b""
     ended: bool = False  # its process exited (end of stream)
     lost: str = ""  # why its connection is dead, when it is
     gone_at: int = -1  # the launcher's select round in which it was seen to exit or be lost
     gone_s: float = -1.0  # seconds after the launch when it was
     status: int | None = None  # the exit status it reported as it exited (none: killed, lost)
+    excluded_s: float = -1.0  # when the survivors said they excluded it while it still ran
+
+
+def newly_excluded(ranks: list[Rank], told: list[tuple[int, int]], now_s: float) -> list[Rank]:
+    """The ranks still connected whose process (pid, start) the survivors `told` the launcher
+    they excluded, not named before; each is marked excluded (and gone) at `now_s`.
+
+    >>> ranks = [Rank(rank=0, pid=40, start=7), Rank(rank=1, pid=41, start=7)]
+    >>> [r.rank for r in newly_excluded(ranks, [(41, 7), (41, 7)], 3.0)], ranks[1].excluded_s
+    ([1], 3.0)
+    """
+    found = []
+    for pid, start in told:
+        for r in ranks:
+            if (r.pid, r.start) == (pid, start) and r.excluded_s < 0 and not (r.ended or r.lost):
+                r.excluded_s = r.gone_s = now_s
+                found.append(r)
+    return found
+
+
+def end_excluded(r: Rank) -> str:
+    """End rank `r`, which the survivors excluded while it still ran (hung: stopped, stuck):
+    tell it on its line (its own thread ends it, if it runs at all), and where it runs on this
+    host as the very process that connected (pid and start), SIGKILL it. The launcher's words.
+    """
+    if r.conn is not None:
+        try:
+            r.conn.send(b"excluded\n")
+        except OSError:
+            pass
+    who = f"rank {r.rank} (pid {r.pid} on {r.host})"
+    said = f"fluxmpi_py.run: excluded by the survivors: {who}, which still ran at {r.gone_s:.1f} s"
+    here = r.host == socket.gethostname() and r.start and process_start(r.pid) == r.start
+    if here:
+        try:
+            os.kill(r.pid, signal.SIGKILL)
+            return said + "; ended it (SIGKILL)"
+        except OSError:
+            pass
+    return (
+        said + "; told it to end. Where it cannot (stopped), it ends with mpiexec, which "
+        "this launcher ends once the survivors have exited (on another host it is out of reach)"
+    )
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -69,16 +117,20 @@ def verdict(ranks: list[Rank], grace_s: float, elastic: bool = False) -> tuple[i
         if r.lost:
             lost.setdefault(r.host, []).append(r.rank)
     ended = [r.rank for r in ranks if r.ended]
+    hung = [r.rank for r in ranks if r.excluded_s >= 0 and not (r.ended or r.lost)]
     parts = []
     for host, rs in sorted(lost.items()):
         parts.append(f"lost host {host} ({ranks_text(rs)}: no TCP answer from it)")
     if ended:
         parts.append(f"{ranks_text(ended)} exited")
+    if hung:
+        parts.append(f"{ranks_text(hung)} excluded by the survivors, still running")
     text = (
         "fluxmpi_py.run: "
         + "; ".join(parts)
         + f"; mpiexec had not ended {grace_s:g} s after that: ending it"
         + (" (Open MPI cannot abort a job on a host it cannot reach)" if lost else "")
+        + (" (it waits for every process; its daemons end the excluded ones)" if hung else "")
     )
     told = [r for r in ranks if r.status is not None]
     if elastic and told and all(r.status == 0 for r in told):

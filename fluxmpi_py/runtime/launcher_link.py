@@ -7,7 +7,9 @@ alone what it needs: an end of stream is a rank that exited; a connection that t
 TCP keepalive declares dead is a rank whose host, or the link to it, is lost. Nothing else
 travels on it while the rank trains, so it pays nothing; as its process exits, the rank writes
 one more line, ``exit N``, its exit status (csrc/runtime/exit_report.h: none where a signal or
-``os._exit`` ended it).
+``os._exit`` ended it). In the shrink mode the survivors of a loss write ``excluded PID START``
+for each lost process that may still run (one hung alone on its host), and the launcher writes
+``excluded`` to that rank, whose own thread ends it (csrc/runtime/launcher_notice.h).
 """
 
 from __future__ import annotations
@@ -23,13 +25,30 @@ CONNECT_TIMEOUT_S = 5.0
 _connection: int | None = None  # the connection's file descriptor
 
 
+def process_start(pid: int) -> int:
+    """When process `pid` started, in clock ticks after boot (/proc/PID/stat's 22nd field), or 0
+    where it cannot be read: with the pid, it names one process, not a later one of that pid.
+
+    >>> process_start(os.getpid()) > 0 or not os.path.exists("/proc/self/stat")
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # the name may hold spaces
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def hello(rank: int, size: int) -> bytes:
-    """The line a rank sends first: its rank, the world size, its host and its process id.
+    """The line a rank sends first: its rank, the world size, its host, its process id and
+    that process's start (process_start).
 
     >>> json.loads(hello(1, 4))["rank"]
     1
     """
     me = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid()}
+    me["start"] = process_start(os.getpid())
     return (json.dumps(me) + "\n").encode()
 
 
@@ -73,6 +92,21 @@ def connect(rank: int, size: int) -> int | None:
     # so that no garbage collection at interpreter exit closes it before the process is gone.
     _connection = conn.detach()
     return _connection
+
+
+def parse_excluded(tail: bytes) -> list[tuple[int, int]]:
+    r"""The processes (pid, start) that a survivor told the launcher it excluded (csrc's
+    runtime/launcher_notice.h: ``excluded PID START``), in what it sent after its first line.
+
+    >>> parse_excluded(b"excluded 41 7\nexit 0\n")
+    [(41, 7)]
+    """
+    found = []
+    for line in tail.splitlines():
+        words = line.decode(errors="replace").split()
+        if len(words) == 3 and words[0] == "excluded" and all(w.isdigit() for w in words[1:]):
+            found.append((int(words[1]), int(words[2])))
+    return found
 
 
 def parse_exit(tail: bytes) -> int | None:

@@ -182,10 +182,12 @@ def Init(
         if flight is not None and flight[2]:
             atexit.register(_recorder.write_timeline, flight[2])
         # Under python -m fluxmpi_py.run: its line to this rank (it sees the rank exit, and with
-        # what status: --elastic reports the survivors')
+        # what status: --elastic reports the survivors'; in the shrink mode it hears which
+        # ranks the survivors excluded, and tells them)
         fd = _launcher_link.connect(C.rank(), C.size())
         if fd is not None:
             C.report_exit_status_to(fd)
+            C.watch_launcher_line(fd, f"[rank {C.rank()} / {C.size()}] ")
         # disable_cudampi_support(): the collectives NCCL lacks stage CUDA tensors through host
         # memory instead of handing device pointers to a CUDA-aware MPI.
         C.set_cuda_mpi_allowed(cudampi_enabled())

@@ -54,6 +54,13 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank(case):
     case.check_passed()
 
 
+@pytest.mark.parametrize("case", worker_params("bad_grads_worker.py", [2, 3], timeout=120))
+def test_a_gradient_one_rank_cannot_reduce_raises_on_every_rank(case):
+    # backward's hooks: a parameter resized or cast since the plan, or a sparse gradient, on
+    # one rank only, for every optimizer that reduces in the hooks (tests/workers/bad_grads_worker.py)
+    case.check_passed()
+
+
 def test_argument_errors_name_the_fix():
     # issue 50, given to the same rule: an unknown op lists every accepted name, and a module
     # where the optimizer belongs names the call to write instead.

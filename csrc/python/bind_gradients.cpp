@@ -159,7 +159,8 @@ void bind_gradients(py::module_& m) {
              return std::make_shared<GradientReducer>(std::move(params), options);
            }),
            py::arg("params"), py::arg("options"))
-      .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"))
+      .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"),
+           py::arg("local_error") = "")
       .def("name_parameters", &GradientReducer::name_parameters, py::arg("names"))
       .def("finalize", &GradientReducer::finalize, py::arg("flag") = false,
            py::call_guard<py::gil_scoped_release>())

@@ -42,6 +42,7 @@ __all__ = [
     "mark",
     "entry_kind",
     "raise_as_verdict",
+    "raise_noted",
     "pass_on",
     "outside_the_call",
 ]
@@ -155,6 +156,35 @@ def raise_as_verdict(error: BaseException, call: str) -> NoReturn:
     finally:
         C.leave_user_call(entered)
     raise AssertionError(f"unreachable: the agreement raises {error!r}")
+
+
+def raise_noted(error: BaseException | None, call: str) -> NoReturn:
+    """Every rank of the group calls this together, once they all know that some rank noted
+    an error it could not raise where it happened (a backward hook, which its rank alone runs
+    while the others' collectives go on): that rank passes its ``error``, the others None.
+    Every rank, the noting one too, then raises the same verdict (see :func:`raise_as_verdict`),
+    naming ``call``, that rank and its message.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> raise_noted(RuntimeError("parameter 0 (w): resized"), "DistributedOptimizer.step()")
+    Traceback (most recent call last):
+    ...
+    RuntimeError: parameter 0 (w): resized
+    """
+    if not C.initialized() or C.current_group().size == 1:
+        if error is None:
+            raise AssertionError(f"{call}: no rank gave the error that some rank noted")
+        raise error
+    kind, text = (C.ErrorClass.NONE, "") if error is None else (_class_of(error), _verdict_text(error))
+    entered = C.enter_user_call(call)
+    try:  # the noting ranks' errors are this agreement's verdict, which every rank raises
+        C.broadcast_bytes(None, 0, error_class=kind, error_text=text)
+    except Exception as agreed:
+        again = _as_raised(agreed)
+        raise again from (error if again is agreed else agreed)
+    finally:
+        C.leave_user_call(entered)
+    raise AssertionError(f"{call}: no rank gave the error that some rank noted")
 
 
 def outside_the_call(error: BaseException) -> BaseException:

@@ -103,6 +103,7 @@ void GradientReducer::reset_step() {
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& z : zeros_) z.reset();
   local_error_.clear();
+  local_class_ = ErrorClass::Runtime;
   next_launch_ = 0;
   launched_early_ = 0;
   failed_ = std::make_shared<std::atomic<bool>>(false);
@@ -121,7 +122,7 @@ void GradientReducer::agree_step(bool unclear, const std::string& local_error) {
   s.numel = static_cast<std::int64_t>(params_.size());
   s.detail = opts_.plan_hash;
   s.soft_flag = unclear ? 1 : 0;
-  if (!local_error.empty()) s.error = ErrorClass::Runtime;
+  if (!local_error.empty()) s.error = local_class_;
   auto failed = failed_;
   auto clear = all_clear_;
   std::string text = local_error.empty() ? std::to_string(params_.size()) + " parameters in " +
@@ -217,10 +218,11 @@ void GradientReducer::raise_noted_errors(bool some_rank_failed) {
   s.detail = opts_.plan_hash;
   std::string text = "no error in this step's gradients";
   if (!local_error_.empty()) {
-    s.error = ErrorClass::Runtime;
+    s.error = local_class_;
     text = local_error_;
   }
   local_error_.clear();
+  local_class_ = ErrorClass::Runtime;
   Engine::get().run_inline([&] { agree(s, kUserCall, text); });
   raise_on_every_rank(ErrorClass::Runtime, "DistributedOptimizer.step(): a rank's gradient "
                                            "could not be reduced");  // (agree raised already)
@@ -320,7 +322,7 @@ void GradientReducer::mark_ready(std::int64_t i, const std::string& local_error)
   }
 }
 
-bool GradientReducer::finalize(bool flag) {
+bool GradientReducer::finalize(bool flag, const std::string& call_error, ErrorClass error_class) {
   UserCall named(kUserCall);
   GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
@@ -348,7 +350,12 @@ bool GradientReducer::finalize(bool flag) {
     } catch (const c10::Error& e) {
       local_error = e.what_without_backtrace();
     }
-    if (local_error.empty()) local_error = local_error_;
+    if (!call_error.empty()) {  // the call's own error names the cause
+      local_error = call_error;
+      local_class_ = error_class;
+    } else if (local_error.empty()) {
+      local_error = local_error_;
+    }
     local_error_.clear();
     agree_step(unclear, local_error);
     settled_in_agreement = true;
@@ -393,6 +400,10 @@ bool GradientReducer::finalize(bool flag) {
   // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   if (settled_in_agreement && *all_clear_) return false;  // every gradient, on every rank
+  if (!call_error.empty()) {  // the call's own error names the cause
+    local_error_ = call_error;
+    local_class_ = error_class;
+  }
   std::vector<std::uint8_t> anywhere = present_;
   anywhere.push_back(flag ? 1 : 0);
   anywhere.push_back(local_error_.empty() ? 0 : 1);  // some rank noted an error (backward's)

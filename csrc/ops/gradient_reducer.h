@@ -32,6 +32,7 @@
 #include "fusion/bucket_plan.h"
 #include "fusion/pack_plan.h"
 #include "ops/bucket_reduce.h"
+#include "ops/consensus.h"
 #include "ops/stream_order.h"
 #include "runtime/engine.h"
 #include "runtime/group.h"
@@ -59,8 +60,11 @@ class GradientReducer {
   // settle which grads exist. Blocks; the caller releases the GIL. Rethrows the first error.
   // `flag` rides along in the step's last allreduce (a byte, "max"): returns whether any
   // rank passed true (the caller's "my plan changed"), at no extra collective. An empty
-  // plan makes no collective at all and returns `flag` as is.
-  bool finalize(bool flag = false);
+  // plan makes no collective at all and returns `flag` as is. `local_error`: this rank's
+  // error in the call (a bad argument of step()), raised on every rank as the noted ones,
+  // as an exception of `error_class`.
+  bool finalize(bool flag = false, const std::string& local_error = "",
+                ErrorClass error_class = ErrorClass::Runtime);
 
   // Remember these tensors (a caller's candidates for the plan, frozen ones included) and
   // their requires_grad now; requires_grad_changed() then tells, at C speed (the Python
@@ -127,6 +131,7 @@ class GradientReducer {
   std::vector<std::string> labels_;    // per bucket, the engine work's label
   std::vector<std::string> names_;     // per parameter, for messages (may be empty)
   std::string local_error_;            // this step's first noted error on this rank
+  ErrorClass local_class_ = ErrorClass::Runtime;  // the class it is raised as
   std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
   std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
   std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros

@@ -39,10 +39,12 @@ _F = TypeVar("_F", bound=Callable)
 __all__ = [
     "entry_point",
     "local_call",
+    "own_agreement",
     "mark",
     "entry_kind",
     "raise_as_verdict",
     "raise_noted",
+    "error_class",
     "pass_on",
     "outside_the_call",
 ]
@@ -77,6 +79,22 @@ def local_call(fn: _F) -> _F:
     return mark(fn, "local")
 
 
+def own_agreement(fn: _F) -> _F:
+    """Mark ``fn`` (a method) as a public collective that carries its own argument checks
+    into the agreement it meets the other ranks in, with no wrapper: where that agreement is
+    not the first thing the call does on this thread (``DistributedOptimizer.step()``, whose
+    reduction began in backward's hooks, on the engine thread), this rank's bad argument
+    travels in the call's reduction instead (``ReductionPlan.finalize(error=)``), and every
+    rank raises it there. Returns ``fn`` itself.
+
+    >>> @own_agreement
+    ... def step(self, closure=None): ...
+    >>> entry_kind(step)
+    'collective'
+    """
+    return mark(fn, "collective")
+
+
 def mark(fn, kind: str) -> Any:
     """Mark the public callable ``fn`` with its kind (see :func:`entry_kind`); returns it (as
     Any: a decorator's wrapper stands for the decorated function's own type).
@@ -88,9 +106,13 @@ def mark(fn, kind: str) -> Any:
     return fn
 
 
-def _class_of(error: BaseException):
-    """The verdict's class: ValueError or TypeError, whichever comes first in the error's
-    type's MRO (a class of both keeps its first), else RuntimeError."""
+def error_class(error: BaseException):
+    """The verdict's class (``C.ErrorClass``) of ``error``: ValueError or TypeError, whichever
+    comes first in the error's type's MRO (a class of both keeps its first), else RuntimeError.
+
+    >>> error_class(KeyError("k")).name
+    'RUNTIME'
+    """
     for base in type(error).__mro__:
         if base is ValueError:
             return C.ErrorClass.VALUE
@@ -148,7 +170,7 @@ def raise_as_verdict(error: BaseException, call: str) -> NoReturn:
         raise error
     entered = C.enter_user_call(call)
     try:
-        C.broadcast_bytes(None, 0, error_class=_class_of(error), error_text=_verdict_text(error))
+        C.broadcast_bytes(None, 0, error_class=error_class(error), error_text=_verdict_text(error))
     except Exception as agreed:  # the agreement's verdict, which every other rank raises now
         if isinstance(error, tuple(PORTABLE_ERRORS.values())):
             raise mark_raised_on_every_rank(error) from None  # the others raise its type
@@ -175,7 +197,9 @@ def raise_noted(error: BaseException | None, call: str) -> NoReturn:
         if error is None:
             raise AssertionError(f"{call}: no rank gave the error that some rank noted")
         raise error
-    kind, text = (C.ErrorClass.NONE, "") if error is None else (_class_of(error), _verdict_text(error))
+    kind, text = (
+        (C.ErrorClass.NONE, "") if error is None else (error_class(error), _verdict_text(error))
+    )
     entered = C.enter_user_call(call)
     try:  # the noting ranks' errors are this agreement's verdict, which every rank raises
         C.broadcast_bytes(None, 0, error_class=kind, error_text=text)

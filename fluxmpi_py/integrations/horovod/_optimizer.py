@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
+from fluxmpi_py.runtime.entry import local_call, own_agreement
+
 from ...collectives import rows as _gc
 from ...sync.synchronize import synchronize_
 from ...training.join import JoinState
@@ -48,10 +50,12 @@ class Compressor:
     wire: str | None = None
 
     @staticmethod
+    @local_call
     def compress(tensor):
         return tensor, None
 
     @staticmethod
+    @local_call
     def decompress(tensor, ctx):
         return tensor
 
@@ -76,12 +80,14 @@ class FP16Compressor(Compressor):
     wire = "fp16"
 
     @staticmethod
+    @local_call
     def compress(tensor):
         if tensor.dtype.is_floating_point:
             return tensor.to(torch.float16), tensor.dtype
         return tensor, None
 
     @staticmethod
+    @local_call
     def decompress(tensor, ctx):
         return tensor if ctx is None else tensor.to(ctx)
 
@@ -198,10 +204,12 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
         self._resparsify()
         return super()._step_and_sync_buffers(closure)
 
+    @own_agreement
     def synchronize(self):
         super().synchronize()
         self._resparsify()
 
+    @own_agreement
     def step(self, closure=None):
         if self._synchronized and not self._skip_sync:
             warnings.warn(
@@ -231,25 +239,32 @@ class _OutsideSetOptimizer(torch.optim.Optimizer):
     state = property(lambda self: self.optimizer.state)
     defaults = property(lambda self: self.optimizer.defaults)
 
+    @local_call
     def step(self, closure=None):
         return self.optimizer.step() if closure is None else self.optimizer.step(closure)
 
+    @local_call
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @local_call
     def synchronize(self) -> None:
         pass
 
+    @local_call
     @contextmanager
     def skip_synchronize(self):
         yield
 
+    @local_call
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
 
+    @local_call
     def state_dict(self):
         return self.optimizer.state_dict()
 
+    @local_call
     def load_state_dict(self, state_dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, NoReturn, TypeVar, cast
 
 from .._core import C
 from .agreement import PORTABLE_ERRORS, mark_raised_on_every_rank, raised_on_every_rank
+from .binding_errors import clear_binding_error
 
 _F = TypeVar("_F", bound=Callable)
 
@@ -234,6 +235,9 @@ def pass_on(error: Exception, start: int, call: str) -> NoReturn:
     ...
     KeyError: 'k'
     """
+    clear = clear_binding_error(error)  # pybind11's own text, in words
+    if clear is not error:
+        error = cast(Exception, clear)
     if raised_on_every_rank(error):
         again = _as_raised(error)
         if again is error:

@@ -26,6 +26,7 @@ waits for it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -256,8 +257,26 @@ def _arguments(fn, args, kwargs) -> dict:
         return {}
 
 
+def _verdict_scope(verdict_on, error: Exception, arguments: dict):
+    """Where ``error``'s verdict goes out: the context ``verdict_on(arguments)`` makes (the
+    group the call runs on), or the current group where the arguments name none that this
+    rank can enter; a rank outside that group keeps ``error`` (no other rank waits for it)."""
+    if verdict_on is None:
+        return contextlib.nullcontext()
+    try:
+        return verdict_on(arguments)
+    except Exception as e:  # noqa: BLE001 - its own bad group: the current one then
+        if getattr(e, "outside_the_call", False):
+            outside_the_call(error)
+        return contextlib.nullcontext()
+
+
 def entry_point(
-    call: str, *, named: bool = True, local_if: Callable[[dict], bool] | None = None
+    call: str,
+    *,
+    named: bool = True,
+    local_if: Callable[[dict], bool] | None = None,
+    verdict_on: Callable[[dict], Any] | None = None,
 ) -> Callable[[_F], _F]:
     """Decorator of a public call that is a collective, named ``call`` ("save_checkpoint()")
     in messages (the outermost named call wins, as ``user_call.of``): an exception it raises
@@ -268,7 +287,9 @@ def entry_point(
     enter checked names, ``name=``, which an outer name would hide). ``local_if(arguments)``
     (the call's arguments by name, read only when it raised): True where the arguments make
     the call local (a sampler given its rank and size: no agreement), so its errors stay its
-    rank's own.
+    rank's own. ``verdict_on(arguments)``: the context of the group the call runs on (a
+    Horovod process set, entered inside the call), so that an error raised before it was
+    entered goes out on that group, where the other ranks wait, not on the current one.
 
     >>> @entry_point("f()")
     ... def f(x): return x * 2
@@ -286,7 +307,11 @@ def entry_point(
             except Exception as e:
                 if local_if is not None and local_if(_arguments(fn, args, kwargs)):
                     raise
-                pass_on(e, start, call)
+                on = _verdict_scope(
+                    verdict_on, e, _arguments(fn, args, kwargs) if verdict_on else {}
+                )
+                with on:
+                    pass_on(e, start, call)
             finally:
                 if entered:
                     C.leave_user_call(entered)

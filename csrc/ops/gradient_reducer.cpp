@@ -174,8 +174,9 @@ bool GradientReducer::prepare(std::int64_t i, const std::string& hook_error) {
   const bool usable = why.empty() && g.defined();
   if (bk.direct) {
     if (!usable) {
-      zeros_[i] = why.empty() ? at::zeros_like(p, at::MemoryFormat::Contiguous)
-                              : at::zeros({bk.numel}, at::TensorOptions(bk.dtype).device(bk.device));
+      zeros_[i] = why.empty()
+                      ? at::zeros_like(p, at::MemoryFormat::Contiguous)
+                      : at::zeros({bk.numel}, at::TensorOptions(bk.dtype).device(bk.device));
       return false;
     }
     // Reduced in its own storage; "average" divides inside the reduction (allreduce_data).
@@ -224,8 +225,9 @@ void GradientReducer::raise_noted_errors(bool some_rank_failed) {
   local_error_.clear();
   local_class_ = ErrorClass::Runtime;
   Engine::get().run_inline([&] { agree(s, kUserCall, text); });
-  raise_on_every_rank(ErrorClass::Runtime, "DistributedOptimizer.step(): a rank's gradient "
-                                           "could not be reduced");  // (agree raised already)
+  raise_on_every_rank(ErrorClass::Runtime,
+                      "DistributedOptimizer.step(): a rank's gradient "
+                      "could not be reduced");  // (agree raised already)
 }
 
 at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
@@ -400,7 +402,7 @@ bool GradientReducer::finalize(bool flag, const std::string& call_error, ErrorCl
   // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   if (settled_in_agreement && *all_clear_) return false;  // every gradient, on every rank
-  if (!call_error.empty()) {  // the call's own error names the cause
+  if (!call_error.empty()) {                              // the call's own error names the cause
     local_error_ = call_error;
     local_class_ = error_class;
   }

@@ -128,14 +128,14 @@ class GradientReducer {
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
   std::vector<std::int64_t> slot_of_;    // param index -> its place among the bucket's members
   std::vector<BucketState> state_;
-  std::vector<std::string> labels_;    // per bucket, the engine work's label
-  std::vector<std::string> names_;     // per parameter, for messages (may be empty)
-  std::string local_error_;            // this step's first noted error on this rank
+  std::vector<std::string> labels_;               // per bucket, the engine work's label
+  std::vector<std::string> names_;                // per parameter, for messages (may be empty)
+  std::string local_error_;                       // this step's first noted error on this rank
   ErrorClass local_class_ = ErrorClass::Runtime;  // the class it is raised as
-  std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
-  std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
-  std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros
-  std::vector<at::Tensor> watched_;    // see watch_requires_grad
+  std::vector<std::uint8_t> present_;             // this rank had a gradient for param i this step
+  std::vector<std::uint8_t> ready_;               // mark_ready seen for param i this step
+  std::vector<at::Tensor> zeros_;                 // direct params missing here: reduced from zeros
+  std::vector<at::Tensor> watched_;               // see watch_requires_grad
   std::vector<std::uint8_t> watched_flags_;
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;

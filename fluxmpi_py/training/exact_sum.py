@@ -112,7 +112,7 @@ def gradient_mismatch(g: torch.Tensor, p: torch.Tensor, planned: tuple) -> str:
     >>> gradient_mismatch(torch.ones(3), p, (p.shape, p.dtype, p.device))
     ''
     >>> gradient_mismatch(torch.ones(3), p.double(), (p.shape, p.dtype, p.device))[:45]
-    'it is (3,) torch.float64 on cpu, but was (3,) '
+    'it is (3,) torch.float64 on cpu, but was (3,)'
     """
     shape, dtype, device = planned
     if p.shape != shape or p.dtype != dtype or p.device != device:

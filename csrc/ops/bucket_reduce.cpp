@@ -29,14 +29,20 @@ std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
 
 std::string gradient_mismatch(const at::Tensor& p, const at::Tensor& g, const Bucket& bk,
                               std::int64_t planned) {
+  // Every step's fresh gradients come here: compare first, format only what differs.
+  const bool param_differs =
+      p.numel() != planned || p.scalar_type() != bk.dtype || p.device() != bk.device;
+  const bool grad_differs = !param_differs && g.defined() &&
+                            (g.sizes() != p.sizes() || g.scalar_type() != bk.dtype ||
+                             g.device() != bk.device || g.layout() != c10::kStrided);
+  if (!param_differs && !grad_differs) return {};
   std::ostringstream out;
-  if (p.numel() != planned || p.scalar_type() != bk.dtype || p.device() != bk.device) {
+  if (param_differs) {
     out << "it has " << p.numel() << " elements of " << dtype_name(p.scalar_type()) << " on "
         << p.device() << ", but had " << planned << " of " << dtype_name(bk.dtype) << " on "
         << bk.device << " when its reduction was planned: resize, cast or move no parameter "
         << "after DistributedOptimizer or allreduce_gradients took it";
-  } else if (g.defined() && (g.sizes() != p.sizes() || g.scalar_type() != bk.dtype ||
-                             g.device() != bk.device || g.layout() != c10::kStrided)) {
+  } else {
     out << "its .grad is a " << g.layout() << " tensor of shape " << g.sizes() << ", "
         << dtype_name(g.scalar_type()) << " on " << g.device() << ", expected a dense ("
         << c10::kStrided << ") gradient of shape " << p.sizes() << ", " << dtype_name(bk.dtype)

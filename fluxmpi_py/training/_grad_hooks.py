@@ -65,10 +65,17 @@ class GradHooks:
                 and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
             ):
                 if reducer_ref._join is not None and not reducer_ref._join_count:
-                    reducer_ref._join_round()  # before this step's first bucket
-                if reducer_ref._pass_weight != 1.0 and param.grad is not None:
-                    param.grad.mul_(reducer_ref._pass_weight)  # an uneven share of M
-                reducer_ref._reducer.mark_ready(index)
+                    reducer_ref._join_round()  # before this step's first bucket (a collective)
+                error = ""
+                try:
+                    if reducer_ref._pass_weight != 1.0 and param.grad is not None:
+                        param.grad.mul_(reducer_ref._pass_weight)  # an uneven share of M
+                except Exception as e:  # noqa: BLE001 - this rank's alone: step() raises it
+                    error = f"{type(e).__name__}: {e}"
+                if error:
+                    reducer_ref._reducer.mark_ready(index, error)
+                else:
+                    reducer_ref._reducer.mark_ready(index)
 
         return hook
 

@@ -3,6 +3,7 @@ callable says how it keeps the ranks in step, and a bad argument on one rank onl
 from the API for every parameter of every public collective, raises on every rank
 (tests/workers/bad_args_worker.py, at 2 and 3 ranks)."""
 
+import inspect
 import os
 import sys
 
@@ -30,6 +31,58 @@ def public_callables(module):
         yield name, obj
 
 
+def user_classes():
+    """The classes whose instances users hold: the faces' public classes, and every class of
+    the package that derives from one of them or from torch's optimizer (the hvd optimizers,
+    built by a factory), each once."""
+    public = [obj for m in FACES for _, obj in public_callables(m) if isinstance(obj, type)]
+    ours = [
+        obj
+        for name, mod in list(sys.modules.items())
+        if name == "fluxmpi_py" or name.startswith("fluxmpi_py.")
+        for obj in vars(mod).values()
+        if isinstance(obj, type) and obj.__module__ == mod.__name__
+    ]
+    bases = (*public, torch.optim.Optimizer)
+    found = public + [c for c in ours if issubclass(c, bases)]
+    return list(dict.fromkeys(found))
+
+
+def public_methods(cls):
+    """(name, function) of each public method that the package defines for ``cls`` (torch's
+    own, inherited, are torch's affair); properties are attributes, not calls."""
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        owner = next(k for k in cls.__mro__ if name in vars(k))
+        attr = vars(owner)[name]
+        if not owner.__module__.startswith("fluxmpi_py") or isinstance(attr, property):
+            continue
+        fn = getattr(attr, "__func__", attr)
+        if callable(fn) and not isinstance(fn, type):
+            yield name, fn
+
+
+def test_every_public_method_says_how_it_keeps_the_ranks_in_step():
+    # Issue 46's hole: opt.step() and the data classes' methods were not walked.
+    classes = user_classes()
+    assert fm.DistributedOptimizer in classes and fm.DistributedSampler in classes
+    assert any(c.__module__.startswith("fluxmpi_py.integrations.horovod") for c in classes)
+    unmarked = [
+        f"{cls.__module__}.{cls.__qualname__}.{name}"
+        for cls in classes
+        for name, fn in public_methods(cls)
+        if entry_kind(fn) is None
+    ]
+    assert not unmarked, (
+        f"{unmarked} take none of the rule's decorators (fluxmpi_py/runtime/entry.py): "
+        "entry_point, own_agreement, groups.group_dispatch or local_call"
+    )
+    kinds = {n: entry_kind(f) for n, f in public_methods(fm.DistributedOptimizer)}
+    assert kinds["step"] == kinds["synchronize"] == "collective" and kinds["zero_grad"] == "local"
+    assert inspect.isfunction(fm.DistributedOptimizer.step)
+
+
 @pytest.mark.parametrize("module", FACES, ids=lambda m: m.__name__)
 def test_every_public_callable_says_how_it_keeps_the_ranks_in_step(module):
     unmarked = [n for n, obj in public_callables(module) if entry_kind(obj) is None]
@@ -51,6 +104,27 @@ def test_the_collectives_are_marked_as_collectives():
     "case", worker_params("bad_args_worker.py", [2, 3], timeout=300, bundle=False)
 )
 def test_a_bad_argument_on_one_rank_raises_on_every_rank(case):
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("bad_method_args_worker.py", [2, 3], timeout=120))
+def test_a_bad_method_argument_on_one_rank_raises_on_every_rank(case):
+    # opt.step(closure=...), rebuild(...), SyncBatchNorm.forward(...): the methods marked as
+    # collectives, found on the classes (tests/workers/bad_method_args_worker.py)
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("bad_set_args_worker.py", [3], timeout=180))
+def test_a_bad_argument_on_a_process_set_raises_on_its_ranks(case):
+    # an error before the call entered its Horovod process set goes out on the set, where the
+    # other members wait, not on the world (tests/workers/bad_set_args_worker.py)
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("bad_grads_worker.py", [2, 3], timeout=120))
+def test_a_gradient_one_rank_cannot_reduce_raises_on_every_rank(case):
+    # backward's hooks: a parameter resized or cast since the plan, or a sparse gradient, on
+    # one rank only, for every optimizer that reduces in the hooks (tests/workers/bad_grads_worker.py)
     case.check_passed()
 
 

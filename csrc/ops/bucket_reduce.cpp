@@ -2,9 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <sstream>
+
 #include "backend/select.h"
 #include "ops/bucket_pack.h"
 #include "ops/collectives.h"
+#include "ops/consensus.h"
 
 namespace fluxmpi {
 
@@ -22,6 +25,30 @@ std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts) {
   out.reserve(ts.size());
   for (const auto& t : ts) out.push_back(as_pairs(t));
   return out;
+}
+
+std::string gradient_mismatch(const at::Tensor& p, const at::Tensor& g, const Bucket& bk,
+                              std::int64_t planned) {
+  // Every step's fresh gradients come here: compare first, format only what differs.
+  const bool param_differs =
+      p.numel() != planned || p.scalar_type() != bk.dtype || p.device() != bk.device;
+  const bool grad_differs = !param_differs && g.defined() &&
+                            (g.sizes() != p.sizes() || g.scalar_type() != bk.dtype ||
+                             g.device() != bk.device || g.layout() != c10::kStrided);
+  if (!param_differs && !grad_differs) return {};
+  std::ostringstream out;
+  if (param_differs) {
+    out << "it has " << p.numel() << " elements of " << dtype_name(p.scalar_type()) << " on "
+        << p.device() << ", but had " << planned << " of " << dtype_name(bk.dtype) << " on "
+        << bk.device << " when its reduction was planned: resize, cast or move no parameter "
+        << "after DistributedOptimizer or allreduce_gradients took it";
+  } else {
+    out << "its .grad is a " << g.layout() << " tensor of shape " << g.sizes() << ", "
+        << dtype_name(g.scalar_type()) << " on " << g.device() << ", expected a dense ("
+        << c10::kStrided << ") gradient of shape " << p.sizes() << ", " << dtype_name(bk.dtype)
+        << " on " << bk.device;
+  }
+  return out.str();
 }
 
 void reduce_bucket(const at::Tensor& t, ReduceOp op, std::optional<c10::ScalarType> comp, int world,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "fusion/bucket_plan.h"
 #include "fusion/pack_plan.h"
 
 namespace fluxmpi {
@@ -31,6 +32,13 @@ std::optional<c10::ScalarType> compressed_dtype(Compression c);
 // What pack sees of tensors: complex values as pairs of reals (the plan scales and casts
 // floating dtypes only).
 std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& ts);
+
+// "" when parameter `p` (with gradient `g`, undefined when it has none) still fits the bucket
+// `bk` it was planned into with `planned` elements; else what differs (a parameter resized
+// since the plan, a gradient of another shape, dtype, device or layout), for the message of
+// a rank that cannot reduce it.
+std::string gradient_mismatch(const at::Tensor& p, const at::Tensor& g, const Bucket& bk,
+                              std::int64_t planned);
 
 // One bucket's collective, on the engine: `t` is what travels (complex as pairs), `wire` the
 // 16-bit buffer of a fused compressed bucket (cast back into `unpack_into` by `unpack_plan`).

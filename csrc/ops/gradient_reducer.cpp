@@ -18,6 +18,11 @@
 
 namespace fluxmpi {
 
+// The user call that the reduction belongs to, for messages: backward's hooks run outside any
+// named call, and the reduction they start is DistributedOptimizer.step()'s (allreduce_gradients
+// names itself first).
+constexpr const char* kUserCall = "DistributedOptimizer.step()";
+
 GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts)
     : params_(std::move(params)), opts_(opts) {
   current_group();  // "call Init first"
@@ -83,37 +88,6 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, ReducerOptions 
   name_parameters({});
 }
 
-void GradientReducer::name_parameters(const std::vector<std::string>& names) {
-  constexpr std::size_t kNamed = 3;  // first parameter names a label shows
-  labels_.clear();
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    std::string label =
-        "gradient bucket " + std::to_string(b + 1) + " of " + std::to_string(buckets_.size());
-    const auto& members = buckets_[b].members;
-    for (std::size_t k = 0; k < members.size() && k < kNamed; ++k) {
-      auto i = static_cast<std::size_t>(members[k]);
-      if (i >= names.size()) break;
-      label += (k ? ", " : ": ") + names[i];
-      if (k + 1 == kNamed && members.size() > kNamed)
-        label += " (+" + std::to_string(members.size() - kNamed) + " more)";
-    }
-    labels_.push_back(std::move(label));
-  }
-}
-
-void GradientReducer::watch_requires_grad(std::vector<at::Tensor> tensors) {
-  watched_ = std::move(tensors);
-  watched_flags_.resize(watched_.size());
-  for (std::size_t i = 0; i < watched_.size(); ++i) watched_flags_[i] = watched_[i].requires_grad();
-}
-
-bool GradientReducer::requires_grad_changed() const {
-  for (std::size_t i = 0; i < watched_.size(); ++i) {
-    if (watched_[i].requires_grad() != static_cast<bool>(watched_flags_[i])) return true;
-  }
-  return false;
-}
-
 void GradientReducer::open_step() {
   reset_step();
   agree_step(false, "");
@@ -128,6 +102,8 @@ void GradientReducer::reset_step() {
   std::fill(present_.begin(), present_.end(), 0);
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& z : zeros_) z.reset();
+  local_error_.clear();
+  local_class_ = ErrorClass::Runtime;
   next_launch_ = 0;
   launched_early_ = 0;
   failed_ = std::make_shared<std::atomic<bool>>(false);
@@ -146,7 +122,7 @@ void GradientReducer::agree_step(bool unclear, const std::string& local_error) {
   s.numel = static_cast<std::int64_t>(params_.size());
   s.detail = opts_.plan_hash;
   s.soft_flag = unclear ? 1 : 0;
-  if (!local_error.empty()) s.error = ErrorClass::Runtime;
+  if (!local_error.empty()) s.error = local_class_;
   auto failed = failed_;
   auto clear = all_clear_;
   std::string text = local_error.empty() ? std::to_string(params_.size()) + " parameters in " +
@@ -167,13 +143,13 @@ std::shared_ptr<Work> GradientReducer::start(std::string label, std::function<vo
                      : Engine::get().submit(std::move(label), std::move(fn));
 }
 
-bool GradientReducer::prepare(std::int64_t i) {
+bool GradientReducer::prepare(std::int64_t i, const std::string& hook_error) {
   auto& p = params_[i];
   const auto& bk = buckets_[bucket_of_[i]];
   // The impl's own read: TensorBase::grad() also asks autograd whether p is a leaf (a virtual
   // call and another cache line a parameter, for a warning that never concerns a parameter).
   const at::Tensor& g = p.unsafeGetTensorImpl()->grad();
-  if (!bk.direct && g.defined()) {
+  if (!bk.direct && g.defined() && hook_error.empty()) {
     // The common case of a fused bucket: the gradient is its slot, as finalize() left it and
     // the user zeroed it in place. One read of one TensorImpl (a 1000-parameter plan paid
     // ~0.2 ms in the general checks below, mostly cache misses), and no reference taken: an
@@ -181,28 +157,26 @@ bool GradientReducer::prepare(std::int64_t i) {
     auto& st = state_[bucket_of_[i]];
     const auto k = static_cast<std::size_t>(slot_of_[i]);
     if (g.unsafeGetTensorImpl() == st.slots[k].unsafeGetTensorImpl() && g.sizes() == p.sizes() &&
-        g.is_contiguous()) {
+        p.scalar_type() == bk.dtype && g.is_contiguous()) {
       st.fresh[k] = 0;
       st.sources[k].reset();
       return true;
     }
   }
   // The plan's caches (the slots, the bucket sizes) hold for the parameters' sizes when it was
-  // made: a parameter resized since (p.data = ...) is this rank's error, before any data moves.
+  // made: a parameter resized since (p.data = ...) is this rank's error, and so is a gradient
+  // of another dtype, device or layout. Noted, not raised: its zeros of the planned size keep
+  // this rank in the step's collectives, and finalize() raises it on every rank.
   const std::int64_t planned =
       bk.direct ? bk.numel : state_[bucket_of_[i]].slots[slot_of_[i]].numel();
-  TORCH_CHECK(p.numel() == planned, "parameter ", i, " has ", p.numel(), " elements, but had ",
-              planned, " when its reduction was planned: resize no parameter after ",
-              "DistributedOptimizer or allreduce_gradients took it");
-  if (g.defined()) {
-    TORCH_CHECK(
-        g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() && g.layout() == c10::kStrided,
-        "parameter ", i, ": its .grad has shape ", g.sizes(), " and dtype ", g.scalar_type(),
-        ", expected a dense gradient of shape ", p.sizes(), " and dtype ", p.scalar_type());
-  }
+  const std::string why = hook_error.empty() ? gradient_mismatch(p, g, bk, planned) : hook_error;
+  if (!why.empty()) note_error(i, why);
+  const bool usable = why.empty() && g.defined();
   if (bk.direct) {
-    if (!g.defined()) {
-      zeros_[i] = at::zeros_like(p, at::MemoryFormat::Contiguous);
+    if (!usable) {
+      zeros_[i] = why.empty()
+                      ? at::zeros_like(p, at::MemoryFormat::Contiguous)
+                      : at::zeros({bk.numel}, at::TensorOptions(bk.dtype).device(bk.device));
       return false;
     }
     // Reduced in its own storage; "average" divides inside the reduction (allreduce_data).
@@ -214,8 +188,8 @@ bool GradientReducer::prepare(std::int64_t i) {
   at::Tensor& slot = st.slots[k];
   st.fresh[k] = 0;
   st.sources[k].reset();  // the slot itself, unless a fresh gradient replaces it below
-  if (!g.defined()) {
-    slot.zero_();  // missing here: contribute zeros
+  if (!usable) {
+    slot.zero_();  // missing here (or unusable): contribute zeros
     return false;
   }
   if (g.data_ptr() != slot.data_ptr() || !g.is_contiguous()) {
@@ -225,6 +199,35 @@ bool GradientReducer::prepare(std::int64_t i) {
     st.fresh[k] = 1;
   }
   return true;  // else accumulated in place in its slot: pack scales it where it lives
+}
+
+void GradientReducer::note_error(std::int64_t i, const std::string& why) {
+  if (!local_error_.empty()) return;  // the first one names the cause
+  const auto k = static_cast<std::size_t>(i);
+  local_error_ = "parameter " + std::to_string(i) +
+                 (k < names_.size() && !names_[k].empty() ? " (" + names_[k] + ")" : "") + ": " +
+                 why;
+}
+
+void GradientReducer::raise_noted_errors(bool some_rank_failed) {
+  if (!some_rank_failed) return;
+  // One more agreement, on the error path only: every rank raises the noted error(s).
+  Signature s;
+  s.kind = CallKind::GradientBuckets;
+  s.op = static_cast<std::int64_t>(opts_.op);
+  s.numel = static_cast<std::int64_t>(params_.size());
+  s.detail = opts_.plan_hash;
+  std::string text = "no error in this step's gradients";
+  if (!local_error_.empty()) {
+    s.error = local_class_;
+    text = local_error_;
+  }
+  local_error_.clear();
+  local_class_ = ErrorClass::Runtime;
+  Engine::get().run_inline([&] { agree(s, kUserCall, text); });
+  raise_on_every_rank(ErrorClass::Runtime,
+                      "DistributedOptimizer.step(): a rank's gradient "
+                      "could not be reduced");  // (agree raised already)
 }
 
 at::Tensor GradientReducer::bucket_tensor(std::int64_t b) {
@@ -301,12 +304,7 @@ bool GradientReducer::settle(std::size_t i) {
   return here;
 }
 
-// The user call that the reduction belongs to, for messages: backward's hooks run outside any
-// named call, and the reduction they start is DistributedOptimizer.step()'s (allreduce_gradients
-// names itself first).
-constexpr const char* kUserCall = "DistributedOptimizer.step()";
-
-void GradientReducer::mark_ready(std::int64_t i) {
+void GradientReducer::mark_ready(std::int64_t i, const std::string& local_error) {
   UserCall named(kUserCall);
   GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
@@ -317,8 +315,7 @@ void GradientReducer::mark_ready(std::int64_t i) {
               " was produced twice before step(); run the extra backward passes inside "
               "no_sync(), or set backward_passes_per_step");
   ready_[i] = 1;
-  present_[i] = 1;
-  prepare(i);
+  present_[i] = prepare(i, local_error) ? 1 : 0;
   auto b = bucket_of_[i];
   if (--state_[b].pending == 0) {
     auto before = next_launch_;
@@ -327,7 +324,7 @@ void GradientReducer::mark_ready(std::int64_t i) {
   }
 }
 
-bool GradientReducer::finalize(bool flag) {
+bool GradientReducer::finalize(bool flag, const std::string& call_error, ErrorClass error_class) {
   UserCall named(kUserCall);
   GroupScope in_group(group_);
   std::lock_guard<std::mutex> lk(mu_);
@@ -355,6 +352,13 @@ bool GradientReducer::finalize(bool flag) {
     } catch (const c10::Error& e) {
       local_error = e.what_without_backtrace();
     }
+    if (!call_error.empty()) {  // the call's own error names the cause
+      local_error = call_error;
+      local_class_ = error_class;
+    } else if (local_error.empty()) {
+      local_error = local_error_;
+    }
+    local_error_.clear();
     agree_step(unclear, local_error);
     settled_in_agreement = true;
     if (!local_error.empty()) {
@@ -398,14 +402,21 @@ bool GradientReducer::finalize(bool flag) {
   // Which gradients exist anywhere: missing on some ranks -> the reduced zeros-padded value;
   // missing on all -> None, as in one process (the optimizer then skips the parameter).
   if (settled_in_agreement && *all_clear_) return false;  // every gradient, on every rank
+  if (!call_error.empty()) {                              // the call's own error names the cause
+    local_error_ = call_error;
+    local_class_ = error_class;
+  }
   std::vector<std::uint8_t> anywhere = present_;
   anywhere.push_back(flag ? 1 : 0);
+  anywhere.push_back(local_error_.empty() ? 0 : 1);  // some rank noted an error (backward's)
   if (current_group().size() > 1) {
     Engine::get().run_inline([&] {
       mpi_backend().allreduce(anywhere.data(), static_cast<std::int64_t>(anywhere.size()),
                               c10::kByte, ReduceOp::Max);
     });
   }
+  raise_noted_errors(anywhere.back() != 0);
+  anywhere.pop_back();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     const auto& bk = buckets_[bucket_of_[i]];

@@ -32,6 +32,7 @@
 #include "fusion/bucket_plan.h"
 #include "fusion/pack_plan.h"
 #include "ops/bucket_reduce.h"
+#include "ops/consensus.h"
 #include "ops/stream_order.h"
 #include "runtime/engine.h"
 #include "runtime/group.h"
@@ -50,13 +51,20 @@ class GradientReducer {
   GradientReducer(std::vector<at::Tensor> params, ReducerOptions opts);
 
   // The gradient of params[i] is final for this step (a post-accumulate hook calls this).
-  void mark_ready(std::int64_t i);
+  // `local_error`: the hook's own error on this rank. Such an error, or a gradient this rank
+  // cannot reduce (see gradient_mismatch), never raises here, in backward, on this rank alone:
+  // the parameter reduces as zeros, every rank issues the same collectives, and finalize()
+  // raises the error on every rank, naming this rank and the parameter.
+  void mark_ready(std::int64_t i, const std::string& local_error = "");
   // Finish the step: launch what is left (zeros for missing grads), wait for everything,
   // settle which grads exist. Blocks; the caller releases the GIL. Rethrows the first error.
   // `flag` rides along in the step's last allreduce (a byte, "max"): returns whether any
   // rank passed true (the caller's "my plan changed"), at no extra collective. An empty
-  // plan makes no collective at all and returns `flag` as is.
-  bool finalize(bool flag = false);
+  // plan makes no collective at all and returns `flag` as is. `local_error`: this rank's
+  // error in the call (a bad argument of step()), raised on every rank as the noted ones,
+  // as an exception of `error_class`.
+  bool finalize(bool flag = false, const std::string& local_error = "",
+                ErrorClass error_class = ErrorClass::Runtime);
 
   // Remember these tensors (a caller's candidates for the plan, frozen ones included) and
   // their requires_grad now; requires_grad_changed() then tells, at C speed (the Python
@@ -102,7 +110,12 @@ class GradientReducer {
   // finalize(): params_[i]'s gradient is final; returns whether this rank has one.
   bool settle(std::size_t i);
   // Put params_[i]'s grad where its bucket reduces it; returns whether this rank has one.
-  bool prepare(std::int64_t i);
+  // A gradient that cannot be reduced, or a `hook_error`, is noted (note_error) and reduces
+  // as zeros of the planned size.
+  bool prepare(std::int64_t i, const std::string& hook_error = "");
+  void note_error(std::int64_t i, const std::string& why);
+  // Every rank, after this step's collectives: raises where some rank noted an error.
+  void raise_noted_errors(bool some_rank_failed);
   void launch(std::int64_t b);
   void launch_ready();
   // Engine work of this step: submitted, or run now on this thread when run_inline_.
@@ -115,11 +128,14 @@ class GradientReducer {
   std::vector<std::int64_t> bucket_of_;  // param index -> bucket index
   std::vector<std::int64_t> slot_of_;    // param index -> its place among the bucket's members
   std::vector<BucketState> state_;
-  std::vector<std::string> labels_;    // per bucket, the engine work's label
-  std::vector<std::uint8_t> present_;  // this rank had a gradient for param i this step
-  std::vector<std::uint8_t> ready_;    // mark_ready seen for param i this step
-  std::vector<at::Tensor> zeros_;      // direct params missing here: reduced from zeros
-  std::vector<at::Tensor> watched_;    // see watch_requires_grad
+  std::vector<std::string> labels_;               // per bucket, the engine work's label
+  std::vector<std::string> names_;                // per parameter, for messages (may be empty)
+  std::string local_error_;                       // this step's first noted error on this rank
+  ErrorClass local_class_ = ErrorClass::Runtime;  // the class it is raised as
+  std::vector<std::uint8_t> present_;             // this rank had a gradient for param i this step
+  std::vector<std::uint8_t> ready_;               // mark_ready seen for param i this step
+  std::vector<at::Tensor> zeros_;                 // direct params missing here: reduced from zeros
+  std::vector<at::Tensor> watched_;               // see watch_requires_grad
   std::vector<std::uint8_t> watched_flags_;
   std::int64_t next_launch_ = 0;
   std::int64_t launched_early_ = 0;

@@ -159,10 +159,17 @@ void bind_gradients(py::module_& m) {
              return std::make_shared<GradientReducer>(std::move(params), options);
            }),
            py::arg("params"), py::arg("options"))
-      .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"))
+      .def("mark_ready", &GradientReducer::mark_ready, py::arg("index"),
+           py::arg("local_error") = "")
       .def("name_parameters", &GradientReducer::name_parameters, py::arg("names"))
-      .def("finalize", &GradientReducer::finalize, py::arg("flag") = false,
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "finalize",
+          [](GradientReducer& r, bool flag, const std::string& error,
+             std::optional<ErrorClass> cls) {  // (ErrorClass is bound after this file)
+            return r.finalize(flag, error, cls.value_or(ErrorClass::Runtime));
+          },
+          py::arg("flag") = false, py::arg("local_error") = "", py::arg("error_class") = py::none(),
+          py::call_guard<py::gil_scoped_release>())
       .def("watch_requires_grad", &GradientReducer::watch_requires_grad, py::arg("tensors"))
       .def("requires_grad_changed", &GradientReducer::requires_grad_changed)
       .def_property_readonly("launched_early", &GradientReducer::launched_early)

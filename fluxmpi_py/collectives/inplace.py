@@ -198,11 +198,13 @@ class Request:
         self._work = work
         self._tensor = tensor
 
+    @local_call
     def wait(self) -> torch.Tensor:
         """Block until done; return the tensor, which then holds the result."""
         self._work.wait()
         return self._tensor
 
+    @local_call
     def test(self) -> bool:
         """True once done (the result, or the error that wait() raises, is then ready)."""
         return bool(self._work.test())

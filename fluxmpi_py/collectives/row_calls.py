@@ -15,6 +15,7 @@ import operator
 import torch
 
 from .._core import C, parse_root
+from ..runtime.entry import local_call
 from .inplace import Request
 
 
@@ -33,6 +34,7 @@ class PendingRequest(Request):
         super().__init__(pending, None)
         self._finish = finish
 
+    @local_call
     def wait(self):
         """Block until done; return the result."""
         return self._finish(self._work.wait(), self._work)

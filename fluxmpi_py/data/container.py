@@ -37,7 +37,7 @@ import torch
 from .._core import C
 from .._util import rng as _rng
 from .._util.shared_view import SharedInts
-from ..runtime.entry import entry_point
+from ..runtime.entry import entry_point, local_call
 from ..runtime.groups import on_group
 from ._args import (
     _agree_across_ranks,
@@ -271,6 +271,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             self._yielded += 1
             yield item
 
+    @local_call
     def indices(self) -> torch.Tensor:
         """The global indices of the current view of this rank's shard, as an int64 tensor.
 
@@ -323,6 +324,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             )
         return self.batches.per_rank
 
+    @local_call
     def micro_batch(self, j: int) -> tuple[int, int]:
         """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
         rank's ``j``-th micro-batch of the epoch.
@@ -335,6 +337,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             raise ValueError("DistributedDataContainer: micro_batch() needs global_batch_size=")
         return self.batches.micro_batch(j)
 
+    @local_call
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
 
@@ -354,6 +357,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             self._resumed = False
         self._view.write((epoch, seed, start))
 
+    @local_call
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
 
@@ -388,6 +392,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             "world_size": self._world,
         }
 
+    @local_call
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue at ``state``'s epoch, seed and position (see ``state_dict``).
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core import C
-from ..runtime.entry import entry_point
+from ..runtime.entry import entry_point, local_call
 from ._args import (
     _agree_across_ranks,
     _check_epoch,
@@ -177,6 +177,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         state["_last"] = None if self._last is None else self._position()
         return state
 
+    @local_call
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation; a new epoch starts at position 0.
 
@@ -193,6 +194,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             self._resume, self._first, self._last = 0, 0, None
         self.epoch = epoch
 
+    @local_call
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """``{"epoch", "seed", "position", "n", "world_size"}`` for resuming.
 
@@ -230,6 +232,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             "world_size": self.num_replicas,
         }
 
+    @local_call
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next iterator continue at ``state``'s epoch, seed and position.
 
@@ -264,6 +267,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             raise ValueError("DistributedSampler: micro_batches_per_rank needs global_batch_size=")
         return self.batches.per_rank
 
+    @local_call
     def micro_batch(self, j: int) -> tuple[int, int]:
         """With ``global_batch_size=``: ``(step, index in the step's global batch)`` of this
         rank's ``j``-th micro-batch of the epoch (counting from the epoch's start).

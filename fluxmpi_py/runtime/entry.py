@@ -26,6 +26,7 @@ waits for it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -33,15 +34,19 @@ from typing import Any, Callable, NoReturn, TypeVar, cast
 
 from .._core import C
 from .agreement import PORTABLE_ERRORS, mark_raised_on_every_rank, raised_on_every_rank
+from .binding_errors import clear_binding_error
 
 _F = TypeVar("_F", bound=Callable)
 
 __all__ = [
     "entry_point",
     "local_call",
+    "own_agreement",
     "mark",
     "entry_kind",
     "raise_as_verdict",
+    "raise_noted",
+    "error_class",
     "pass_on",
     "outside_the_call",
 ]
@@ -76,6 +81,22 @@ def local_call(fn: _F) -> _F:
     return mark(fn, "local")
 
 
+def own_agreement(fn: _F) -> _F:
+    """Mark ``fn`` (a method) as a public collective that carries its own argument checks
+    into the agreement it meets the other ranks in, with no wrapper: where that agreement is
+    not the first thing the call does on this thread (``DistributedOptimizer.step()``, whose
+    reduction began in backward's hooks, on the engine thread), this rank's bad argument
+    travels in the call's reduction instead (``ReductionPlan.finalize(error=)``), and every
+    rank raises it there. Returns ``fn`` itself.
+
+    >>> @own_agreement
+    ... def step(self, closure=None): ...
+    >>> entry_kind(step)
+    'collective'
+    """
+    return mark(fn, "collective")
+
+
 def mark(fn, kind: str) -> Any:
     """Mark the public callable ``fn`` with its kind (see :func:`entry_kind`); returns it (as
     Any: a decorator's wrapper stands for the decorated function's own type).
@@ -87,9 +108,13 @@ def mark(fn, kind: str) -> Any:
     return fn
 
 
-def _class_of(error: BaseException):
-    """The verdict's class: ValueError or TypeError, whichever comes first in the error's
-    type's MRO (a class of both keeps its first), else RuntimeError."""
+def error_class(error: BaseException):
+    """The verdict's class (``C.ErrorClass``) of ``error``: ValueError or TypeError, whichever
+    comes first in the error's type's MRO (a class of both keeps its first), else RuntimeError.
+
+    >>> error_class(KeyError("k")).name
+    'RUNTIME'
+    """
     for base in type(error).__mro__:
         if base is ValueError:
             return C.ErrorClass.VALUE
@@ -147,7 +172,7 @@ def raise_as_verdict(error: BaseException, call: str) -> NoReturn:
         raise error
     entered = C.enter_user_call(call)
     try:
-        C.broadcast_bytes(None, 0, error_class=_class_of(error), error_text=_verdict_text(error))
+        C.broadcast_bytes(None, 0, error_class=error_class(error), error_text=_verdict_text(error))
     except Exception as agreed:  # the agreement's verdict, which every other rank raises now
         if isinstance(error, tuple(PORTABLE_ERRORS.values())):
             raise mark_raised_on_every_rank(error) from None  # the others raise its type
@@ -155,6 +180,37 @@ def raise_as_verdict(error: BaseException, call: str) -> NoReturn:
     finally:
         C.leave_user_call(entered)
     raise AssertionError(f"unreachable: the agreement raises {error!r}")
+
+
+def raise_noted(error: BaseException | None, call: str) -> NoReturn:
+    """Every rank of the group calls this together, once they all know that some rank noted
+    an error it could not raise where it happened (a backward hook, which its rank alone runs
+    while the others' collectives go on): that rank passes its ``error``, the others None.
+    Every rank, the noting one too, then raises the same verdict (see :func:`raise_as_verdict`),
+    naming ``call``, that rank and its message.
+
+    >>> import fluxmpi_py as fm; fm.Init()
+    >>> raise_noted(RuntimeError("parameter 0 (w): resized"), "DistributedOptimizer.step()")
+    Traceback (most recent call last):
+    ...
+    RuntimeError: parameter 0 (w): resized
+    """
+    if not C.initialized() or C.current_group().size == 1:
+        if error is None:
+            raise AssertionError(f"{call}: no rank gave the error that some rank noted")
+        raise error
+    kind, text = (
+        (C.ErrorClass.NONE, "") if error is None else (error_class(error), _verdict_text(error))
+    )
+    entered = C.enter_user_call(call)
+    try:  # the noting ranks' errors are this agreement's verdict, which every rank raises
+        C.broadcast_bytes(None, 0, error_class=kind, error_text=text)
+    except Exception as agreed:
+        again = _as_raised(agreed)
+        raise again from (error if again is agreed else agreed)
+    finally:
+        C.leave_user_call(entered)
+    raise AssertionError(f"{call}: no rank gave the error that some rank noted")
 
 
 def outside_the_call(error: BaseException) -> BaseException:
@@ -180,6 +236,9 @@ def pass_on(error: Exception, start: int, call: str) -> NoReturn:
     ...
     KeyError: 'k'
     """
+    clear = clear_binding_error(error)  # pybind11's own text, in words
+    if clear is not error:
+        error = cast(Exception, clear)
     if raised_on_every_rank(error):
         again = _as_raised(error)
         if again is error:
@@ -198,8 +257,26 @@ def _arguments(fn, args, kwargs) -> dict:
         return {}
 
 
+def _verdict_scope(verdict_on, error: Exception, arguments: dict):
+    """Where ``error``'s verdict goes out: the context ``verdict_on(arguments)`` makes (the
+    group the call runs on), or the current group where the arguments name none that this
+    rank can enter; a rank outside that group keeps ``error`` (no other rank waits for it)."""
+    if verdict_on is None:
+        return contextlib.nullcontext()
+    try:
+        return verdict_on(arguments)
+    except Exception as e:  # noqa: BLE001 - its own bad group: the current one then
+        if getattr(e, "outside_the_call", False):
+            outside_the_call(error)
+        return contextlib.nullcontext()
+
+
 def entry_point(
-    call: str, *, named: bool = True, local_if: Callable[[dict], bool] | None = None
+    call: str,
+    *,
+    named: bool = True,
+    local_if: Callable[[dict], bool] | None = None,
+    verdict_on: Callable[[dict], Any] | None = None,
 ) -> Callable[[_F], _F]:
     """Decorator of a public call that is a collective, named ``call`` ("save_checkpoint()")
     in messages (the outermost named call wins, as ``user_call.of``): an exception it raises
@@ -210,7 +287,9 @@ def entry_point(
     enter checked names, ``name=``, which an outer name would hide). ``local_if(arguments)``
     (the call's arguments by name, read only when it raised): True where the arguments make
     the call local (a sampler given its rank and size: no agreement), so its errors stay its
-    rank's own.
+    rank's own. ``verdict_on(arguments)``: the context of the group the call runs on (a
+    Horovod process set, entered inside the call), so that an error raised before it was
+    entered goes out on that group, where the other ranks wait, not on the current one.
 
     >>> @entry_point("f()")
     ... def f(x): return x * 2
@@ -228,7 +307,11 @@ def entry_point(
             except Exception as e:
                 if local_if is not None and local_if(_arguments(fn, args, kwargs)):
                     raise
-                pass_on(e, start, call)
+                on = _verdict_scope(
+                    verdict_on, e, _arguments(fn, args, kwargs) if verdict_on else {}
+                )
+                with on:
+                    pass_on(e, start, call)
             finally:
                 if entered:
                     C.leave_user_call(entered)

@@ -61,6 +61,7 @@ class RankFilter(logging.Filter):
         else:
             self.ranks = frozenset(int(r) for r in ranks)
 
+    @local_call
     def filter(self, record: logging.LogRecord) -> bool:
         rank, size = _rank_and_size()
         record.rank, record.world_size = rank, size

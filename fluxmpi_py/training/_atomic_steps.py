@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import C
-from ..runtime.agreement import user_call
+from ..runtime.entry import entry_point
 from ._optimizer_args import check_passes
 
 
@@ -22,7 +22,7 @@ class AtomicSteps:
     def _build(self) -> None:  # DistributedOptimizer's
         raise NotImplementedError
 
-    @user_call.of("DistributedOptimizer.rebuild()")
+    @entry_point("DistributedOptimizer.rebuild()")
     def rebuild(self, *, backward_passes_per_step: int | None = None) -> None:
         """Plan again for the world as it is now, after :func:`fluxmpi_py.recover` shrank it
         (the plan, the exact sums and the buffer sync were made for the old one): a collective

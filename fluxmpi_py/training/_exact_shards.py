@@ -153,7 +153,7 @@ class ShardedExactSum(ExactSum):
         """Parameter ``i``'s values of pass ``p`` (this one by default) in its bucket."""
         b, at = self.bucket_of[i], self.at[i]
         at += self.sizes[b] * (self.passes if p is None else p)
-        return self.flats[b][at : at + self.order[i].numel()]
+        return self.flats[b][at : at + self.planned[i][0].numel()]
 
     # ---- during backward: the last pass moves its buckets -----------------------------
     def add(self, i: int, last_pass: bool) -> None:
@@ -162,10 +162,10 @@ class ShardedExactSum(ExactSum):
         reduced (``step()`` then raises on every rank)."""
         p = self.order[i]
         if p.grad is not None:
+            taken = True
             if self.passes < self.k:
-                self._take(i, p.grad)
-                self.now[self.passes][i] = True
-            self.written[i] = True
+                taken = self.now[self.passes][i] = self.took(i, p.grad)
+            self.written[i] = self.written[i] or taken
             p.grad = None
         if self.passes == self.k - 1:
             self.missing[self.bucket_of[i]] -= 1
@@ -199,7 +199,7 @@ class ShardedExactSum(ExactSum):
         """Start bucket ``b`` with every pass's values (zeros where a pass had no gradient:
         also for the passes a rank that ran fewer than k did not run; step() then raises)."""
         pieces = []
-        used = sum(self.order[i].numel() for i in self.buckets[b])
+        used = sum(self.planned[i][0].numel() for i in self.buckets[b])
         for p in range(self.k):
             for i in self.buckets[b]:
                 kept = self.kept[p][i]

@@ -19,6 +19,7 @@ import torch
 
 from .._core import C
 from ..runtime.agreement import hash64, require_same, span
+from ..runtime.entry import error_class, raise_noted
 
 _requires_grad = operator.attrgetter("requires_grad")
 
@@ -96,11 +97,18 @@ class ReductionPlan:
         parameter, in the compiled reducer)"""
         return self.reducer.requires_grad_changed()
 
-    def finalize(self, changed: bool) -> bool:
-        """Finish this step's reduction; return whether ``changed`` is true on any rank."""
+    def finalize(self, changed: bool, error: Exception | None = None) -> bool:
+        """Finish this step's reduction; return whether ``changed`` is true on any rank.
+        ``error``: this rank's error in the call (a bad argument of ``step()``), which the
+        reduction carries: every rank raises it."""
         if self.order:
-            return self.reducer.finalize(changed)
-        ((_, anywhere),) = span([int(changed)])  # nothing to reduce: a byte of its own
+            if error is None:
+                return self.reducer.finalize(changed)
+            return self.reducer.finalize(changed, str(error), error_class(error))
+        # nothing to reduce: a byte of its own, and one for some rank's error
+        ((_, anywhere), (_, failed)) = span([int(changed), int(error is not None)])
+        if failed:
+            raise_noted(error, "DistributedOptimizer.step()")
         return bool(anywhere)
 
     def reduce_once(self, params: Sequence[torch.Tensor]) -> None:
@@ -128,10 +136,13 @@ def named_candidates(param_groups, names: dict) -> list[tuple[str, torch.Tensor]
     ]
 
 
-def replan_if_changed(plan: ReductionPlan, changed: bool, named_now) -> list[torch.Tensor] | None:
+def replan_if_changed(
+    plan: ReductionPlan, changed: bool, named_now, error: Exception | None = None
+) -> list[torch.Tensor] | None:
     """End a step's reduction; when any rank changed, re-plan from ``named_now()`` and reduce
-    the parameters that joined. Returns the new plan's order when it re-planned, else None."""
-    if not plan.finalize(changed):
+    the parameters that joined. Returns the new plan's order when it re-planned, else None.
+    ``error``: as :meth:`ReductionPlan.finalize`'s."""
+    if not plan.finalize(changed, error):
         return None
     joined = plan.replan(named_now())
     plan.reduce_once(joined)

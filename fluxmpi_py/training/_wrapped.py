@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.entry import local_call
+
 
 def _read_through(name: str) -> property:
     """An attribute of the wrapped optimizer (``self.optimizer``), read and set through; the
@@ -42,17 +44,21 @@ class WrappedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer  # from here on, param_groups and state are the optimizer's
         self.defaults = optimizer.defaults
 
+    @local_call
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @local_call
     def add_param_group(self, param_group: dict) -> None:
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
             return super().add_param_group(param_group)
         self.optimizer.add_param_group(param_group)
 
+    @local_call
     def state_dict(self):
         return self.optimizer.state_dict()
 
+    @local_call
     def load_state_dict(self, state_dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 

@@ -56,7 +56,8 @@ import torch
 
 from .._core import C
 from ..collectives.inplace import Iallreduce, allreduce_
-from ..runtime.agreement import mark_raised_on_every_rank
+from ..runtime.agreement import mark_raised_on_every_rank, raised_on_every_rank
+from ..runtime.entry import raise_noted
 
 __all__ = ["GridOverflowError"]
 
@@ -101,6 +102,31 @@ def plain_gradient_of(g: torch.Tensor, p: torch.Tensor) -> bool:
         and g.device.type == "cpu"
         and g.is_contiguous()
     )
+
+
+def gradient_mismatch(g: torch.Tensor, p: torch.Tensor, planned: tuple) -> str:
+    """ "" when parameter ``p`` and its gradient ``g`` still fit ``planned`` (its shape, dtype
+    and device when the reduction was planned); else what differs, for the message.
+
+    >>> p = torch.zeros(3)
+    >>> gradient_mismatch(torch.ones(3), p, (p.shape, p.dtype, p.device))
+    ''
+    >>> gradient_mismatch(torch.ones(3), p.double(), (p.shape, p.dtype, p.device))[:45]
+    'it is (3,) torch.float64 on cpu, but was (3,)'
+    """
+    shape, dtype, device = planned
+    if p.shape != shape or p.dtype != dtype or p.device != device:
+        return (
+            f"it is {tuple(p.shape)} {p.dtype} on {p.device}, but was {tuple(shape)} {dtype} on "
+            f"{device} when its reduction was planned: resize, cast or move no parameter after "
+            "DistributedOptimizer took it"
+        )
+    if g.layout != torch.strided or g.shape != shape or g.dtype != dtype or g.device != device:
+        return (
+            f"its .grad is a {g.layout} tensor {tuple(g.shape)} {g.dtype} on {g.device}, expected "
+            f"a dense (torch.strided) gradient {tuple(shape)} {dtype} on {device}"
+        )
+    return ""
 
 
 #: Bytes a value takes in the int64 path's buckets, as its planner counts them.
@@ -157,6 +183,7 @@ class ExactSum(ABC):
         self.bits = 62 - (self.micro_batches - 1).bit_length()  # P
         self.average, self.group = average, group
         self.top = [FIRST_TOP_LOG2] * len(self.order)  # T per parameter
+        self.planned = [(p.shape, p.dtype, p.device) for p in self.order]
         self.bucket_of = [0] * len(self.order)
         for b, members in enumerate(self.buckets):
             for i in members:
@@ -168,6 +195,9 @@ class ExactSum(ABC):
         self.missing = [len(m) for m in self.buckets]  # members not yet ready in the last pass
         self.requests: list = []  # started bucket collectives, in bucket order
         self.written = [False] * len(self.order)  # this rank had a gradient this step
+        # A gradient this rank could not take (backward's hook, on this rank alone): the first
+        # one's error, raised at step() on every rank (see took)
+        self.noted: BaseException | None = None
 
     def quantum(self, i: int) -> float:
         """The grid step of parameter ``i`` this step."""
@@ -194,12 +224,29 @@ class ExactSum(ABC):
         step's last pass, start the buckets that are complete."""
         p = self.order[i]
         if p.grad is not None:
-            self._take(i, p.grad)
-            self.written[i] = True
+            self.written[i] = self.took(i, p.grad)
             p.grad = None
         if last_pass:
             self.missing[self.bucket_of[i]] -= 1
             self._start_ready()
+
+    def took(self, i: int, g: torch.Tensor) -> bool:
+        """Take ``g`` (:meth:`_take`); False where this rank cannot (a parameter resized or
+        cast since the plan, a sparse gradient ...): raising in backward's hook, on this rank
+        alone, would leave the others waiting in the buckets' collectives. So its error is
+        noted, the parameter adds nothing here, and step() raises it on every rank."""
+        why = gradient_mismatch(g, self.order[i], self.planned[i])
+        if not why:
+            try:
+                self._take(i, g)
+                return True
+            except Exception as e:
+                if raised_on_every_rank(e):
+                    raise
+                why = f"{type(e).__name__}: {e}"
+        if self.noted is None:
+            self.noted = RuntimeError(f"parameter {i} ({self.names[i]}): {why}")
+        return False
 
     def end_pass(self, last_pass: bool) -> None:
         """The end of a backward pass; in the last one, start every bucket not started (their
@@ -246,10 +293,15 @@ class ExactSum(ABC):
         maxima = [math.inf if math.isnan(m) else m for m in self._complete()]
         # each rank's passes against its own backward_passes_per_step (ranks may differ)
         more, fewer = self.passes - self.k, self.k - self.passes
+        noted = float(self.noted is not None)
         agreed = torch.tensor(
-            [*maxima, *map(float, self.written), more, fewer, *extra], dtype=torch.float64
+            [*maxima, *map(float, self.written), more, fewer, noted, *extra], dtype=torch.float64
         )
         allreduce_(agreed, "max", group=self.group)
+        if agreed[2 * n + 2] > 0:  # some rank noted an error in backward: every rank raises it
+            error = self.noted
+            self._reset_step()
+            raise_noted(error, "DistributedOptimizer.step()")
         most_more, most_fewer = int(agreed[2 * n]), int(agreed[2 * n + 1])
         if most_more or most_fewer:
             passes = self.passes
@@ -293,7 +345,7 @@ class ExactSum(ABC):
                     "run the step again"
                 )
             )
-        return agreed[2 * n + 2 :].tolist()
+        return agreed[2 * n + 3 :].tolist()
 
 
 class ExactGradientSum(ExactSum):

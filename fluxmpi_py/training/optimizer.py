@@ -18,11 +18,12 @@ import torch
 from .._core import C
 from ..collectives.inplace import allreduce_
 from ..runtime.agreement import raise_together, user_call
-from ..runtime.entry import entry_point
+from ..runtime.entry import entry_point, local_call, own_agreement
 from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
+from ._grad_hooks import GradHooks
 from ._micro_batches import micro_batch_share
 from ._optimizer_args import check_optimizer_args, reduction_options
 from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
@@ -37,7 +38,7 @@ __all__ = ["DistributedOptimizer"]
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
+class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
@@ -227,54 +228,6 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
     def _named(self):
         return named_candidates(self.param_groups, self._names)
 
-    def _hook(self, order) -> None:
-        for h in self._handles:
-            h.remove()
-        self._reducer = self._plan.reducer
-        make = self._make_hook if self._exact is None else self._make_exact_hook
-        self._handles = [p.register_post_accumulate_grad_hook(make(i)) for i, p in enumerate(order)]
-
-    def _last_pass(self) -> bool:
-        return self._sync_enabled and self._passes + 1 >= self._passes_per_step
-
-    def _make_exact_hook(self, index: int) -> Callable:
-        def hook(param: torch.Tensor) -> None:
-            if not self._pass_hooked:
-                self._pass_hooked = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            assert self._exact is not None
-            self._exact.add(index, self._last_pass())
-
-        return hook
-
-    def _make_hook(self, index: int) -> Callable:
-        reducer_ref = self  # the hook must see the reducer of a later plan
-
-        def hook(param: torch.Tensor) -> None:
-            if not reducer_ref._pass_hooked:
-                reducer_ref._pass_hooked = True
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    reducer_ref._end_of_backward
-                )
-            if (
-                reducer_ref._sync_enabled
-                and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
-            ):
-                if reducer_ref._join is not None and not reducer_ref._join_count:
-                    reducer_ref._join_round()  # before this step's first bucket
-                if reducer_ref._pass_weight != 1.0 and param.grad is not None:
-                    param.grad.mul_(reducer_ref._pass_weight)  # an uneven share of M
-                reducer_ref._reducer.mark_ready(index)
-
-        return hook
-
-    def _end_of_backward(self) -> None:
-        self._pass_hooked = False
-        if self._exact is not None:
-            self._exact.end_pass(self._last_pass())
-        if self._sync_enabled:
-            self._passes += 1
-
     def _join_round(self) -> None:
         """Inside a join: this step's round, as an active rank (a tiny collective)."""
         assert self._join is not None  # called inside a Join only
@@ -282,25 +235,28 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         with on_group(self._group, "DistributedOptimizer.step()"):  # backward's hook: no group
             self._join_count = round_(state, index)
 
-    def _reduce(self) -> None:
+    def _reduce(self, error: Exception | None = None) -> None:
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
         changed (requires_grad flipped, or a group was added). Inside a join, the step's
-        round goes first, and the average is rescaled when it divides by the active ranks."""
+        round goes first, and the average is rescaled when it divides by the active ranks.
+        ``error``: this rank's error in the call, which the reduction raises on every rank."""
         if self._exact is not None:
-            self._exact_reduce()
+            self._exact_reduce(error)
             return
         if self._join is not None:
             if not self._join_count:
                 self._join_round()
             count, self._join_count = self._join_count, 0
-            self._finish_reduction()
+            self._finish_reduction(error)
             self._rescale_for_join(count)
             return
-        self._finish_reduction()
+        self._finish_reduction(error)
 
-    def _exact_reduce(self) -> None:
+    def _exact_reduce(self, error: Exception | None = None) -> None:
         """deterministic=True: finish the exact sums, then fold the BatchNorm statistics."""
         assert self._exact is not None
+        if error is not None and self._exact.noted is None:
+            self._exact.noted = error  # raised by finish() on every rank
         if self._join is not None:
             raise ValueError("DistributedOptimizer(deterministic=True) cannot run inside a join")
         finish_exact_step(self._exact, self._bn_fold, self._plan.requires_grad_changed())
@@ -324,14 +280,15 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             self._passes = 0
             self._checked(self._step_and_sync_buffers(None))
 
-    def _finish_reduction(self) -> None:
+    def _finish_reduction(self, error: Exception | None = None) -> None:
         changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()
-        order = replan_if_changed(self._plan, changed, self._named)
+        order = replan_if_changed(self._plan, changed, self._named, error)
         if order is not None:
             self._num_groups = len(self.param_groups)
             self._hook(order)
 
     # ---- reduction control --------------------------------------------------------------
+    @own_agreement
     @user_call.of("DistributedOptimizer.synchronize()")
     def synchronize(self) -> None:
         """Finish the gradient reduction now (for clipping or GradScaler.unscale_ before step).
@@ -343,6 +300,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         self._synchronized = True
         self._passes = 0
 
+    @local_call
     @contextlib.contextmanager
     def skip_synchronize(self):
         """``step()`` inside this context does not reduce again (after ``synchronize()``)."""
@@ -352,6 +310,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         finally:
             self._skip_sync = prev
 
+    @local_call
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, without communication."""
@@ -362,6 +321,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
             self._sync_enabled = prev
 
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
+    @own_agreement
     @user_call.of("DistributedOptimizer.step()")
     def step(self, closure: Callable | None = None):
         """Wait for the gradient reduction, then step the wrapped optimizer (and sync the
@@ -378,15 +338,28 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         with on_group(self._group, "DistributedOptimizer.step()"):
             return self._step(closure)
 
+    def _closure_error(self, closure) -> Exception | None:
+        if closure is not None and not callable(closure):
+            return TypeError(
+                f"DistributedOptimizer.step(closure={closure!r}): expected a callable or None, "
+                f"got {type(closure).__name__}"
+            )
+        if closure is not None and self._exact is not None:
+            return ValueError("DistributedOptimizer(deterministic=True).step() takes no closure")
+        if closure is not None and self._join is not None:
+            return ValueError(
+                "DistributedOptimizer.step(closure) cannot run inside a join: a joined "
+                "rank cannot re-evaluate the closure with the others"
+            )
+        return None
+
     def _step(self, closure):
+        error = self._closure_error(closure)
+        if error is not None:  # where the others reduce: the reduction raises it on every rank
+            if not self._skip_sync and not self._synchronized:
+                self._reduce(error)
+            raise error  # (a world of one, or no reduction in this step: no rank waits)
         if closure is not None:
-            if self._exact is not None:
-                raise ValueError("DistributedOptimizer(deterministic=True).step() takes no closure")
-            if self._join is not None:
-                raise ValueError(
-                    "DistributedOptimizer.step(closure) cannot run inside a join: a joined "
-                    "rank cannot re-evaluate the closure with the others"
-                )
 
             def reduced_closure():
                 with torch.enable_grad():
@@ -441,6 +414,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
         finally:
             self._buffer_sync.finish(pending)
 
+    @local_call
     @user_call.of("DistributedOptimizer.add_param_group()")
     def add_param_group(self, param_group: dict) -> None:
         """Add a group to the wrapped optimizer. Its parameters join the reduction at the next
@@ -456,6 +430,7 @@ class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
     def __repr__(self) -> str:
         return f"DistributedOptimizer(op={self._op!r}, buckets={len(self.buckets)}, {self.optimizer!r})"
 
+    @local_call
     def exact_grid(self) -> dict[str, tuple[int, float]]:
         """deterministic=True: parameter name -> (T, q): the current step's grid keeps
         ``|g| < 2**T`` in multiples of the quantum ``q``."""

@@ -15,7 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .._core import C
 from ..collectives.inplace import allreduce_
 from ..runtime.agreement import mark_raised_on_every_rank, user_call
-from ..runtime.entry import local_call
+from ..runtime.entry import entry_point, local_call
 
 __all__ = ["SyncBatchNorm"]
 
@@ -144,6 +144,9 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"SyncBatchNorm expects input of shape (B, C, *), got {input.dim()}D")
 
+    # In training a collective: an error of its checks (a tensor they cannot read) before
+    # the statistics' allreduce is this rank's verdict there; in eval, local.
+    @entry_point("SyncBatchNorm.forward()", local_if=lambda a: not a["self"].training)
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return super().forward(input)
@@ -194,6 +197,7 @@ class SyncBatchNorm(_BatchNorm):
         rv.mul_(1 - factor).add_((var * (total / (total - 1))).to(rv.dtype), alpha=factor)
 
     @classmethod
+    @local_call
     def convert_sync_batchnorm(cls, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` with every BatchNorm (any ``_BatchNorm``, nested anywhere) replaced by a
         SyncBatchNorm that keeps its parameters, buffers, momentum, eps and mode. Returns the

@@ -14,10 +14,13 @@ from contextlib import contextmanager
 
 import torch
 
+from fluxmpi_py.runtime.entry import local_call, own_agreement
+
 from ...collectives import rows as _gc
 from ...sync.synchronize import synchronize_
 from ...training.join import JoinState
 from ...training.optimizer import DistributedOptimizer as _FluxDistributedOptimizer
+from ._compression import Compression, Compressor, FP16Compressor, NoneCompressor, _wire
 from ._ops import Average
 from ._process_sets import group_of
 
@@ -32,81 +35,6 @@ __all__ = [
 ]
 
 _SUM, _AVERAGE, _ADASUM = "sum", "average", "adasum"
-
-
-class Compressor:
-    """Horovod's compressor interface: ``compress(tensor) -> (tensor, ctx)`` and
-    ``decompress(tensor, ctx) -> tensor``. Only :class:`Compression`'s two are understood by
-    :func:`DistributedOptimizer`.
-
-    >>> import torch, fluxmpi_py.horovod as hvd
-    >>> t, ctx = hvd.Compression.none.compress(torch.ones(1)); hvd.Compression.none.decompress(t, ctx).dtype
-    torch.float32
-    """
-
-    #: The reducer's compression name for this compressor (None: full precision).
-    wire: str | None = None
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class NoneCompressor(Compressor):
-    """No compression: gradients travel in their own dtype.
-
-    >>> import torch, fluxmpi_py.horovod as hvd
-    >>> hvd.Compression.none.compress(torch.ones(1))[0].dtype
-    torch.float32
-    """
-
-
-class FP16Compressor(Compressor):
-    """Floating tensors travel as float16 and come back in their own dtype.
-
-    >>> import torch, fluxmpi_py.horovod as hvd
-    >>> t, ctx = hvd.Compression.fp16.compress(torch.ones(1)); t.dtype, hvd.Compression.fp16.decompress(t, ctx).dtype
-    (torch.float16, torch.float32)
-    """
-
-    wire = "fp16"
-
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point:
-            return tensor.to(torch.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
-
-
-class Compression:
-    """Horovod's ``hvd.Compression.none`` and ``hvd.Compression.fp16``.
-
-    >>> import fluxmpi_py.horovod as hvd; hvd.Compression.fp16.wire
-    'fp16'
-    """
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-
-
-def _wire(compression) -> str | None:
-    if compression in (NoneCompressor, FP16Compressor) or isinstance(
-        compression, (NoneCompressor, FP16Compressor)
-    ):
-        return compression.wire
-    raise ValueError(
-        f"hvd.DistributedOptimizer(compression={compression!r}): fluxmpi_py compresses inside "
-        "its fused reduction and understands hvd.Compression.none and hvd.Compression.fp16 "
-        "(or fluxmpi_py.DistributedOptimizer(compression='bf16'))"
-    )
 
 
 def _checked_names(optimizer, named_parameters):
@@ -198,10 +126,12 @@ class _HorovodOptimizer(_FluxDistributedOptimizer):
         self._resparsify()
         return super()._step_and_sync_buffers(closure)
 
+    @own_agreement
     def synchronize(self):
         super().synchronize()
         self._resparsify()
 
+    @own_agreement
     def step(self, closure=None):
         if self._synchronized and not self._skip_sync:
             warnings.warn(
@@ -231,25 +161,32 @@ class _OutsideSetOptimizer(torch.optim.Optimizer):
     state = property(lambda self: self.optimizer.state)
     defaults = property(lambda self: self.optimizer.defaults)
 
+    @local_call
     def step(self, closure=None):
         return self.optimizer.step() if closure is None else self.optimizer.step(closure)
 
+    @local_call
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @local_call
     def synchronize(self) -> None:
         pass
 
+    @local_call
     @contextmanager
     def skip_synchronize(self):
         yield
 
+    @local_call
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
 
+    @local_call
     def state_dict(self):
         return self.optimizer.state_dict()
 
+    @local_call
     def load_state_dict(self, state_dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 

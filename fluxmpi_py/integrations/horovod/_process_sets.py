@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...runtime.entry import local_call
 from ...runtime.groups import new_group
 from ...runtime.world import local_rank, total_workers
 
@@ -48,10 +49,12 @@ class ProcessSet:
         self.process_set_id = None
         self._group = None  # the fluxmpi_py.Group once registered (None for the global set)
 
+    @local_call
     def size(self) -> int | None:
         """Number of ranks in the set (None until registered)."""
         return None if self.process_set_id is None else len(self.ranks)
 
+    @local_call
     def rank(self) -> int | None:
         """This process's rank in the set (its place in ``ranks``); None until registered
         or when this process is not in the set."""
@@ -61,6 +64,7 @@ class ProcessSet:
         me = local_rank()
         return self.ranks.index(me) if me in self.ranks else None
 
+    @local_call
     def included(self) -> bool | None:
         """Whether this process is in the set (None until registered)."""
         if self.process_set_id is None:

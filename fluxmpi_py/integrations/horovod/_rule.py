@@ -12,6 +12,8 @@ import numbers
 
 from fluxmpi_py.runtime.entry import entry_kind, entry_point, local_call, mark
 
+from ._handles import _in_set
+
 # Horovod's argument names that a face function may use after its collective (scaling a
 # result): checked first, so that a bad one raises before the ranks meet, on every rank.
 _FACTORS = ("prescale_factor", "postscale_factor")
@@ -51,6 +53,15 @@ def _at_once_only(fn, ruled):
     return mark(call, "collective")
 
 
+def _verdict_on(fn, n: str):
+    """A call with ``process_set=`` runs on that set's group, entered inside it: an error
+    raised before that (a bad scale factor, a tensor it cannot read) must go out on the set's
+    group, where its other members wait, not on the world (whose other ranks are elsewhere)."""
+    if "process_set" not in inspect.signature(fn).parameters:
+        return None
+    return lambda arguments: _in_set(arguments.get("process_set"), f"hvd.{n}()")
+
+
 def give_the_rule(space: dict, names, local: set[str]) -> None:
     """Give each public callable `names` of the module namespace `space` its kind: `local` ones
     stay their rank's own, classes other than errors are made without communication, and every
@@ -65,7 +76,9 @@ def give_the_rule(space: dict, names, local: set[str]) -> None:
         elif n in local:
             space[n] = local_call(obj)
         else:
-            ruled = entry_point(f"hvd.{n}()", named=False)(_checked_first(obj))
+            ruled = entry_point(f"hvd.{n}()", named=False, verdict_on=_verdict_on(obj, n))(
+                _checked_first(obj)
+            )
             if "_async" in n and "name" in inspect.signature(obj).parameters:
                 ruled = _at_once_only(obj, ruled)
             space[n] = ruled

@@ -187,7 +187,10 @@ def case_hot_calls_keep_every_guarantee():
             t = given.clone()
             fm.allreduce_(t, "max")
             check_equal(t, given // (r + 1) * n, f"after the mismatches ({size})")
+            before = C.carried_calls()
             fm.reduce_(fm.bcast_(t, 0), "max", n - 1)
+            if 1 < n <= DIRECT_MAX_RANKS:  # a bcast_ of up to 1 MiB rides point to point
+                assert C.carried_calls() - before == (1 if size == 1 << 16 else 2), size
         assert hot.count == 4 * (3 + len(mismatches) * (n > 1)), f"{hot.count} hot calls"
     # An error raised on one rank before the call met the others: every rank raises it.
     real = inplace._allreduce_c

@@ -76,7 +76,7 @@ _Tensor = torch.Tensor
 _allreduce_c, _bcast_c, _reduce_c = C.allreduce_, C.bcast_, C.reduce_
 
 
-def _allreduce(tensor, op="sum"):
+def _allreduce(tensor, op="sum", *, group=None, name=None):
     if isinstance(tensor, torch.Tensor) and type(op) is str:
         C.allreduce_(tensor, op)
     else:
@@ -84,12 +84,12 @@ def _allreduce(tensor, op="sum"):
     return tensor
 
 
-def _bcast(tensor, root_rank=0):
+def _bcast(tensor, root_rank=0, *, group=None, name=None):
     _call(C.bcast_, tensor, root_rank=root_rank)
     return tensor
 
 
-def _reduce(tensor, op="sum", root_rank=0):
+def _reduce(tensor, op="sum", root_rank=0, *, group=None, name=None):
     _call(C.reduce_, tensor, op if type(op) is str else str(op), root_rank=root_rank)
     return tensor
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/mpi_check.h"
+#include "runtime/call_watch.h"
 
 namespace fluxmpi {
 
@@ -61,9 +62,10 @@ void wait_all(std::vector<MPI_Request>& r) {
 
 }  // namespace
 
-void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size) {
+void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, int group) {
   TORCH_INTERNAL_ASSERT(size > 1 && size <= kDirectMaxRanks, "a direct agreement of ", size,
                         " ranks");
+  BlockingCall guard("allreduce", group, x.head.bytes);
   x.delivered = false;
   Buffers& b = t_buf;
   const std::int64_t words = kDirectHeadWords + x.nlanes;  // a message without its payload

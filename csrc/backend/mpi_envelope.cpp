@@ -7,6 +7,7 @@
 
 #include "backend/envelope.h"
 #include "backend/mpi_check.h"
+#include "runtime/call_watch.h"
 
 namespace fluxmpi {
 
@@ -52,7 +53,8 @@ EnvelopeTypes& envelope_types() {
 
 }  // namespace
 
-void mpi_allreduce_envelope(void* buf, std::int64_t bytes, MPI_Comm comm) {
+void mpi_allreduce_envelope(void* buf, std::int64_t bytes, MPI_Comm comm, int group) {
+  BlockingCall guard("allreduce", group, bytes);
   MPI_Op op = MPI_OP_NULL;
   MPI_Datatype type = envelope_types().type(bytes, &op);
   mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, 1, type, op, comm), "MPI_Allreduce");

@@ -8,7 +8,8 @@
 
 namespace fluxmpi {
 
-// Reduce the envelope `buf` of `bytes` bytes (a whole number of words) across `comm`, in place.
-void mpi_allreduce_envelope(void* buf, std::int64_t bytes, MPI_Comm comm);
+// Reduce the envelope `buf` of `bytes` bytes (a whole number of words) across `comm`, in place,
+// one blocking call of group index `group` (runtime/call_watch.h: 0 the world).
+void mpi_allreduce_envelope(void* buf, std::int64_t bytes, MPI_Comm comm, int group);
 
 }  // namespace fluxmpi

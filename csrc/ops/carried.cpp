@@ -47,7 +47,10 @@ thread_local std::vector<std::int64_t> t_envelope;
 
 }  // namespace
 
-void set_carry_room(const Group& e, std::int64_t bytes) { set_room(e.comm(), bytes); }
+void set_carry_room(const Group& e, std::int64_t bytes) {
+  if (e.size() <= kDirectMaxRanks) return;  // a small group agrees point to point: no room
+  set_room(e.comm(), bytes);
+}
 
 namespace {
 

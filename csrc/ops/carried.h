@@ -21,15 +21,27 @@
 #include <cstdint>
 #include <functional>
 
+#include "backend/direct.h"
 #include "backend/envelope.h"
 #include "backend/reduce_op.h"
 #include "runtime/group.h"
 
 namespace fluxmpi {
 
-// The most bytes a call's data may carry: past this the second round trip costs little beside
-// the data, and the copies into and out of the message would cost more.
+// The most bytes a call's data may carry in an envelope: past this the second round trip costs
+// little beside the data, and the copies into and out of the message would cost more.
 constexpr std::int64_t kMaxCarryBytes = std::int64_t(64) << 10;
+// A broadcast on the direct path (backend/direct.h) goes straight from the root's buffer into
+// the others' (one single-copy message each), as MPI_Bcast's own would, so it carries larger
+// calls too: up to 1 MiB the check's own round trip was 5-12% of a bcast_ (docs/measurements.md),
+// past it the data's time hides it. Reductions stay at kMaxCarryBytes: past it, MPI's reduction
+// (segments that overlap the copy and the combine) beat the direct path's scratch and combine.
+constexpr std::int64_t kMaxDirectBroadcastBytes = std::int64_t(1) << 20;
+
+// The most bytes a broadcast on group `e` carries.
+inline std::int64_t max_broadcast_carry_bytes(const Group& e) {
+  return e.size() <= kDirectMaxRanks ? kMaxDirectBroadcastBytes : kMaxCarryBytes;
+}
 
 // What a call offers to carry in its agreement (ops/consensus.h agree).
 struct Carry {

@@ -77,7 +77,7 @@ bool offer_broadcast(const at::Tensor& t, std::int64_t root, const Signature& s,
   const std::int64_t bytes =
       t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
   if (s.error != ErrorClass::None || e.size() < 2 || !t.is_cpu() || bytes == 0 ||
-      bytes > kMaxCarryBytes) {
+      bytes > max_broadcast_carry_bytes(e)) {
     return false;
   }
   const bool is_root = e.rank() == root;

@@ -248,7 +248,7 @@ BlockingCall::BlockingCall(const char* what, int group, std::int64_t bytes) {
   g_wd_since = std::chrono::steady_clock::now();
   ++g_calls_active;
   if (t_active_depth++ > 0) return;
-  long_wait_enter();
+  long_wait_enter(g_wd_since);
   t_active.group = group;
   t_active.number = (group == 0 ? g_calls_started : g_groups[group].started) - 1;
   t_active.what = what;

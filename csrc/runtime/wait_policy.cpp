@@ -140,9 +140,9 @@ std::string apply_wait_policy() {
 
 const std::string& wait_policy() { return g_policy; }
 
-void long_wait_enter() {
+void long_wait_enter(Clock::time_point since) {
   t_waiting = true;
-  t_since = Clock::now();
+  t_since = since;
   t_nap_us = kFirstNapUs;
 }
 

@@ -17,6 +17,8 @@
 // measurable on 16 MiB (benchmarks/bench_long_wait.py).
 #pragma once
 
+#include <chrono>
+
 #include <string>
 
 namespace fluxmpi {
@@ -33,9 +35,10 @@ std::string apply_wait_policy();
 // The last result of apply_wait_policy(), "" before it ran.
 const std::string& wait_policy();
 
-// The calling thread enters / leaves the outermost blocking collective: the backoff counts
-// from here. Only thread-local stores; BlockingCall calls them.
-void long_wait_enter();
+// The calling thread enters (at `since`, the caller's clock read: one per call) / leaves the
+// outermost blocking collective: the backoff counts from there. Only thread-local stores;
+// BlockingCall calls them.
+void long_wait_enter(std::chrono::steady_clock::time_point since);
 void long_wait_leave();
 
 }  // namespace fluxmpi

@@ -91,8 +91,8 @@ class user_call:
 
 
 DEBUG_MODES = ("off", "detail")
-# [mode]: a box, so that the collectives' fast path (groups.group_dispatch) reads it without
-# a call.
+# [mode]: a box, so that the collectives' fast paths (groups.group_dispatch, the hot calls of
+# collectives/inplace.py) read it without a call.
 debug_box = [os.environ.get("FLUXMPI_DEBUG", "off").strip().lower() or "off"]
 
 

@@ -15,6 +15,8 @@ from harness import raises, run_cases  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
+from fluxmpi_py.collectives import inplace  # noqa: E402
+from fluxmpi_py.runtime.agreement import debug_box  # noqa: E402
 
 # Groups of at most this many ranks agree point to point (backend/direct.h kDirectMaxRanks):
 # there every small call carries its data, its first call too.
@@ -130,6 +132,97 @@ def case_small_calls_carry_their_data():
     t = torch.full((2,), float(r + 1))
     fm.allreduce_(t)
     check_equal(t, torch.full((2,), n * (n + 1) / 2), "after carried mismatches")
+
+
+class _Hot:
+    """Counts the calls of allreduce_, bcast_ and reduce_ that take their hot path (straight to
+    the compiled call: collectives/inplace.py), while in scope."""
+
+    NAMES = ("_allreduce_c", "_bcast_c", "_reduce_c")
+
+    def __enter__(self):
+        self.count, self.saved = 0, [getattr(inplace, n) for n in self.NAMES]
+        for name, compiled in zip(self.NAMES, self.saved):
+            setattr(inplace, name, self._counting(compiled))
+        return self
+
+    def _counting(self, compiled):
+        def call(*args):
+            self.count += 1
+            return compiled(*args)
+
+        return call
+
+    def __exit__(self, *exc):
+        for name, compiled in zip(self.NAMES, self.saved):
+            setattr(inplace, name, compiled)
+
+
+def case_hot_calls_keep_every_guarantee():
+    """allreduce_, bcast_ and reduce_ with no group= and no name= go straight to the compiled
+    call (inplace.py's hot path), and keep every guarantee there: a mismatched shape, dtype,
+    op or root on one rank raises on every rank, small (carried), at 16 KiB and past the
+    carried sizes, with the tensors untouched; an error this rank raises before the call met
+    the others is its verdict in their agreement; a name= and the detail debug mode take the
+    general form, which checks the names and call sites."""
+    n, r = world(), rank()
+    one = n - 1  # the rank that differs
+    mismatches = [
+        (lambda t: fm.allreduce_(t if r != one else t[:-1]), "disagree on numel"),
+        (lambda t: fm.allreduce_(t if r != one else t.view(torch.float32)), "on dtype"),
+        (lambda t: fm.allreduce_(t, "max" if r != one else "min"), "disagree on op"),
+        (lambda t: fm.bcast_(t if r != one else t.view(2, -1), 0), "disagree on shape"),
+        (lambda t: fm.bcast_(t, 0 if r != one else n - 1), "disagree on root_rank"),
+        (lambda t: fm.reduce_(t if r != one else t[1:], "max", 0), "disagree on numel"),
+        (lambda t: fm.reduce_(t, "max", 0 if r != one else n - 1), "disagree on root_rank"),
+        (lambda t: fm.reduce_(t, "max" if r != one else "sum", 0), "disagree on op"),
+    ]
+    with _Hot() as hot:
+        for size in (8, 1000, 4096, 1 << 16):  # in the header, past it, past the carry
+            given = torch.arange(size, dtype=torch.int32) * (r + 1)
+            for call, text in mismatches if n > 1 else []:
+                t = given.clone()
+                raises(RuntimeError, functools.partial(call, t), text)
+                assert torch.equal(t, given), f"a failed check changed the tensor ({text})"
+            t = given.clone()
+            fm.allreduce_(t, "max")
+            check_equal(t, given // (r + 1) * n, f"after the mismatches ({size})")
+            before = C.carried_calls()
+            fm.reduce_(fm.bcast_(t, 0), "max", n - 1)
+            if 1 < n <= DIRECT_MAX_RANKS:  # a bcast_ of up to 1 MiB rides point to point
+                assert C.carried_calls() - before == (1 if size == 1 << 16 else 2), size
+        assert hot.count == 4 * (3 + len(mismatches) * (n > 1)), f"{hot.count} hot calls"
+    # An error raised on one rank before the call met the others: every rank raises it.
+    real = inplace._allreduce_c
+
+    def refuse(*args):
+        raise OSError("this rank's disk is gone")
+
+    inplace._allreduce_c = refuse if r == one else real
+    try:
+        raises(OSError, lambda: fm.allreduce_(torch.ones(3)), "disk is gone")
+    finally:
+        inplace._allreduce_c = real
+    # name= and the detail mode: the general form, so names and call sites are checked.
+    with _Hot() as hot:
+        fm.allreduce_(torch.ones(2), name="hot")
+        debug_box[0], saved = "detail", debug_box[0]
+        try:
+            fm.bcast_(torch.ones(2), 0)
+            t = torch.ones(2)
+            if n == 1:
+                fm.reduce_(t, "sum", 0)
+            elif r % 2 == 0:  # two sites, in step by position: the detail mode tells them apart
+                msg = raises(RuntimeError, lambda: fm.reduce_(t, "sum", 0), "different calls")
+            else:
+                msg = raises(RuntimeError, lambda: fm.reduce_(t, "sum", 0), "different calls")
+            assert n == 1 or msg.count("collectives_carried_worker.py:") >= 2, msg
+        finally:
+            debug_box[0] = saved
+        assert hot.count == 0, f"{hot.count} calls with a name or in detail mode took the hot path"
+    t = torch.full((2,), float(r + 1))
+    fm.allreduce_(t)
+    check_equal(t, torch.full((2,), n * (n + 1) / 2), "after the hot calls' errors")
 
 
 # ---------------------------------------------------------------- runtime

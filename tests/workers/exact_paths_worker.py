@@ -69,7 +69,7 @@ def sharded_way(shared=True, float64=True):
 def build(shards, group=None, passes=1, shapes=SHAPES):
     _exact_shards.SHARDED = shards
     most = _exact_shards.SHARDED_MAX_PASSES
-    _exact_shards.SHARDED_MAX_PASSES = 8  # the sharded path at k = 4 too (int64 there by default)
+    _exact_shards.SHARDED_MAX_PASSES = 8  # the sharded path at any k the cases use
     try:
         params = [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in shapes]
         opt = fm.DistributedOptimizer(

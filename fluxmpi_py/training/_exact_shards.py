@@ -45,9 +45,10 @@ from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, pl
 SHARDED = True
 #: The most backward passes a step that take the sharded path (it keeps every pass's values
 #: until the last one, in buffers made once); more take the int64 path (the same bits).
-#: Measured (2 ranks, ResNet-50's shapes, six launches, docs/measurements.md): at k = 4 the
-#: median ratio to the default step 1.28x against the int64 path's 1.48x; k >= 5 unmeasured.
-SHARDED_MAX_PASSES = 4
+#: Measured (2 ranks, ResNet-50's shapes, docs/measurements.md): at k = 2 quicker than the
+#: int64 path in every launch; at k = 4 in five launches of eight (median 1.43x the default
+#: step against 1.48x, and a wider spread), so k >= 3 keeps the int64 path (less memory).
+SHARDED_MAX_PASSES = 2
 
 
 def exact_sum_for(

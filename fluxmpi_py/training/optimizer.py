@@ -21,7 +21,6 @@ from ..runtime.agreement import raise_together, user_call
 from ..runtime.entry import entry_point
 from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
-from ._backward_hooks import BackwardHooks
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
 from ._micro_batches import micro_batch_share
@@ -30,7 +29,7 @@ from ._reduction_plan import ReductionPlan, named_candidates, replan_if_changed
 from ._step_checks import StepChecks
 from ._wrapped import WrappedOptimizer
 from .buffers import BufferSync, watch_unsynced_buffers
-from .join import Joinable, grad_scale
+from .join import Joinable, grad_scale, round_
 
 __all__ = ["DistributedOptimizer"]
 
@@ -38,7 +37,7 @@ __all__ = ["DistributedOptimizer"]
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(AtomicSteps, BackwardHooks, WrappedOptimizer, Joinable):
+class DistributedOptimizer(AtomicSteps, WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
@@ -227,6 +226,61 @@ class DistributedOptimizer(AtomicSteps, BackwardHooks, WrappedOptimizer, Joinabl
 
     def _named(self):
         return named_candidates(self.param_groups, self._names)
+
+    def _hook(self, order) -> None:
+        for h in self._handles:
+            h.remove()
+        self._reducer = self._plan.reducer
+        make = self._make_hook if self._exact is None else self._make_exact_hook
+        self._handles = [p.register_post_accumulate_grad_hook(make(i)) for i, p in enumerate(order)]
+
+    def _last_pass(self) -> bool:
+        return self._sync_enabled and self._passes + 1 >= self._passes_per_step
+
+    def _make_exact_hook(self, index: int) -> Callable:
+        def hook(param: torch.Tensor) -> None:
+            if not self._pass_hooked:
+                self._pass_hooked = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            assert self._exact is not None
+            self._exact.add(index, self._last_pass())
+
+        return hook
+
+    def _make_hook(self, index: int) -> Callable:
+        reducer_ref = self  # the hook must see the reducer of a later plan
+
+        def hook(param: torch.Tensor) -> None:
+            if not reducer_ref._pass_hooked:
+                reducer_ref._pass_hooked = True
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    reducer_ref._end_of_backward
+                )
+            if (
+                reducer_ref._sync_enabled
+                and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
+            ):
+                if reducer_ref._join is not None and not reducer_ref._join_count:
+                    reducer_ref._join_round()  # before this step's first bucket
+                if reducer_ref._pass_weight != 1.0 and param.grad is not None:
+                    param.grad.mul_(reducer_ref._pass_weight)  # an uneven share of M
+                reducer_ref._reducer.mark_ready(index)
+
+        return hook
+
+    def _end_of_backward(self) -> None:
+        self._pass_hooked = False
+        if self._exact is not None:
+            self._exact.end_pass(self._last_pass())
+        if self._sync_enabled:
+            self._passes += 1
+
+    def _join_round(self) -> None:
+        """Inside a join: this step's round, as an active rank (a tiny collective)."""
+        assert self._join is not None  # called inside a Join only
+        state, index = self._join
+        with on_group(self._group, "DistributedOptimizer.step()"):  # backward's hook: no group
+            self._join_count = round_(state, index)
 
     def _reduce(self) -> None:
         """Finish this step's reduction; re-plan on every rank if any rank's parameters

@@ -19,13 +19,14 @@ issues the same collectives in the same order. The buffers are made once and reu
 step.
 
 With k backward passes a step (``backward_passes_per_step=k``), the passes before the last
-move nothing: each keeps its gradients (backward's own tensors, or copies in its own part of
-the bucket's buffer, which holds k passes' buckets one after another). In the last pass each
+move nothing: each copies its gradients into its own part of the bucket's buffer (which holds
+k passes' buckets one after another, made once), and the last pass's are backward's own
+tensors where they can be. In the last pass each
 complete bucket moves all k passes' values to the owners in one exchange
 (``C.exact_shard_bucket(..., passes=k)``), and each owner sums the k * W values of each of its
 elements in the same one pass (any grouping of an exact sum gives the same integers, so the
 bits of the int64 path): one exchange and one agreement a bucket a step, as at k = 1, carrying
-k times the values; no accumulator is written. It holds k passes' gradients until the last
+k times the values; no accumulator is written. It holds k passes' values until the last
 pass, so only k up to :data:`SHARDED_MAX_PASSES` takes it.
 """
 
@@ -42,10 +43,11 @@ from .exact_sum import ExactGradientSum, ExactSum, larger, plain_gradient_of, pl
 
 #: False: every step goes through the int64 path (tests compare the two paths with it).
 SHARDED = True
-#: The most backward passes a step that take the sharded path (it holds every pass's
-#: gradients until the last one); more take the int64 path (the same bits). Measured (2 ranks,
-#: ResNet-50's shapes, four launches, docs/measurements.md): at k = 2 quicker than the int64
-#: path in every launch, at k = 4 in two of four, so k >= 3 keeps the int64 path (less memory).
+#: The most backward passes a step that take the sharded path (it keeps every pass's values
+#: until the last one, in buffers made once); more take the int64 path (the same bits).
+#: Measured (2 ranks, ResNet-50's shapes, docs/measurements.md): at k = 2 quicker than the
+#: int64 path in every launch; at k = 4 in five launches of eight (median 1.43x the default
+#: step against 1.48x, and a wider spread), so k >= 3 keeps the int64 path (less memory).
 SHARDED_MAX_PASSES = 2
 
 
@@ -179,11 +181,16 @@ class ShardedExactSum(ExactSum):
         self.passes += 1
 
     def _take(self, i: int, g: torch.Tensor) -> None:
-        """Keep the gradient as its own piece of the bucket, reduced in place (no copy), when
-        it is a plain tensor of its own: contiguous, of p's dtype and shape, on the CPU, the
-        whole of its storage and no other piece's; else copy it into the bucket's buffer."""
+        """In the step's last pass, keep the gradient as its own piece of the bucket, reduced
+        in place (no copy), when it is a plain tensor of its own: contiguous, of p's dtype and
+        shape, on the CPU, the whole of its storage and no other piece's; else, and in every
+        pass before the last, copy it into the bucket's buffer. (Backward's fresh tensors held
+        across passes kept up to k - 1 passes' gradients in memory that the allocator gave
+        back between steps: paged in anew every step, about 50 ms per 100 MB here, where the
+        copy costs about 8: docs/measurements.md.)"""
         own = (
-            plain_gradient_of(g, self.order[i])
+            self.passes == self.k - 1
+            and plain_gradient_of(g, self.order[i])
             and g.storage_offset() == 0
             and g.untyped_storage().nbytes() == g.numel() * g.element_size()
             and g.data_ptr() not in self.kept_at

@@ -25,8 +25,8 @@ Two ways to the same integers, and the same bits (``tests/workers/exact_paths_wo
   adds exactly (in float64 where that is exact, else int64) and converts back
   (``exact_sum_rows``), and every rank gets the results back (from the window, or an
   allgather), all as one item of engine work during backward (``C.exact_shard_bucket``). With
-  k passes a step (up to ``SHARDED_MAX_PASSES``) the passes before the last keep their
-  gradients, and the last pass moves all k passes' values of a bucket in one exchange; each
+  k passes a step (up to ``SHARDED_MAX_PASSES``) the passes before the last copy their
+  gradients into the bucket's buffer, and the last pass moves all k passes' values of a bucket in one exchange; each
   owner sums them in the same one pass. The traffic is a float allreduce's, k times the values.
 - the int64 path (:class:`ExactGradientSum`: uneven shares, more passes, the tests'
   reference): each pass quantizes into

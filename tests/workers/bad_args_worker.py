@@ -247,18 +247,26 @@ def try_bad(face, name, param, label, bad):
             kwargs[param] = bad
     outcome = one_call(face, name, fn, args, kwargs)
     where = f"{'hvd' if face is hvd else 'fm'}.{name}({param}={label} on rank {LAST})"
+    outcomes = ended_alike(where, outcome)
+    raw = [o[0] for o in outcomes or () if o != "returned" and o[0].startswith("raw binding")]
+    if raw:
+        fail(f"{where}: {raw[0]}")
+
+
+def ended_alike(where, outcome, members=None):
+    """After a call with a bad argument on one rank: the ranks must be in step, and the first
+    ``members`` ranks (all by default) must have ended it alike. Every rank's outcome, or None
+    when the ranks were out of step."""
     try:
         in_step()
     except Exception as e:  # noqa: BLE001
         fail(f"{where}: the ranks are out of step after it ({outcome}): {e}")
         in_step()  # (keep going: each rank raised inside a call of its own, so in step again)
-        return
+        return None
     outcomes = fm.allgather_object(outcome)
-    raw = [o[0] for o in outcomes if o != "returned" and o[0].startswith("raw binding")]
-    if raw:
-        fail(f"{where}: {raw[0]}")
-    elif not alike(outcomes):
-        fail(f"{where}: the ranks ended it differently: {outcomes}")
+    if not alike(outcomes[:members]):
+        fail(f"{where}: the ranks ended it differently: {outcomes[:members]}")
+    return outcomes
 
 
 # BAD_ARGS_KEEP_GOING=1: report every failure at the end of its case, not only the first.
@@ -270,6 +278,14 @@ def fail(message):
     if not KEEP_GOING:
         raise AssertionError(message)
     FAILURES.append(message)
+
+
+def raise_failures():
+    """At the end of a case: every failure KEEP_GOING kept, as one AssertionError."""
+    if FAILURES:
+        found = "\n".join(FAILURES)
+        FAILURES.clear()
+        raise AssertionError(found)
 
 
 def good_value(face, name, param):
@@ -306,10 +322,7 @@ def walk(face, names):
             for label, bad in bad_values(p.name, good_value(face, name, p.name)):
                 try_bad(face, name, p.name, label, bad)
                 tried += 1
-    if FAILURES:
-        found = "\n".join(FAILURES)
-        FAILURES.clear()
-        raise AssertionError(found)
+    raise_failures()
     return tried
 
 

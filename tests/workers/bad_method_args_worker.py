@@ -14,15 +14,13 @@ import inspect
 
 import torch
 from bad_args_worker import (
-    FAILURES,
     LAST,
     RANK,
     RAW_BINDING_TEXT,
-    alike,
     bad_values,
-    fail,
+    ended_alike,
     family,
-    in_step,
+    raise_failures,
 )
 from harness import fm, run_cases
 
@@ -114,16 +112,7 @@ def try_bad(cls, name, param, label, bad):
         outcome = "returned"
     except Exception as e:  # noqa: BLE001 - the family is what every rank must share
         outcome = ("raw: " + str(e),) if RAW_BINDING_TEXT in str(e) else family(e)
-    where = f"{cls.__name__}.{name}({param}={label} on rank {LAST})"
-    try:
-        in_step()
-    except Exception as e:  # noqa: BLE001
-        fail(f"{where}: the ranks are out of step after it ({outcome}): {e}")
-        in_step()
-        return
-    outcomes = fm.allgather_object(outcome)
-    if not alike(outcomes):
-        fail(f"{where}: the ranks ended it differently: {outcomes}")
+    ended_alike(f"{cls.__name__}.{name}({param}={label} on rank {LAST})", outcome)
 
 
 def case_collective_methods():
@@ -143,10 +132,7 @@ def case_collective_methods():
                 try_bad(cls, name, p.name, label, bad)
                 tried += 1
     assert tried >= 30, tried
-    if FAILURES:  # BAD_ARGS_KEEP_GOING=1: every failure, at the end
-        found = "\n".join(FAILURES)
-        FAILURES.clear()
-        raise AssertionError(found)
+    raise_failures()  # BAD_ARGS_KEEP_GOING=1: every failure, at the end
 
 
 if __name__ == "__main__":

@@ -13,18 +13,16 @@ went out on the world, and the members waited for ever).
 import inspect
 
 from bad_args_worker import (
-    FAILURES,
     HVD_GOOD,
     W,
-    alike,
     bad_values,
     communicating,
-    fail,
-    in_step,
+    ended_alike,
     not_an_argument_error,
     one_call,
+    raise_failures,
 )
-from harness import fm, run_cases
+from harness import run_cases
 
 import fluxmpi_py.horovod as hvd
 
@@ -56,15 +54,7 @@ def try_bad(name, param, label, bad):
             kwargs[param] = bad
     outcome = one_call(hvd, name, fn, args, kwargs) if RANK < W - 1 else "outside"
     where = f"hvd.{name}({param}={label} on rank {LAST_MEMBER}, process_set=ranks 0..{W - 2})"
-    try:
-        in_step()
-    except Exception as e:  # noqa: BLE001
-        fail(f"{where}: the ranks are out of step after it ({outcome}): {e}")
-        in_step()
-        return
-    members = fm.allgather_object(outcome)[: W - 1]
-    if not alike(members):
-        fail(f"{where}: the set's ranks ended it differently: {members}")
+    ended_alike(where, outcome, members=W - 1)  # the set's ranks
 
 
 def case_bad_arguments_on_a_process_set():
@@ -94,10 +84,7 @@ def walk_on_the_set():
                 try_bad(name, p.name, label, bad)
                 tried += 1
     assert tried > 100, tried
-    if FAILURES:  # BAD_ARGS_KEEP_GOING=1: every failure, at the end
-        found = "\n".join(FAILURES)
-        FAILURES.clear()
-        raise AssertionError(found)
+    raise_failures()  # BAD_ARGS_KEEP_GOING=1: every failure, at the end
 
 
 if __name__ == "__main__":

@@ -204,8 +204,10 @@ bool GradientReducer::prepare(std::int64_t i, const std::string& hook_error) {
 void GradientReducer::note_error(std::int64_t i, const std::string& why) {
   if (!local_error_.empty()) return;  // the first one names the cause
   const auto k = static_cast<std::size_t>(i);
-  local_error_ = "parameter " + std::to_string(i) +
-                 (k < names_.size() && !names_[k].empty() ? " (" + names_[k] + ")" : "") + ": " +
+  // Its name where it has one (the user's, or param_groups[g][i]): the reducer's own index
+  // follows its plan's order, which a user does not see.
+  local_error_ = "parameter " +
+                 (k < names_.size() && !names_[k].empty() ? names_[k] : std::to_string(i)) + ": " +
                  why;
 }
 

@@ -190,10 +190,10 @@ def raise_noted(error: BaseException | None, call: str) -> NoReturn:
     naming ``call``, that rank and its message.
 
     >>> import fluxmpi_py as fm; fm.Init()
-    >>> raise_noted(RuntimeError("parameter 0 (w): resized"), "DistributedOptimizer.step()")
+    >>> raise_noted(RuntimeError("parameter w: resized"), "DistributedOptimizer.step()")
     Traceback (most recent call last):
     ...
-    RuntimeError: parameter 0 (w): resized
+    RuntimeError: parameter w: resized
     """
     if not C.initialized() or C.current_group().size == 1:
         if error is None:

@@ -245,7 +245,7 @@ class ExactSum(ABC):
                     raise
                 why = f"{type(e).__name__}: {e}"
         if self.noted is None:
-            self.noted = RuntimeError(f"parameter {i} ({self.names[i]}): {why}")
+            self.noted = RuntimeError(f"parameter {self.names[i] or i}: {why}")
         return False
 
     def end_pass(self, last_pass: bool) -> None:

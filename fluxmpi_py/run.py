@@ -265,9 +265,20 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
     _RUNNING[:] = [proc]
     started = time.monotonic()
     try:
-        while proc.poll() is None:
+        # Once mpiexec has ended, the rounds go on without waiting until no event is left (at
+        # most 1 s): its ranks' last words and their ends can be waiting still, and a rank's end
+        # read only later would be missing from what the launcher reports (under load, the one
+        # round that saw mpiexec end had read a rank's "exit 0" and not yet its end).
+        ended_at = 0.0
+        while True:
+            running = proc.poll() is None
+            if not running and not ended_at:
+                ended_at = time.monotonic()
+            events = sel.select(timeout=0.25 if running else 0)
+            if not running and (not events or time.monotonic() - ended_at > 1.0):
+                break
             rounds += 1
-            for key, _ in sel.select(timeout=0.25):
+            for key, _ in events:
                 if key.data is None:
                     conn, _ = listener.accept()
                     conn.setblocking(False)
@@ -312,7 +323,7 @@ def _launch(opts: RunOptions, restart: int) -> Outcome:
             size = max((r.size for r in ranks), default=0)
             known = sum(r.rank >= 0 for r in ranks)
             gone = all(r.ended or r.lost or r.excluded_s >= 0 for r in ranks)
-            if size and known >= size and gone:
+            if running and size and known >= size and gone:
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since >= opts.grace_s:
                     status, why = verdict(ranks, opts.grace_s, opts.elastic)

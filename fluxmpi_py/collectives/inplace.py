@@ -77,10 +77,7 @@ _allreduce_c, _bcast_c, _reduce_c = C.allreduce_, C.bcast_, C.reduce_
 
 
 def _allreduce(tensor, op="sum", *, group=None, name=None):
-    if isinstance(tensor, torch.Tensor) and type(op) is str:
-        C.allreduce_(tensor, op)
-    else:
-        _call(C.allreduce_, tensor, str(op))
+    _call(C.allreduce_, tensor, op if type(op) is str else str(op))
     return tensor
 
 

@@ -81,6 +81,37 @@ def test_a_hung_rank_alone_on_its_host_is_ended():
         assert not any(left.values()), f"left running: {left}\n{out[-4000:]}"
 
 
+@pytest.mark.skipif(REASON is not None, reason=f"no virtual hosts: {REASON}")
+@pytest.mark.skipif(not ULFM, reason="the MPI of this build has no ULFM (make builds Open MPI 5)")
+def test_plain_mpiexec_ends_a_rank_hung_alone_on_its_host():
+    # The same job under plain mpiexec, no launcher: the lowest survivor asks mpiexec's runtime
+    # (PMIx job control) to end the excluded process, whose daemon on node1 does; without that
+    # mpiexec waits for it after the survivors exit, until END_WITHIN fails the test.
+    with virtual_hosts.VirtualCluster(hosts=len(SLOTS)) as c:
+        # what the launcher's --elastic adds (fluxmpi_py/run.py), by hand
+        ft = [("mpi_ft_detector", "true"), ("mpi_ft_propagator_with_rbcast", "true")]
+        ft += [("coll", "^han,cuda"), *DETECTOR]
+        cmd = c.mpiexec_command([sys.executable, WORKER], SLOTS, ft)
+        cmd = [cmd[0], "--with-ft", "ulfm", *cmd[1:]]
+        proc = c.start_on_head(cmd, mpi_env({"FLUXMPI_TIMEOUT": str(TIMEOUT)}))
+        try:
+            out, _ = proc.communicate(timeout=END_WITHIN)
+        except subprocess.TimeoutExpired:
+            c.close()
+            out, _ = proc.communicate()
+            pytest.fail(f"mpiexec did not end within {END_WITHIN}s:\n{out[-4000:]}")
+        print(out[-4000:])
+        m = re.search(r"rank 3 pid (\d+) stops at", out)
+        assert m, out[-4000:]
+        for r in range(3):
+            assert f"rank {r} of 3: sums [4, 4, 4, 3, 3, 3, 3, 3]" in out, out[-4000:]
+        said = f"[rank 0 / 4] fluxmpi_py: asked mpiexec to end excluded rank 3 (pid {m.group(1)} on"
+        assert said in out, out[-4000:]
+        assert not _alive(int(m.group(1))), out[-4000:]
+        left = {h: c.pids(h) for h in c.hosts}
+        assert not any(left.values()), f"left running: {left}\n{out[-4000:]}"
+
+
 # Two "ranks" that connect to the launcher as Init does: rank 1 writes its pid to a file and
 # stops itself (SIGSTOP); rank 0, a survivor, tells the launcher it excluded rank 1's process, as
 # recover() does, then says it exits 0. The stand-in waits for both, as mpiexec waits for every

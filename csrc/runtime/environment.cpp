@@ -17,6 +17,7 @@
 #include "runtime/flight.h"
 #include "runtime/stall_watch.h"
 #include "runtime/wait_policy.h"
+#include "runtime/runtime_end.h"
 #include "runtime/world_change.h"
 
 namespace fluxmpi {
@@ -67,12 +68,16 @@ void share_host_names() {
     const char* name = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
   }
-  const std::int64_t me[2] = {static_cast<std::int64_t>(::getpid()), process_start(::getpid())};
-  std::vector<std::int64_t> ids(2 * static_cast<std::size_t>(g_env.size), 0);
-  MPI_Allgather(me, 2, MPI_INT64_T, ids.data(), 2, MPI_INT64_T, g_env.control);
+  const RuntimeName name = runtime_name();
+  constexpr int kIds = 4;
+  const std::int64_t me[kIds] = {static_cast<std::int64_t>(::getpid()), process_start(::getpid()),
+                                 name.job, name.rank};
+  std::vector<std::int64_t> ids(kIds * static_cast<std::size_t>(g_env.size), 0);
+  MPI_Allgather(me, kIds, MPI_INT64_T, ids.data(), kIds, MPI_INT64_T, g_env.control);
   g_processes.assign(static_cast<std::size_t>(g_env.size), RankProcess{});
   for (int r = 0; r < g_env.size; ++r) {
-    g_processes[r] = RankProcess{hosts[r], ids[2 * r], ids[2 * r + 1]};
+    const std::int64_t* id = ids.data() + kIds * r;
+    g_processes[r] = RankProcess{hosts[r], id[0], id[1], id[2], id[3]};
   }
   set_rank_hosts(std::move(hosts));
 }

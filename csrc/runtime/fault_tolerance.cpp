@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "runtime/environment.h"
 #include "runtime/flight.h"
 #include "runtime/launcher_notice.h"
+#include "runtime/runtime_end.h"
 #include "runtime/world_change.h"
 
 #if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI
@@ -106,6 +108,22 @@ std::vector<int> end_lost_here(const std::vector<int>& lost) {
     if (::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) ended.push_back(r);
   }
   return ended;
+}
+
+// Ask mpiexec's runtime to end the process `p` of lost rank `lost` where it runs, saying so on stderr (once,
+// from one survivor): without it a rank stopped alone on its host keeps mpiexec waiting after the
+// survivors exit, unless fluxmpi_py.run launched the job.
+void ask_runtime_to_end_rank(const RankProcess& p, int lost, int me, int size) {
+  const RuntimeName mine = runtime_name();
+  if (p.runtime_rank < 0 || mine.rank < 0 || p.runtime_job != mine.job) return;
+  const std::string why = ask_runtime_to_end(p.runtime_rank);
+  std::string line = "[rank " + std::to_string(me) + " / " + std::to_string(size) + "] ";
+  line += "fluxmpi_py: ";
+  line += why.empty() ? "asked mpiexec to end" : "could not ask mpiexec to end";
+  line += " excluded rank " + std::to_string(lost) + " (pid " + std::to_string(p.pid) + " on ";
+  line += p.host + ")";
+  line += why.empty() ? "\n" : " (" + why + ")\n";
+  std::fputs(line.c_str(), stderr);
 }
 #endif
 
@@ -242,13 +260,18 @@ Recovery shrink_world() {
     return r;
   }
   // The lost ranks that may still run elsewhere (hung alone on their host: no survivor there to
-  // end them): named to the launcher, which ends them or tells them (runtime/launcher_notice.h)
+  // end them): named to the launcher, which ends them or tells them (runtime/launcher_notice.h),
+  // and, by the lowest survivor alone, to mpiexec's runtime (runtime/runtime_end.h)
   const std::vector<int> ended = end_lost_here(r.lost);
   const auto& procs = rank_processes();
+  int lowest = 0;
+  while (std::find(r.lost.begin(), r.lost.end(), lowest) != r.lost.end()) ++lowest;
   for (int lost : r.lost) {
     if (std::find(ended.begin(), ended.end(), lost) == ended.end() && lost >= 0 &&
-        static_cast<std::size_t>(lost) < procs.size())
+        static_cast<std::size_t>(lost) < procs.size()) {
       tell_launcher_excluded(procs[lost].pid, procs[lost].start);
+      if (r.old_rank == lowest) ask_runtime_to_end_rank(procs[lost], lost, r.old_rank, r.old_size);
+    }
   }
   adopt_world(comm, control);
   r.rank = env().rank;

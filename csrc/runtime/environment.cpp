@@ -15,9 +15,9 @@
 #include "runtime/call_watch.h"
 #include "runtime/engine.h"
 #include "runtime/flight.h"
+#include "runtime/runtime_end.h"
 #include "runtime/stall_watch.h"
 #include "runtime/wait_policy.h"
-#include "runtime/runtime_end.h"
 #include "runtime/world_change.h"
 
 namespace fluxmpi {

@@ -110,9 +110,9 @@ std::vector<int> end_lost_here(const std::vector<int>& lost) {
   return ended;
 }
 
-// Ask mpiexec's runtime to end the process `p` of lost rank `lost` where it runs, saying so on stderr (once,
-// from one survivor): without it a rank stopped alone on its host keeps mpiexec waiting after the
-// survivors exit, unless fluxmpi_py.run launched the job.
+// Ask mpiexec's runtime to end the process `p` of lost rank `lost` where it runs, saying so on
+// stderr (once, from one survivor): without it a rank stopped alone on its host keeps mpiexec
+// waiting after the survivors exit, unless fluxmpi_py.run launched the job.
 void ask_runtime_to_end_rank(const RankProcess& p, int lost, int me, int size) {
   const RuntimeName mine = runtime_name();
   if (p.runtime_rank < 0 || mine.rank < 0 || p.runtime_job != mine.job) return;

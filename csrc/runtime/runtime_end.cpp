@@ -19,7 +19,7 @@ constexpr std::size_t kNamespaceBytes = 256;  // PMIX_MAX_NSLEN + 1
 constexpr std::size_t kKeyBytes = 512;        // PMIX_MAX_KEYLEN + 1
 constexpr std::uint16_t kPmixBool = 1;        // PMIX_BOOL
 constexpr int kPmixSuccess = 0;
-constexpr int kPmixOperationSucceeded = -157;  // done at once: no answer follows
+constexpr int kPmixOperationSucceeded = -157;   // done at once: no answer follows
 constexpr char kKillKey[] = "pmix.jctrl.kill";  // PMIX_JOB_CTRL_KILL
 
 struct PmixProc {
@@ -93,7 +93,7 @@ std::string ask_runtime_to_end(std::int64_t rank) {
   req->directive.value.data.flag = true;
   const int rc = control(&req->target, 1, &req->directive, 1, &answered, req);
   if (rc == kPmixSuccess) return "";  // `answered` frees the request
-  delete req;                          // no answer will come
+  delete req;                         // no answer will come
   if (rc == kPmixOperationSucceeded) return "";
   return "PMIx refused job control (status " + std::to_string(rc) + ")";
 }

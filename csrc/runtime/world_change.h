@@ -21,8 +21,8 @@ void adopt_world(MPI_Comm comm, MPI_Comm control);
 struct RankProcess {
   std::string host;
   std::int64_t pid = 0;
-  std::int64_t start = 0;  // its start time in clock ticks after boot (/proc/PID/stat), or 0
-  std::int64_t runtime_job = 0;    // its launcher's job and rank there (runtime/runtime_end.h)
+  std::int64_t start = 0;        // its start time in clock ticks after boot (/proc/PID/stat), or 0
+  std::int64_t runtime_job = 0;  // its launcher's job and rank there (runtime/runtime_end.h)
   std::int64_t runtime_rank = -1;
 };
 const std::vector<RankProcess>& rank_processes();

@@ -160,7 +160,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
             self._passes_per_step = backward_passes_per_step
             self._names = names
             self._passes = 0  # backward passes since the last step
-            self._pass_hooked = False  # end-of-backward callback queued for this pass
+            self._pass_end = None  # the open backward pass's end (._abandoned_pass)
             self._sync_enabled = True  # False inside no_sync()
             self._skip_sync = False  # True inside skip_synchronize()
             self._synchronized = False  # synchronize() already ran for this step
@@ -239,7 +239,10 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
         changed (requires_grad flipped, or a group was added). Inside a join, the step's
         round goes first, and the average is rescaled when it divides by the active ranks.
-        ``error``: this rank's error in the call, which the reduction raises on every rank."""
+        ``error``: this rank's error in the call, which the reduction raises on every rank
+        (else a pass of this step that raised, ._abandoned_pass). It ends the step's passes,
+        also where it raises."""
+        error, self._broken, self._passes = error or self._broken, None, 0
         if self._exact is not None:
             self._exact_reduce(error)
             return
@@ -296,6 +299,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         Then call ``step()`` inside ``skip_synchronize()``.
         """
         with on_group(self._group, "DistributedOptimizer.synchronize()"):
+            self._raise_abandoned()
             self._reduce()
         self._synchronized = True
         self._passes = 0
@@ -354,6 +358,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         return None
 
     def _step(self, closure):
+        self._raise_abandoned()
         error = self._closure_error(closure)
         if error is not None:  # where the others reduce: the reduction raises it on every rank
             if not self._skip_sync and not self._synchronized:

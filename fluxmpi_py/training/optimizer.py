@@ -23,6 +23,7 @@ from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
+from ._failed_step import FailedSteps
 from ._grad_hooks import GradHooks
 from ._micro_batches import micro_batch_share
 from ._optimizer_args import check_optimizer_args, reduction_options
@@ -38,7 +39,7 @@ __all__ = ["DistributedOptimizer"]
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
+class DistributedOptimizer(GradHooks, FailedSteps, AtomicSteps, WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
@@ -281,7 +282,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
             self._rescale_for_join(count)
             self._synchronized = False
             self._passes = 0
-            self._checked(self._step_and_sync_buffers(None))
+            self._apply(None)
 
     def _finish_reduction(self, error: Exception | None = None) -> None:
         changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()
@@ -376,20 +377,15 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
 
             self._synchronized = False
             self._passes = 0
-            return self._checked(self._step_and_sync_buffers(reduced_closure))
+            return self._apply(reduced_closure)
         if not self._skip_sync and not self._synchronized:
             self._reduce()
         self._synchronized = False
         self._passes = 0
-        result = self._checked(self._step_and_sync_buffers(None))
+        result = self._apply(None)
         if self._exact is not None:  # a stale gradient would join the next step's first pass
             for p in self._exact.order:
                 p.grad = None
-        return result
-
-    def _checked(self, result):
-        """The checks due after this step (check_every; the first step's, unless 0)."""
-        self._checks.after_step(self.param_groups, self.optimizer, self._named)
         return result
 
     #: What the first step's check does when the ranks' parameters differ ("raise", or

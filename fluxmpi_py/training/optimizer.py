@@ -86,6 +86,8 @@ class DistributedOptimizer(GradHooks, FailedSteps, AtomicSteps, WrappedOptimizer
             the first).
         GridOverflowError: at ``step()`` with ``deterministic=True``, for a gradient beyond
             the agreed grid.
+        RuntimeError: at ``step()`` on every rank, naming the rank, for a gradient it could
+            not reduce, its backward pass that raised, or its wrapped step that raised before.
 
     Examples:
         >>> import torch, fluxmpi_py as fm; fm.Init()

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import torch
 
 from .._core import C
-from ..collectives.inplace import allreduce_
 from ..runtime.agreement import raise_together, user_call
 from ..runtime.entry import entry_point, local_call, own_agreement
 from ..runtime.groups import on_group
@@ -368,18 +367,9 @@ class DistributedOptimizer(GradHooks, FailedSteps, AtomicSteps, WrappedOptimizer
                 self._reduce(error)
             raise error  # (a world of one, or no reduction in this step: no rank waits)
         if closure is not None:
-
-            def reduced_closure():
-                with torch.enable_grad():
-                    loss = closure()
-                self._reduce()
-                if isinstance(loss, torch.Tensor):
-                    loss = allreduce_(loss.detach().clone(), "average")
-                return loss
-
             self._synchronized = False
             self._passes = 0
-            return self._apply(reduced_closure)
+            return self._apply(self._reduced(closure))
         if not self._skip_sync and not self._synchronized:
             self._reduce()
         self._synchronized = False

@@ -8,6 +8,10 @@ parameters follows on every rank) and at a later one: the last rank raises its o
 rank hangs, every rank's next step raises naming the last rank and its error and is applied on
 no rank; after ``synchronize_`` of the model and the optimizer every rank steps again to the
 same weights. In a world of one the next step just runs.
+
+A closure (``step(closure)``) that raises on one rank, in its forward or in its backward
+after some gradient hooks ran: every rank raises at that step (the others naming the rank and
+the error), none applies it, and the next step runs.
 """
 
 import torch
@@ -76,6 +80,59 @@ def one(deterministic, at):
     if not all(same(w, everyone[0]) for w in everyone):
         return f"{where}: the ranks' weights differ after synchronize_ and a step"
     return None
+
+
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise KeyError("boom in backward")
+
+
+def closure_step(m, opt, i, fail=None):
+    def closure():
+        opt.zero_grad()
+        h = m(torch.full((2, 8), 0.1 * (RANK + 1) * (i + 1)))
+        if fail == "forward":
+            raise KeyError("boom in forward")
+        if fail == "backward":
+            h = m(Boom.apply(h))  # m's hooks run, then Boom raises
+        loss = h.pow(2).sum()
+        loss.backward()
+        return loss
+
+    try:
+        opt.step(closure)
+        return "returned"
+    except Exception as e:  # noqa: BLE001 - the type and text are what the ranks compare
+        return f"{type(e).__name__}: {e}"
+
+
+def case_a_closure_that_raises_on_one_rank_raises_on_every_rank():
+    failures = []
+    for where in ("forward", "backward"):
+        m, opt = make(False)
+        before = weights(m)
+        seen = closure_step(m, opt, 0, where if RANK == LAST else None)
+        if RANK == LAST:
+            wrong = not seen.startswith(f"KeyError: 'boom in {where}")
+        else:
+            wrong = f"rank {LAST}: its closure raised KeyError: 'boom in {where}" not in seen
+        if wrong:
+            failures.append(f"{where}: rank {RANK} raised {seen}")
+        if not same(weights(m), before):
+            failures.append(f"{where}: rank {RANK} applied the step")
+        seen = closure_step(m, opt, 1)
+        if seen != "returned":
+            failures.append(f"{where}: rank {RANK}'s next step: {seen}")
+        everyone = fm.allgather_object(weights(m))
+        if not all(same(w, everyone[0]) for w in everyone):
+            failures.append(f"{where}: the ranks' weights differ after the next step")
+    failures = [f for fs in fm.allgather_object(failures) for f in fs]
+    assert not failures, "\n".join(failures)
 
 
 def case_a_wrapped_step_that_raises_on_one_rank_raises_at_every_rank_s_next_step():

@@ -8,7 +8,9 @@ callback autograd runs when backward returns) and keeps a weak reference to it. 
 the callback unrun when the pass raises, so at the rank's next call into the optimizer
 (``zero_grad()``, ``step()``, ``synchronize()``, or the first gradient hook of its next
 backward pass) a pass whose callback is gone and never ran was abandoned. (A backward nested in
-another, as reentrant checkpointing runs, sees the outer pass's callback alive.)
+another, as reentrant checkpointing runs, sees the outer pass's callback alive.) Outside any
+backward, a pass whose callback has not run is abandoned too: autograd's device threads may
+hold the failed pass (and its callback) a moment after ``backward()`` raised.
 
 What is done: the step that pass belonged to is applied on no rank, and every rank raises,
 through the mechanism that carries a hook's error (the byte in the step's last allreduce, or
@@ -100,7 +102,7 @@ class AbandonedPasses:
         ``complete`` False, note its error for them. Returns the error raised on every rank
         where the step's collectives were completed here, else None."""
         end = self._pass_end
-        if end is None or end() is not None:  # no pass open, or one still running
+        if end is None or (end() is not None and _in_backward()):  # none open, or running
             return None
         self._pass_end = None
         error = RuntimeError(ABANDONED)
@@ -145,6 +147,14 @@ class AbandonedPasses:
         """
         _warn(self._settle_abandoned(), stacklevel=3)
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)  # -1: in no backward
+
+
+def _in_backward() -> bool:
+    """Whether this thread runs a backward pass now (True where torch cannot tell)."""
+    return _graph_task_id is None or _graph_task_id() != -1
 
 
 def _warn(error: BaseException | None, stacklevel: int) -> None:

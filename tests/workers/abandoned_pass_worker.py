@@ -13,6 +13,8 @@ rank other than the last must raise in ``step()``, naming the last rank; the las
 raises backward's error, then ``step()``'s or warns with it; no rank applies the step; the
 next step runs on every rank and leaves every rank the same weights. A pass that raises
 before any gradient hook ran is invisible: that rank's retried step pairs with the others'.
+An extra backward pass on one rank raises the reducer's own error in a hook ("the gradient of
+parameter c.bias was produced twice", by its name): a pass that raised like the others.
 """
 
 import contextlib
@@ -217,6 +219,27 @@ def case_a_backward_that_raises_on_one_rank_raises_at_every_rank_s_step():
     assert tried >= 40, tried
     failures = fm.allgather_object(failures)
     assert not any(failures), "\n".join(f for fs in failures for f in fs)
+
+
+def case_an_extra_backward_on_one_rank_names_the_parameter_and_raises_on_every_rank():
+    # the reducer's own error in a hook ("produced twice"): a pass that raised like any other
+    for optimizer in ("fm", "fm-bucket-a-parameter", "hvd"):
+        m, opt = make(optimizer, "one pass")
+        before = weights(m)
+        opt.zero_grad()
+        run_pass(opt, m, 0, 0, "one pass", False)
+        if RANK == LAST:
+            try:
+                run_pass(opt, m, 0, 1, "one pass", False)
+                raise AssertionError(f"{optimizer}: an extra backward pass did not raise")
+            except RuntimeError as e:
+                assert "produced twice" in str(e) and "parameter c." in str(e), e
+        seen = step_text(opt.step)
+        assert seen is not None and TOLD in seen, f"{optimizer}: rank {RANK}: {seen}"
+        assert same(weights(m), before), f"{optimizer}: rank {RANK} applied the step"
+        assert next_step(opt, m, "one pass", zero=True) == ""
+        everyone = fm.allgather_object(weights(m))
+        assert all(same(w, everyone[0]) for w in everyone), f"{optimizer}: weights differ"
 
 
 def case_a_pass_that_raises_before_any_hook_loses_that_rank_s_batch_alone():

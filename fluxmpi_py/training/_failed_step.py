@@ -26,8 +26,8 @@ from ..runtime.agreement import mark_raised_on_every_rank, raised_on_every_rank
 
 #: What every rank is told at the next step (after "DistributedOptimizer.step(): rank R: ").
 WRAPPED_FAILED = (
-    "its wrapped optimizer's step() raised at the previous step ({error}), after the other "
-    "ranks had applied theirs: the ranks' parameters and optimizer state may now differ. "
+    "its wrapped optimizer's step() raised at the previous step ({error}), where other ranks "
+    "may have applied theirs: the ranks' parameters and optimizer state may now differ. "
     "Bring them back to one rank's (fm.synchronize_(model) and fm.synchronize_(optimizer), "
     "or load a checkpoint) and go on; this step was applied on no rank"
 )

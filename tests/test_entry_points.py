@@ -128,6 +128,22 @@ def test_a_gradient_one_rank_cannot_reduce_raises_on_every_rank(case):
     case.check_passed()
 
 
+@pytest.mark.parametrize(
+    "case", worker_params("abandoned_pass_worker.py", [None, 2, 3], timeout=120)
+)
+def test_a_backward_pass_that_raises_on_one_rank_raises_at_every_rank_s_step(case):
+    # autograd's own error in one rank's backward, after some of its gradient hooks ran
+    # (fluxmpi_py/training/_abandoned_pass.py; tests/workers/abandoned_pass_worker.py)
+    case.check_passed()
+
+
+@pytest.mark.parametrize("case", worker_params("wrapped_step_worker.py", [None, 2, 3], timeout=120))
+def test_a_wrapped_step_that_raises_on_one_rank_raises_at_every_rank_s_next_step(case):
+    # the wrapped optimizer's own step raising on one rank, after the others applied theirs
+    # (fluxmpi_py/training/_failed_step.py; tests/workers/wrapped_step_worker.py)
+    case.check_passed()
+
+
 def test_argument_errors_name_the_fix():
     # issue 50, given to the same rule: an unknown op lists every accepted name, and a module
     # where the optimizer belongs names the call to write instead.

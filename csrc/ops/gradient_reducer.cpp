@@ -203,12 +203,7 @@ bool GradientReducer::prepare(std::int64_t i, const std::string& hook_error) {
 
 void GradientReducer::note_error(std::int64_t i, const std::string& why) {
   if (!local_error_.empty()) return;  // the first one names the cause
-  const auto k = static_cast<std::size_t>(i);
-  // Its name where it has one (the user's, or param_groups[g][i]): the reducer's own index
-  // follows its plan's order, which a user does not see.
-  local_error_ = "parameter " +
-                 (k < names_.size() && !names_[k].empty() ? names_[k] : std::to_string(i)) + ": " +
-                 why;
+  local_error_ = "parameter " + param_label(i) + ": " + why;
 }
 
 void GradientReducer::raise_noted_errors(bool some_rank_failed) {
@@ -313,7 +308,7 @@ void GradientReducer::mark_ready(std::int64_t i, const std::string& local_error)
   TORCH_CHECK_INDEX(i >= 0 && i < static_cast<std::int64_t>(params_.size()), "parameter index ", i,
                     " out of range");
   if (!step_open_) open_step();
-  TORCH_CHECK(!ready_[i], "DistributedOptimizer: the gradient of parameter ", i,
+  TORCH_CHECK(!ready_[i], "DistributedOptimizer: the gradient of parameter ", param_label(i),
               " was produced twice before step(); run the extra backward passes inside "
               "no_sync(), or set backward_passes_per_step");
   ready_[i] = 1;

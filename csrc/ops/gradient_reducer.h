@@ -114,6 +114,9 @@ class GradientReducer {
   // as zeros of the planned size.
   bool prepare(std::int64_t i, const std::string& hook_error = "");
   void note_error(std::int64_t i, const std::string& why);
+  // params_[i] for messages: its name where it has one (the user's, or param_groups[g][i]),
+  // else its index (the plan's order, which a user does not see).
+  std::string param_label(std::int64_t i) const;
   // Every rank, after this step's collectives: raises where some rank noted an error.
   void raise_noted_errors(bool some_rank_failed);
   void launch(std::int64_t b);

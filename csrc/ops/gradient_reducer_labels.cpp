@@ -27,6 +27,11 @@ void GradientReducer::name_parameters(const std::vector<std::string>& names) {
   }
 }
 
+std::string GradientReducer::param_label(std::int64_t i) const {
+  const auto k = static_cast<std::size_t>(i);
+  return k < names_.size() && !names_[k].empty() ? names_[k] : std::to_string(i);
+}
+
 void GradientReducer::watch_requires_grad(std::vector<at::Tensor> tensors) {
   watched_ = std::move(tensors);
   watched_flags_.resize(watched_.size());

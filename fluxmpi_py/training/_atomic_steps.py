@@ -17,6 +17,8 @@ class AtomicSteps:
     _passes_per_step: int
     _buffer_sync: Any
     _applied_steps: int
+    _pass_end: Any
+    _broken: Any
     optimizer: Any
 
     def _build(self) -> None:  # DistributedOptimizer's
@@ -47,7 +49,8 @@ class AtomicSteps:
                 raise ValueError(f"DistributedOptimizer.rebuild(): {error}")
             self._passes_per_step = backward_passes_per_step
         self.optimizer.zero_grad(set_to_none=True)
-        self._passes, self._pass_hooked, self._synchronized = 0, False, False
+        self._passes, self._pass_end, self._synchronized = 0, None, False
+        self._broken = None
         self._build()
 
     def _apply_agreed(self, closure):

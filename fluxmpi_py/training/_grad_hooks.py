@@ -1,6 +1,7 @@
 """DistributedOptimizer's part in backward: a post-accumulate hook per parameter hands its
 gradient to the reduction (the compiled reducer, or the exact sums of ``deterministic=True``),
-and a callback at the end of each backward pass counts the passes of the step.
+and a callback at the end of each backward pass counts the passes of the step (a pass that
+raised before that end: :mod:`._abandoned_pass`).
 
 A hook runs on its rank alone while the other ranks' buckets go on, so nothing here raises on
 one rank: a gradient that rank cannot reduce is noted by the reduction, reduced as zeros, and
@@ -13,8 +14,10 @@ from typing import Any, Callable
 
 import torch
 
+from ._abandoned_pass import AbandonedPasses
 
-class GradHooks:
+
+class GradHooks(AbandonedPasses):
     """The hooks of :class:`fluxmpi_py.DistributedOptimizer` (a mixin: the attributes are the
     optimizer's)."""
 
@@ -22,7 +25,6 @@ class GradHooks:
     _plan: Any
     _reducer: Any
     _exact: Any
-    _pass_hooked: bool
     _sync_enabled: bool
     _passes: int
     _passes_per_step: int
@@ -43,9 +45,9 @@ class GradHooks:
 
     def _make_exact_hook(self, index: int) -> Callable:
         def hook(param: torch.Tensor) -> None:
-            if not self._pass_hooked:
-                self._pass_hooked = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            end = self._pass_end
+            if end is None or end() is None:  # the pass's first hook
+                self._open_pass(param)
             assert self._exact is not None
             self._exact.add(index, self._last_pass())
 
@@ -55,11 +57,9 @@ class GradHooks:
         reducer_ref = self  # the hook must see the reducer of a later plan
 
         def hook(param: torch.Tensor) -> None:
-            if not reducer_ref._pass_hooked:
-                reducer_ref._pass_hooked = True
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    reducer_ref._end_of_backward
-                )
+            end = reducer_ref._pass_end
+            if end is None or end() is None:  # the pass's first hook
+                reducer_ref._open_pass(param)
             if (
                 reducer_ref._sync_enabled
                 and reducer_ref._passes + 1 >= reducer_ref._passes_per_step
@@ -80,7 +80,7 @@ class GradHooks:
         return hook
 
     def _end_of_backward(self) -> None:
-        self._pass_hooked = False
+        self._pass_end = None
         if self._exact is not None:
             self._exact.end_pass(self._last_pass())
         if self._sync_enabled:

@@ -16,13 +16,13 @@ from typing import Any, Callable
 import torch
 
 from .._core import C
-from ..collectives.inplace import allreduce_
 from ..runtime.agreement import raise_together, user_call
 from ..runtime.entry import entry_point, local_call, own_agreement
 from ..runtime.groups import on_group
 from ._atomic_steps import AtomicSteps
 from ._deterministic import deterministic_buffers, finish_exact_step
 from ._exact_shards import exact_sum_for
+from ._failed_step import FailedSteps
 from ._grad_hooks import GradHooks
 from ._micro_batches import micro_batch_share
 from ._optimizer_args import check_optimizer_args, reduction_options
@@ -38,7 +38,7 @@ __all__ = ["DistributedOptimizer"]
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
-class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
+class DistributedOptimizer(GradHooks, FailedSteps, AtomicSteps, WrappedOptimizer, Joinable):
     """Wrap a torch optimizer so that ``step()`` applies the gradient averaged over all ranks.
 
     ``DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model)``: the
@@ -85,6 +85,8 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
             the first).
         GridOverflowError: at ``step()`` with ``deterministic=True``, for a gradient beyond
             the agreed grid.
+        RuntimeError: at ``step()`` on every rank, naming the rank, for a gradient it could
+            not reduce, its backward pass that raised, or its wrapped step that raised before.
 
     Examples:
         >>> import torch, fluxmpi_py as fm; fm.Init()
@@ -160,7 +162,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
             self._passes_per_step = backward_passes_per_step
             self._names = names
             self._passes = 0  # backward passes since the last step
-            self._pass_hooked = False  # end-of-backward callback queued for this pass
+            self._pass_end = None  # the open backward pass's end (._abandoned_pass)
             self._sync_enabled = True  # False inside no_sync()
             self._skip_sync = False  # True inside skip_synchronize()
             self._synchronized = False  # synchronize() already ran for this step
@@ -239,7 +241,10 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         """Finish this step's reduction; re-plan on every rank if any rank's parameters
         changed (requires_grad flipped, or a group was added). Inside a join, the step's
         round goes first, and the average is rescaled when it divides by the active ranks.
-        ``error``: this rank's error in the call, which the reduction raises on every rank."""
+        ``error``: this rank's error in the call, which the reduction raises on every rank
+        (else a pass of this step that raised, ._abandoned_pass). It ends the step's passes,
+        also where it raises."""
+        error, self._broken, self._passes = error or self._broken, None, 0
         if self._exact is not None:
             self._exact_reduce(error)
             return
@@ -278,7 +283,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
             self._rescale_for_join(count)
             self._synchronized = False
             self._passes = 0
-            self._checked(self._step_and_sync_buffers(None))
+            self._apply(None)
 
     def _finish_reduction(self, error: Exception | None = None) -> None:
         changed = len(self.param_groups) != self._num_groups or self._plan.requires_grad_changed()
@@ -296,6 +301,7 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         Then call ``step()`` inside ``skip_synchronize()``.
         """
         with on_group(self._group, "DistributedOptimizer.synchronize()"):
+            self._raise_abandoned()
             self._reduce()
         self._synchronized = True
         self._passes = 0
@@ -354,37 +360,24 @@ class DistributedOptimizer(GradHooks, AtomicSteps, WrappedOptimizer, Joinable):
         return None
 
     def _step(self, closure):
+        self._raise_abandoned()
         error = self._closure_error(closure)
         if error is not None:  # where the others reduce: the reduction raises it on every rank
             if not self._skip_sync and not self._synchronized:
                 self._reduce(error)
             raise error  # (a world of one, or no reduction in this step: no rank waits)
         if closure is not None:
-
-            def reduced_closure():
-                with torch.enable_grad():
-                    loss = closure()
-                self._reduce()
-                if isinstance(loss, torch.Tensor):
-                    loss = allreduce_(loss.detach().clone(), "average")
-                return loss
-
             self._synchronized = False
             self._passes = 0
-            return self._checked(self._step_and_sync_buffers(reduced_closure))
+            return self._apply(self._reduced(closure))
         if not self._skip_sync and not self._synchronized:
             self._reduce()
         self._synchronized = False
         self._passes = 0
-        result = self._checked(self._step_and_sync_buffers(None))
+        result = self._apply(None)
         if self._exact is not None:  # a stale gradient would join the next step's first pass
             for p in self._exact.order:
                 p.grad = None
-        return result
-
-    def _checked(self, result):
-        """The checks due after this step (check_every; the first step's, unless 0)."""
-        self._checks.after_step(self.param_groups, self.optimizer, self._named)
         return result
 
     #: What the first step's check does when the ranks' parameters differ ("raise", or

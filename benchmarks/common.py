@@ -49,6 +49,37 @@ def median_time(fn, reps, warmup=2, sync=None):
     return statistics.median(times)
 
 
+def paired_times(fns, reps, warmup=2, sync=None):
+    """One step of each of ``fns`` (name -> callable) in turn, ``reps`` times: name -> the
+    ``reps`` times in seconds. Step i of every function runs within one cycle, so a ratio of
+    two functions' step i (``paired_ratios``) compares them at the same moment: a machine
+    that shifts between levels of speed shifts both alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            if sync:
+                sync()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def paired_ratios(times, pairs):
+    """``pairs``: (a, b) names of ``times`` (name -> the step times of one cycle after
+    another, as ``paired_times`` gives them); (a, b) -> the median of a's step over b's step
+    in the same cycle, with the lowest and highest of those ratios."""
+    out = {}
+    for a, b in pairs:
+        if a in times and b in times:
+            r = sorted(x / y for x, y in zip(times[a], times[b]))
+            out[(a, b)] = (statistics.median(r), r[0], r[-1])
+    return out
+
+
 def emit(name, record, rank):
     if rank != 0:
         return

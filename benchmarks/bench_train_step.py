@@ -35,6 +35,7 @@ USER_ENV = dict(os.environ)  # before `import fluxmpi_py` adds its Open MPI sett
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
+    cross_core_read_us,
     emit,
     median_time,
     paired_ratios,
@@ -344,6 +345,7 @@ def main():
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
 
+        probe = [cross_core_read_us(comm, MPI)]  # the VM's state, before and after
         times = {k: [] for k in variants}
         order = list(variants)
         rng = random.Random(len(name))  # the same order on every rank
@@ -358,6 +360,7 @@ def main():
                 # the slowest rank's median: "local" too, where each rank trains alone
                 t = median_time(variants[k], reps, warmup=2, sync=comm.Barrier)
                 times[k].append(comm.allreduce(t, op=MPI.MAX))
+        probe.append(cross_core_read_us(comm, MPI))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 2) for k, v in times.items()}
         rec = ratios(ms) if args.variants else full_record(ms)
         if args.paired:  # each ratio's median over the cycles, its lowest and highest
@@ -366,6 +369,7 @@ def main():
                 for (a, b), r in paired_ratios(times, RATIO_PAIRS).items()
             }
         rec |= {
+            "cross_core_read_us": probe,
             "buckets": len(o1.buckets),
             "launched_during_backward": o1._reducer.launched_early,
             "params": sum(p.numel() for p in m1.parameters()),

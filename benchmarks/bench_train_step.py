@@ -9,14 +9,16 @@ communication, all measured in the same launch, interleaved.
 Prints one JSON line (rank 0): per workload, each variant's median step time in ms (the slowest
 rank's median, the median over rounds that run the variants in a shuffled order) and the
 ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours, plus how MPI waits
-(build_info()["mpi_wait"]). ``--paired`` runs one step of each variant in turn instead
-(the step times then are medians over every step) and adds, per ratio, the median over the
-cycles of each step over its peer's step in the same cycle, with its range.
-``--mpi4py-first`` imports mpi4py, which starts MPI, before fluxmpi_py (the order
-``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2
-ranks, alternating, on ResNet-50 shapes, and prints them side by side in one JSON line;
-with ``--backoff-off`` each order runs also with FLUXMPI_WAIT_BACKOFF=off (the backoff to
-sleeping in long waits off) instead of the polling launches.
+(build_info()["mpi_wait"]), and per workload ``cross_core_read_us`` before and after the
+steps (common.cross_core_read_us: on a VM whose cores share a cache at times, the state that
+the deterministic step's ratio follows, docs/measurements.md). ``--paired`` runs one step
+of each variant in turn instead (the step times then are medians over every step) and adds,
+per ratio, the median over the cycles of each step over its peer's step in the same cycle,
+with its range. ``--mpi4py-first`` imports mpi4py, which starts MPI, before fluxmpi_py (the
+order ``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2 ranks,
+alternating, on ResNet-50 shapes, and prints them side by side in one JSON line; with
+``--backoff-off`` each order runs also with FLUXMPI_WAIT_BACKOFF=off (the backoff to sleeping
+in long waits off) instead of the polling launches.
 """
 
 import argparse

@@ -3,17 +3,22 @@
 cost: "ddp_comm_ms" is what communication adds above it), one MPI call per tensor and no
 communication, all measured in the same launch, interleaved.
 
-    mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first]
+    mpiexec -n 2 python benchmarks/bench_train_step.py [--quick] [--mpi4py-first] [--paired]
     python benchmarks/bench_train_step.py --import-orders [--quick] [--backoff-off]   # a driver
 
 Prints one JSON line (rank 0): per workload, each variant's median step time in ms (the slowest
 rank's median, the median over rounds that run the variants in a shuffled order) and the
 ratios ours/raw_mpi, ddp/ours, and the scaling efficiency local/ours, plus how MPI waits
-(build_info()["mpi_wait"]). ``--mpi4py-first`` imports mpi4py, which starts MPI, before
-fluxmpi_py (the order ``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2
-ranks, alternating, on ResNet-50 shapes, and prints them side by side in one JSON line;
-with ``--backoff-off`` each order runs also with FLUXMPI_WAIT_BACKOFF=off (the backoff to
-sleeping in long waits off) instead of the polling launches.
+(build_info()["mpi_wait"]), and per workload ``cross_core_read_us`` before and after the
+steps (common.cross_core_read_us: on a VM whose cores share a cache at times, the state that
+the deterministic step's ratio follows, docs/measurements.md). ``--paired`` runs one step
+of each variant in turn instead (the step times then are medians over every step) and adds,
+per ratio, the median over the cycles of each step over its peer's step in the same cycle,
+with its range. ``--mpi4py-first`` imports mpi4py, which starts MPI, before fluxmpi_py (the
+order ``Init(comm=...)`` needs). ``--import-orders`` launches both orders on 2 ranks,
+alternating, on ResNet-50 shapes, and prints them side by side in one JSON line; with
+``--backoff-off`` each order runs also with FLUXMPI_WAIT_BACKOFF=off (the backoff to sleeping
+in long waits off) instead of the polling launches.
 """
 
 import argparse
@@ -31,7 +36,15 @@ if "--mpi4py-first" in sys.argv:
 USER_ENV = dict(os.environ)  # before `import fluxmpi_py` adds its Open MPI setting
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, median_time, resnet50_param_shapes, set_threads  # noqa: E402
+from common import (  # noqa: E402
+    cross_core_read_us,
+    emit,
+    median_time,
+    paired_ratios,
+    paired_times,
+    resnet50_param_shapes,
+    set_threads,
+)
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py.training import _exact_shards  # noqa: E402
@@ -285,6 +298,12 @@ def main():
     ap.add_argument("--mpi4py-first", action="store_true", help="start MPI before fluxmpi_py")
     ap.add_argument("--workloads", default="", help="comma-separated names (default: all)")
     ap.add_argument("--variants", default="", help="comma-separated names (default: all)")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="one step of each variant in turn (not --reps steps of one, then the next); adds "
+        "each ratio's median over the cycles (each step over its peer's step in the same cycle)",
+    )
     ap.add_argument("--import-orders", action="store_true", help="both orders, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="--import-orders: launches per order")
     ap.add_argument(
@@ -328,18 +347,31 @@ def main():
         if args.variants:
             variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
 
+        probe = [cross_core_read_us(comm, MPI)]  # the VM's state, before and after
         times = {k: [] for k in variants}
         order = list(variants)
         rng = random.Random(len(name))  # the same order on every rank
         for _ in range(rounds):  # interleave so that drift hits every variant alike
             rng.shuffle(order)  # and no variant always follows the same one
+            if args.paired:  # every step, the slowest rank's
+                cycles = paired_times({k: variants[k] for k in order}, reps, sync=comm.Barrier)
+                for k, t in cycles.items():
+                    times[k] += [max(step) for step in zip(*comm.allgather(t))]
+                continue
             for k in order:
                 # the slowest rank's median: "local" too, where each rank trains alone
                 t = median_time(variants[k], reps, warmup=2, sync=comm.Barrier)
                 times[k].append(comm.allreduce(t, op=MPI.MAX))
+        probe.append(cross_core_read_us(comm, MPI))
         ms = {k: round(1000 * sorted(v)[len(v) // 2], 2) for k, v in times.items()}
         rec = ratios(ms) if args.variants else full_record(ms)
+        if args.paired:  # each ratio's median over the cycles, its lowest and highest
+            rec["paired"] = {
+                f"{a}_over_{b}": [round(x, 3) for x in r]
+                for (a, b), r in paired_ratios(times, RATIO_PAIRS).items()
+            }
         rec |= {
+            "cross_core_read_us": probe,
             "buckets": len(o1.buckets),
             "launched_during_backward": o1._reducer.launched_early,
             "params": sum(p.numel() for p in m1.parameters()),
@@ -352,19 +384,23 @@ def main():
     emit("bench_train_step" + ("_selected" if selected else ""), result, rank)
 
 
+#: deterministic=True over the default at k = 1, 2 and 4 passes (both paths), and the sharded
+#: path over the int64 one
+RATIO_PAIRS = (
+    ("ours_deterministic", "ours"),
+    ("ours_deterministic_int64", "ours"),
+    ("ours_deterministic", "ours_deterministic_int64"),
+    ("ours_deterministic_k2", "ours_k2"),
+    ("ours_deterministic_int64_k2", "ours_k2"),
+    ("ours_deterministic_k4", "ours_k4"),
+    ("ours_deterministic_int64_k4", "ours_k4"),
+)
+
+
 def ratios(ms):
-    """The step times, and deterministic=True over the default at k = 1 (both paths) and
-    k = 2 passes, and the sharded path over the int64 one."""
+    """The step times, and the ratios of :data:`RATIO_PAIRS`."""
     rec = {"step_ms": ms}
-    for det, base in (
-        ("ours_deterministic", "ours"),
-        ("ours_deterministic_int64", "ours"),
-        ("ours_deterministic", "ours_deterministic_int64"),
-        ("ours_deterministic_k2", "ours_k2"),
-        ("ours_deterministic_int64_k2", "ours_k2"),
-        ("ours_deterministic_k4", "ours_k4"),
-        ("ours_deterministic_int64_k4", "ours_k4"),
-    ):
+    for det, base in RATIO_PAIRS:
         if det in ms and base in ms:
             rec[f"{det}_over_{base}"] = round(ms[det] / ms[base], 3)
     return rec

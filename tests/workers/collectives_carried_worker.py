@@ -225,6 +225,45 @@ def case_hot_calls_keep_every_guarantee():
     check_equal(t, torch.full((2,), n * (n + 1) / 2), "after the hot calls' errors")
 
 
+def case_payloads_ride_in_shared_slots():
+    """On one host, a point-to-point agreement's payload of 8-64 KiB goes through its sender's
+    shared-memory slot (backend/mpi_direct_slots.h), two per rank written in turn: a mixed
+    loop of every kind, root and size (each call's values new) gives the closed form on every
+    call, so no slot is read stale or overwritten while read; a mismatch between them leaves
+    the tensors untouched and the slots' next readers right; no name is left in /dev/shm."""
+    n, r = world(), rank()
+    if not 1 < n <= DIRECT_MAX_RANKS:
+        return
+    before, expect = C.direct_slot_writes(), 0
+    sizes = (2049, 4096, 16384)  # int32 elements: 8 KiB + 4 bytes, 16 KiB, 64 KiB
+    for i in range(60):
+        size, root = sizes[i % 3], (i // 3) % n
+        base = torch.arange(size, dtype=torch.int32) + 1000 * i
+        t = base * (r + 1)
+        if i % 3 == 0:
+            fm.bcast_(t, root)
+            want, expect = base * (root + 1), expect + (r == root)
+        elif i % 3 == 1:
+            fm.reduce_(t, "sum", root)
+            want = base * (n * (n + 1) // 2) if r == root else base * (r + 1)
+            expect += r != root
+        else:
+            fm.allreduce_(t, "max")
+            want, expect = base * n, expect + 1
+        check_equal(t, want, f"call {i}")
+        if i % 7 == 3:  # a mismatch: the slots it wrote are never read
+            t = base.clone()
+            raises(RuntimeError, lambda: fm.bcast_(t if r != n - 1 else t[1:], 0), "numel")
+            assert torch.equal(t, base), "a failed check changed the tensor"
+            expect += r == 0  # the root wrote its payload all the same
+    # the root of a bcast_ writes, every other rank of a reduce_, every rank of an allreduce_;
+    # the process's first such call makes the slots at its end (one write fewer)
+    writes = C.direct_slot_writes() - before
+    assert expect - 1 <= writes <= expect, f"{writes} payloads in slots, expected {expect}"
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"fluxmpi-slots-{os.getpid()}-")]
+    assert not left, left
+
+
 # ---------------------------------------------------------------- runtime
 
 

@@ -1,0 +1,50 @@
+// Shared-memory slots for a direct agreement's data (backend/direct.h), on a communicator whose
+// ranks all run on one host.
+//
+// Past one eager fragment a payload went as a rendezvous message: the receiver, once it had
+// checked the headers, read it straight from the sender's buffer (single copy), and the sender
+// waited for that read to end: a round trip and a cross-process read (about 3.4 µs for 16 KiB,
+// docs/measurements.md). Through a slot, the sender copies its payload into its own slot, in
+// shared memory that every rank of the communicator maps, before it sends its header, and needs to
+// wait for nobody's read; a receiver whose call passed copies or combines it out after the
+// headers. A bad call leaves the slot unread.
+//
+// Each rank owns two slots and writes them in turn. A slot is written again two writes later;
+// in between its owner made a whole agreement, and so received every other rank's header of
+// that agreement, which each rank sends only once it has left its previous call, the one that
+// read the slot. So a slot is never overwritten while a rank may still read it, and no message
+// or flag beyond the headers is needed. A header says which slot holds its payload.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace fluxmpi {
+
+// The largest payload a slot holds; larger ones go as rendezvous messages (single copy).
+constexpr std::int64_t kDirectSlotBytes = std::int64_t(64) << 10;
+
+struct DirectSlots {
+  bool mapped = false;      // false: the ranks span hosts (or mapping failed), nothing is shared
+  std::vector<char*> base;  // each rank's two slots, mapped here
+  std::int64_t writes = 0;  // this rank's slot writes so far: the next goes to writes % 2
+  bool shared() const { return mapped; }
+  char* slot(int rank, std::int64_t s) const { return base[rank] + s * kDirectSlotBytes; }
+};
+
+// The slots made on `comm`, or nullptr while none were made (then nothing is shared yet).
+DirectSlots* direct_slots(MPI_Comm comm);
+
+// Make `comm`'s slots: a collective, which every rank of `comm` reaches at the same call (after
+// the same passed agreement). `one_host`: whether its ranks all run on one host, the same on
+// every rank; if not, the slots made share nothing and the payloads keep their messages.
+// Freed with the communicator.
+DirectSlots& make_direct_slots(MPI_Comm comm, int size, bool one_host);
+
+// Count a payload written into a slot; how many this process has written (for tests).
+void note_slot_write();
+std::int64_t direct_slot_writes();
+
+}  // namespace fluxmpi

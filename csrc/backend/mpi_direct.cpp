@@ -82,8 +82,7 @@ bool mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
   x.head.shared_slot = -1;
   if (in_shm && rest > 0 && inl == 0 && x.head.bytes <= kDirectSlotBytes) {
     x.head.shared_slot = shm->writes++ % 2;
-    std::memcpy(shm->slot(rank, x.head.shared_slot), x.data, static_cast<std::size_t>(rest));
-    std::atomic_thread_fence(std::memory_order_release);  // before the header that announces it
+    write_slot(shm->slot(rank, x.head.shared_slot), x.data, rest);  // before its header
     note_slot_write();
     rest = 0;
   }

@@ -265,6 +265,10 @@ class MpiBackend final : public Backend {
       make_direct_slots(v.comm, v.size, one_host);
     }
   }
+  std::int64_t direct_slot_bytes() override {
+    const DirectSlots* s = direct_slots(c().comm);
+    return s != nullptr && s->shared() ? kDirectSlotBytes : 0;
+  }
 
   bool allreduces_plainly(std::int64_t count, c10::ScalarType dt, ReduceOp op,
                           bool divided) override {

@@ -130,7 +130,8 @@ bool mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
     for (int i = 0; i < x.nlanes; ++i) x.lanes[i] = std::max(x.lanes[i], m[kDirectHeadWords + i]);
     same = same && same_head(heads[p], x.head);
   }
-  const bool take = same && x.passed && x.passed(x.lanes);
+  const bool passed = x.passed && x.passed(x.lanes);  // the same on every rank
+  const bool take = same && passed;
   std::atomic_thread_fence(std::memory_order_acquire);  // the slots the headers announce
   // The data sent to this rank, from each peer whose header says so: its part in the header's
   // message, and the rest (the sender's announced size) into scratch or, for a broadcast
@@ -172,11 +173,10 @@ bool mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
         "MPI_Recv");
   }
   wait_all(b.sends);  // `data` may be `dest`: sent before it changes
-  // A passed call whose payload a slot would hold, while this communicator has none: the
-  // caller makes them now, on every rank alike (every rank saw the same headers).
-  const bool wants_slots =
-      take && shm == nullptr && x.head.bytes > kSplitBytes && x.head.bytes <= kDirectSlotBytes;
-  if (!take) return false;
+  // A passed agreement while this communicator has no slots: the caller makes them now, on
+  // every rank alike (every rank saw the same lanes).
+  const bool wants_slots = passed && shm == nullptr;
+  if (!take) return wants_slots;
   const DirectHead& h = x.head;
   if (h.kind == kEnvelopeReduce) {
     const std::int64_t in_head = inline_bytes(h, words);

@@ -23,8 +23,9 @@
 
 namespace fluxmpi {
 
-// The largest payload a slot holds; larger ones go as rendezvous messages (single copy).
-constexpr std::int64_t kDirectSlotBytes = std::int64_t(64) << 10;
+// The largest payload a slot holds (ops/carried.h carries no more on the direct path); larger
+// ones go as rendezvous messages (single copy). Each rank maps 2 of these per rank of the group.
+constexpr std::int64_t kDirectSlotBytes = std::int64_t(1) << 20;
 
 struct DirectSlots {
   bool mapped = false;      // false: the ranks span hosts (or mapping failed), nothing is shared
@@ -46,7 +47,7 @@ DirectSlots& make_direct_slots(MPI_Comm comm, int size, bool one_host);
 // Copy `bytes` of `src` into a slot `dst` (16-byte aligned) and make them visible before what
 // follows: on x86-64 with streaming stores, which bypass this core's cache. Plain stores there
 // took 20-30 ns a cache line whenever the slot's lines sat in a reader's cache (every call:
-// the reader read them two writes before): 29 µs for 64 KiB, 0.3 with streaming stores, the
+// the reader read them two writes before): 29 µs for 64 KiB, 2 with streaming stores, the
 // reader's copy out 3.5-4 µs either way (2 ranks, docs/measurements.md).
 void write_slot(char* dst, const void* src, std::int64_t bytes);
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -103,8 +104,11 @@ DirectSlots& make_direct_slots(MPI_Comm comm, int size, bool one_host) {
     int rank = 0;
     mpi_check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
     char mine[kNameBytes] = {};
-    std::snprintf(mine, sizeof mine, "/fluxmpi-slots-%ld-%d", static_cast<long>(::getpid()),
-                  made.fetch_add(1));
+    // The process id, and a clock reading against another container's process of the same id
+    // that shares /dev/shm (a name taken fails O_EXCL: then nothing is shared).
+    const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::snprintf(mine, sizeof mine, "/fluxmpi-slots-%ld-%d-%llx", static_cast<long>(::getpid()),
+                  made.fetch_add(1), static_cast<unsigned long long>(stamp));
     s->base.assign(static_cast<std::size_t>(size), nullptr);
     s->base[rank] = map_object(mine, /*create=*/true);
     std::vector<char> names(static_cast<std::size_t>(kNameBytes) * size);

@@ -215,21 +215,6 @@ class MpiBackend final : public Backend {
   const NodeLayout* layout_ = nullptr;
   MPI_Comm layout_comm_ = MPI_COMM_NULL;
 
-  // The direct agreements' slots of `comm` (backend/mpi_direct_slots.h), nullptr while none were
-  // made; kept once found (they live as long as the communicator).
-  DirectSlots* slots_of(MPI_Comm comm) {
-    if (slots_comm_ != comm) {
-      DirectSlots* s = direct_slots(comm);
-      if (s == nullptr) return nullptr;
-      slots_ = s;
-      slots_comm_ = comm;
-    }
-    return slots_;
-  }
-
-  DirectSlots* slots_ = nullptr;
-  MPI_Comm slots_comm_ = MPI_COMM_NULL;
-
  public:
   const char* name() const override { return "mpi"; }
 
@@ -272,7 +257,7 @@ class MpiBackend final : public Backend {
   }
   void exchange_direct(DirectExchange& x) override {
     const CommView v = c();
-    DirectSlots* shm = slots_of(v.comm);
+    DirectSlots* shm = direct_slots(v.comm);
     if (mpi_exchange_direct(x, v.comm, v.rank, v.size, v.group, shm)) {
       // Every rank saw the same passed call: they make the slots here together.
       const bool one_host = layout().nodes == 1;
@@ -281,7 +266,7 @@ class MpiBackend final : public Backend {
     }
   }
   std::int64_t direct_slot_bytes() override {
-    const DirectSlots* s = slots_of(c().comm);
+    const DirectSlots* s = direct_slots(c().comm);
     return s != nullptr && s->shared() ? kDirectSlotBytes : 0;
   }
 

@@ -59,6 +59,9 @@ class Backend {
   }
   // Run a small group's agreement point to point (backend/direct.h).
   virtual void exchange_direct(DirectExchange& x) { unsupported("exchange_direct"); }
+  // The largest payload the current group's direct agreements move through shared memory
+  // (backend/mpi_direct_slots.h), 0 where they do not (yet); the same on every rank.
+  virtual std::int64_t direct_slot_bytes() { return 0; }
   // Whether allreduce (allreduce_divided with `divided`) of `count` elements of `dtype` with
   // `op` would be one MPI_Allreduce, no ring or node-aware path: then an envelope may carry
   // it (the same sum order). Decided from the process's options alone, like the paths.

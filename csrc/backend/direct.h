@@ -34,6 +34,9 @@ struct DirectHead {
   // kEnvelopeTake: the rank that sends; kEnvelopeReduce: the rank that takes the result, or -1
   // for every rank (an allreduce).
   std::int64_t root = -1;
+  // Where the sender put its payload, if not in messages: its shared slot 0 or 1 (the MPI
+  // backend's, on one host: backend/mpi_direct_slots.h); -1: in messages. Not compared.
+  std::int64_t shared_slot = -1;
 };
 
 constexpr int kDirectHeadWords = static_cast<int>(sizeof(DirectHead) / sizeof(std::int64_t));

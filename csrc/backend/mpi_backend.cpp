@@ -257,7 +257,17 @@ class MpiBackend final : public Backend {
   }
   void exchange_direct(DirectExchange& x) override {
     const CommView v = c();
-    mpi_exchange_direct(x, v.comm, v.rank, v.size, v.group);
+    DirectSlots* shm = direct_slots(v.comm);
+    if (mpi_exchange_direct(x, v.comm, v.rank, v.size, v.group, shm)) {
+      // Every rank saw the same passed call: they make the slots here together.
+      const bool one_host = layout().nodes == 1;
+      BlockingCall guard("direct slots", v.group);
+      make_direct_slots(v.comm, v.size, one_host);
+    }
+  }
+  std::int64_t direct_slot_bytes() override {
+    const DirectSlots* s = direct_slots(c().comm);
+    return s != nullptr && s->shared() ? kDirectSlotBytes : 0;
   }
 
   bool allreduces_plainly(std::int64_t count, c10::ScalarType dt, ReduceOp op,
@@ -265,7 +275,13 @@ class MpiBackend final : public Backend {
     const CommView e = c();
     const HierarchicalOptions h = hierarchical_options();
     const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dt));
-    if (h.enabled && bytes >= h.min_bytes && bytes < h.max_bytes) return false;  // may apply
+    // The node-aware path may apply, unless this communicator's hosts are known (the layout is
+    // made at the same call on every rank) and it does not.
+    const bool known = layout_comm_ == e.comm && layout_ != nullptr;
+    if (h.enabled && bytes >= h.min_bytes && bytes < h.max_bytes &&
+        (!known || hierarchical_applies(h, bytes, *layout_))) {
+      return false;
+    }
     if (divided) return !ring_applies(ring_options(), count, dt, e.size, e.size);
     return op != ReduceOp::Sum || !ring_applies(ring_options(), count, dt, 1, e.size);
   }

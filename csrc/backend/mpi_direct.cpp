@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -62,7 +63,8 @@ void wait_all(std::vector<MPI_Request>& r) {
 
 }  // namespace
 
-void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, int group) {
+bool mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, int group,
+                         DirectSlots* shm) {
   TORCH_INTERNAL_ASSERT(size > 1 && size <= kDirectMaxRanks, "a direct agreement of ", size,
                         " ranks");
   BlockingCall guard("allreduce", group, x.head.bytes);
@@ -74,7 +76,16 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
   bool sends_any = false;
   for (int p = 0; p < size; ++p) sends_any = sends_any || direct_sends(x.head, rank, p);
   const std::int64_t inl = sends_any ? inline_bytes(x.head, words) : 0;
-  const std::int64_t rest = sends_any ? x.head.bytes - inl : 0;
+  std::int64_t rest = sends_any ? x.head.bytes - inl : 0;
+  // A payload past one eager fragment goes through this rank's next slot where it fits.
+  const bool in_shm = shm != nullptr && shm->shared();
+  x.head.shared_slot = -1;
+  if (in_shm && rest > 0 && inl == 0 && x.head.bytes <= kDirectSlotBytes) {
+    x.head.shared_slot = shm->writes++ % 2;
+    write_slot(shm->slot(rank, x.head.shared_slot), x.data, rest);  // before its header
+    note_slot_write();
+    rest = 0;
+  }
   b.mine.resize(static_cast<std::size_t>(slot));
   std::memcpy(b.mine.data(), &x.head, sizeof x.head);
   std::memcpy(b.mine.data() + kDirectHeadWords, x.lanes, sizeof(std::int64_t) * x.nlanes);
@@ -119,7 +130,9 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
     for (int i = 0; i < x.nlanes; ++i) x.lanes[i] = std::max(x.lanes[i], m[kDirectHeadWords + i]);
     same = same && same_head(heads[p], x.head);
   }
-  const bool take = same && x.passed && x.passed(x.lanes);
+  const bool passed = x.passed && x.passed(x.lanes);  // the same on every rank
+  const bool take = same && passed;
+  std::atomic_thread_fence(std::memory_order_acquire);  // the slots the headers announce
   // The data sent to this rank, from each peer whose header says so: its part in the header's
   // message, and the rest (the sender's announced size) into scratch or, for a broadcast
   // taken, straight into the caller's buffer.
@@ -137,6 +150,16 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
       b.from[2 * p] = nullptr;
     }
     if (apart == 0) continue;
+    if (h.shared_slot >= 0) {  // in the sender's slot: read only where the call passed
+      TORCH_INTERNAL_ASSERT(in_shm, "fluxmpi_py: a direct payload in a slot this rank lacks");
+      const char* at = shm->slot(p, h.shared_slot);
+      if (take && h.kind == kEnvelopeTake) {
+        std::memcpy(dest, at, static_cast<std::size_t>(apart));
+      } else {
+        b.from[2 * p + 1] = at;
+      }
+      continue;
+    }
     void* into = nullptr;
     if (take && h.kind == kEnvelopeTake) {
       into = dest + in_head;
@@ -150,7 +173,10 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
         "MPI_Recv");
   }
   wait_all(b.sends);  // `data` may be `dest`: sent before it changes
-  if (!take) return;
+  // A passed agreement while this communicator has no slots: the caller makes them now, on
+  // every rank alike (every rank saw the same lanes).
+  const bool wants_slots = passed && shm == nullptr;
+  if (!take) return wants_slots;
   const DirectHead& h = x.head;
   if (h.kind == kEnvelopeReduce) {
     const std::int64_t in_head = inline_bytes(h, words);
@@ -166,6 +192,7 @@ void mpi_exchange_direct(DirectExchange& x, MPI_Comm comm, int rank, int size, i
     }
   }
   x.delivered = true;
+  return wants_slots;
 }
 
 }  // namespace fluxmpi

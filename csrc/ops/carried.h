@@ -18,6 +18,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -31,12 +32,19 @@ namespace fluxmpi {
 // The most bytes a call's data may carry in an envelope: past this the second round trip costs
 // little beside the data, and the copies into and out of the message would cost more.
 constexpr std::int64_t kMaxCarryBytes = std::int64_t(64) << 10;
-// A broadcast on the direct path (backend/direct.h) goes straight from the root's buffer into
-// the others' (one single-copy message each), as MPI_Bcast's own would, so it carries larger
-// calls too: up to 1 MiB the check's own round trip was 5-12% of a bcast_ (docs/measurements.md),
-// past it the data's time hides it. Reductions stay at kMaxCarryBytes: past it, MPI's reduction
-// (segments that overlap the copy and the combine) beat the direct path's scratch and combine.
+// The direct path (backend/direct.h) carries larger calls. A broadcast goes straight from the
+// root's buffer into the others' (one single-copy message each), as MPI_Bcast's own would: up to
+// 1 MiB the check's own round trip was 5-12% of a bcast_ (docs/measurements.md), past it the
+// data's time hides it. A reduction past kMaxCarryBytes rides only where its group's payloads go
+// through shared memory (`slot_bytes`: Backend::direct_slot_bytes): there MPI's reduction, which
+// overlaps the copy and the combine in segments, beat the direct path's scratch and combine.
+// Through shared slots the three take 0.55-0.86x mpi4py's time at 256 KiB-1 MiB on 2 ranks.
 constexpr std::int64_t kMaxDirectBroadcastBytes = std::int64_t(1) << 20;
+
+// The most bytes a reduction on group `e` carries.
+inline std::int64_t max_reduction_carry_bytes(const Group& e, std::int64_t slot_bytes) {
+  return e.size() <= kDirectMaxRanks ? std::max(kMaxCarryBytes, slot_bytes) : kMaxCarryBytes;
+}
 
 // The most bytes a broadcast on group `e` carries.
 inline std::int64_t max_broadcast_carry_bytes(const Group& e) {

@@ -29,8 +29,8 @@ void average_in_place(const at::Tensor& c, int world, bool divided) {
 }  // namespace
 
 // A reduction's offer to ride in its agreement (ops/carried.h): a good host call of 1 to
-// kMaxCarryBytes bytes on the wire, whose combine an envelope computes as MPI would and, for an
-// allreduce, that the MPI backend would send as one MPI_Allreduce. Floats only on 2 ranks:
+// max_reduction_carry_bytes bytes on the wire, whose combine an envelope computes as MPI would and,
+// for an allreduce, that the MPI backend would send as one MPI_Allreduce. Floats only on 2 ranks:
 // there each rank adds the other's values to its own, in any algorithm, so the bits are MPI's;
 // on more, MPI's algorithm for the data alone (a ring at some sizes) orders the additions
 // differently from the envelope's. `c` gets the contiguous wire buffer. `allreduce`: else a
@@ -45,9 +45,10 @@ bool offer_reduction(const at::Tensor& t, ReduceOp op, SumOrder order, std::int6
   const auto wire = wire_dtype(dt, op, HalfReduction::Fp32);
   const auto wop = wire_op(op, dt);
   const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(c10::elementSize(wire));
-  if (bytes > kMaxCarryBytes || !envelope_reduces(wire, wop)) return false;
+  if (!envelope_reduces(wire, wop)) return false;
   if (e.size() > 2 && c10::isFloatingType(wire)) return false;
   Backend& b = backend_for(t);
+  if (bytes > max_reduction_carry_bytes(e, b.direct_slot_bytes())) return false;
   o.divided = allreduce && op == ReduceOp::Average && b.fuses_division() &&
               (wire == c10::kFloat || wire == c10::kDouble);
   if (allreduce && !b.allreduces_plainly(t.numel(), wire, wop, o.divided)) return false;

@@ -3,6 +3,7 @@
 #include <optional>
 #include <tuple>
 
+#include "backend/mpi_direct_slots.h"
 #include "backend/mpi_ring.h"
 #include "backend/mpi_shared_pieces.h"
 #include "ops/agreement_count.h"
@@ -92,6 +93,9 @@ void bind_ring_options(py::module_& m) {
   m.def("direct_agreements", &direct_agreements,
         "How many agreements this process made point to point, a small group's way "
         "(backend/direct.h) (for tests)");
+  m.def("direct_slot_writes", &direct_slot_writes,
+        "How many payloads of point-to-point agreements this process wrote into shared-memory "
+        "slots instead of messages (backend/mpi_direct_slots.h) (for tests)");
   m.def("alltoall_block_calls", &alltoall_block_calls,
         "How many alltoalls this process has sent as MPI_Alltoall, every part one length "
         "(for tests)");

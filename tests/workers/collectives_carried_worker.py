@@ -189,8 +189,10 @@ def case_hot_calls_keep_every_guarantee():
             check_equal(t, given // (r + 1) * n, f"after the mismatches ({size})")
             before = C.carried_calls()
             fm.reduce_(fm.bcast_(t, 0), "max", n - 1)
-            if 1 < n <= DIRECT_MAX_RANKS:  # a bcast_ of up to 1 MiB rides point to point
-                assert C.carried_calls() - before == (1 if size == 1 << 16 else 2), size
+            if 1 < n <= DIRECT_MAX_RANKS:  # a bcast_ of up to 1 MiB rides point to point, a
+                # reduce_ past 64 KiB where its payload goes through shared memory (one host)
+                rides = size < 1 << 16 or C.node_size() == n
+                assert C.carried_calls() - before == (2 if rides else 1), size
         assert hot.count == 4 * (3 + len(mismatches) * (n > 1)), f"{hot.count} hot calls"
     # An error raised on one rank before the call met the others: every rank raises it.
     real = inplace._allreduce_c
@@ -223,6 +225,47 @@ def case_hot_calls_keep_every_guarantee():
     t = torch.full((2,), float(r + 1))
     fm.allreduce_(t)
     check_equal(t, torch.full((2,), n * (n + 1) / 2), "after the hot calls' errors")
+
+
+def case_payloads_ride_in_shared_slots():
+    """On one host, a point-to-point agreement's payload of 8 KiB-1 MiB goes through its sender's
+    shared-memory slot (backend/mpi_direct_slots.h), two per rank written in turn: a mixed
+    loop of every kind, root and size (each call's values new) gives the closed form on every
+    call, so no slot is read stale or overwritten while read; a mismatch between them leaves
+    the tensors untouched and the slots' next readers right; no name is left in /dev/shm."""
+    n, r = world(), rank()
+    if not 1 < n <= DIRECT_MAX_RANKS:
+        return
+    before, expect = C.direct_slot_writes(), 0
+    sizes = (2049, 4096, 16384, 1 << 18)  # int32 elements: 8 KiB + 4 bytes, 16, 64 KiB, 1 MiB
+    for i in range(60):
+        size, root = sizes[i % 4], (i // 3) % n
+        base = torch.arange(size, dtype=torch.int32) + 1000 * i
+        t = base * (r + 1)
+        if i % 3 == 0:
+            fm.bcast_(t, root)
+            want, expect = base * (root + 1), expect + (r == root)
+        elif i % 3 == 1:
+            fm.reduce_(t, "sum", root)
+            want = base * (n * (n + 1) // 2) if r == root else base * (r + 1)
+            expect += r != root
+        else:
+            fm.allreduce_(t, "max")
+            want, expect = base * n, expect + 1
+        check_equal(t, want, f"call {i}")
+        if i % 7 == 3:  # a mismatch: the slots it wrote are never read
+            t = base.clone()
+            raises(
+                RuntimeError, functools.partial(fm.bcast_, t if r != n - 1 else t[1:], 0), "numel"
+            )
+            assert torch.equal(t, base), "a failed check changed the tensor"
+            expect += r == 0  # the root wrote its payload all the same
+    # the root of a bcast_ writes, every other rank of a reduce_, every rank of an allreduce_;
+    # the communicator's first agreement makes the slots at its end (one write fewer)
+    writes = C.direct_slot_writes() - before
+    assert expect - 1 <= writes <= expect, f"{writes} payloads in slots, expected {expect}"
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"fluxmpi-slots-{os.getpid()}-")]
+    assert not left, left
 
 
 # ---------------------------------------------------------------- runtime

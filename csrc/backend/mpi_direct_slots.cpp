@@ -55,7 +55,10 @@ char* map_object(const char* name, bool create) {
       create ? ::shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600) : ::shm_open(name, O_RDWR, 0600);
   if (fd < 0) return nullptr;
   void* p = MAP_FAILED;
-  if (!create || ::ftruncate(fd, static_cast<off_t>(kMapBytes)) == 0) {
+  // Its pages reserved now (posix_fallocate, not ftruncate): a full /dev/shm (a container's
+  // 64 MiB) refuses here, and every rank falls back to messages, instead of a SIGBUS at the first
+  // write into a page the file system cannot give.
+  if (!create || ::posix_fallocate(fd, 0, static_cast<off_t>(kMapBytes)) == 0) {
     p = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   ::close(fd);

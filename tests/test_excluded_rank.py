@@ -48,6 +48,23 @@ def _alive(pid):
         return False
 
 
+def _launch_to_end(c, cmd):
+    """Run `cmd` on the cluster's head; (the process, its output, the stopped rank's pid). Fails
+    the test if it has not ended within END_WITHIN seconds."""
+    proc = c.start_on_head(cmd, mpi_env({"FLUXMPI_TIMEOUT": str(TIMEOUT)}))
+    try:
+        out, _ = proc.communicate(timeout=END_WITHIN)
+    except subprocess.TimeoutExpired:
+        # everything on the hosts first: their daemons hold the output pipe open
+        c.close()
+        out, _ = proc.communicate()
+        pytest.fail(f"the launch did not end within {END_WITHIN}s:\n{out[-4000:]}")
+    print(out[-4000:])
+    m = re.search(r"rank 3 pid (\d+) stops at", out)
+    assert m, out[-4000:]
+    return proc, out, int(m.group(1))
+
+
 @pytest.mark.skipif(REASON is not None, reason=f"no virtual hosts: {REASON}")
 @pytest.mark.skipif(not ULFM, reason="the MPI of this build has no ULFM (make builds Open MPI 5)")
 def test_a_hung_rank_alone_on_its_host_is_ended():
@@ -55,18 +72,7 @@ def test_a_hung_rank_alone_on_its_host_is_ended():
         cmd = c.mpiexec_command([sys.executable, WORKER], SLOTS, [("coll", "^han,cuda"), *DETECTOR])
         launcher = [sys.executable, "-m", "fluxmpi_py.run", "--elastic", "--mpiexec", cmd[0]]
         cmd = [*launcher, "--address", f"{virtual_hosts.SUBNET}.1", *cmd[1:]]
-        proc = c.start_on_head(cmd, mpi_env({"FLUXMPI_TIMEOUT": str(TIMEOUT)}))
-        try:
-            out, _ = proc.communicate(timeout=END_WITHIN)
-        except subprocess.TimeoutExpired:
-            # everything on the hosts first: their daemons hold the output pipe open
-            c.close()
-            out, _ = proc.communicate()
-            pytest.fail(f"the launch did not end within {END_WITHIN}s:\n{out[-4000:]}")
-        print(out[-4000:])
-        m = re.search(r"rank 3 pid (\d+) stops at", out)
-        assert m, out[-4000:]
-        stopped = int(m.group(1))
+        proc, out, stopped = _launch_to_end(c, cmd)
         # the survivors went on with the right sums, and the job's status is theirs
         for r in range(3):
             assert f"rank {r} of 3: sums [4, 4, 4, 3, 3, 3, 3, 3]" in out, out[-4000:]
@@ -93,21 +99,12 @@ def test_plain_mpiexec_ends_a_rank_hung_alone_on_its_host():
         ft += [("coll", "^han,cuda"), *DETECTOR]
         cmd = c.mpiexec_command([sys.executable, WORKER], SLOTS, ft)
         cmd = [cmd[0], "--with-ft", "ulfm", *cmd[1:]]
-        proc = c.start_on_head(cmd, mpi_env({"FLUXMPI_TIMEOUT": str(TIMEOUT)}))
-        try:
-            out, _ = proc.communicate(timeout=END_WITHIN)
-        except subprocess.TimeoutExpired:
-            c.close()
-            out, _ = proc.communicate()
-            pytest.fail(f"mpiexec did not end within {END_WITHIN}s:\n{out[-4000:]}")
-        print(out[-4000:])
-        m = re.search(r"rank 3 pid (\d+) stops at", out)
-        assert m, out[-4000:]
+        _, out, stopped = _launch_to_end(c, cmd)
         for r in range(3):
             assert f"rank {r} of 3: sums [4, 4, 4, 3, 3, 3, 3, 3]" in out, out[-4000:]
-        said = f"[rank 0 / 4] fluxmpi_py: asked mpiexec to end excluded rank 3 (pid {m.group(1)} on"
+        said = f"[rank 0 / 4] fluxmpi_py: asked mpiexec to end excluded rank 3 (pid {stopped} on"
         assert said in out, out[-4000:]
-        assert not _alive(int(m.group(1))), out[-4000:]
+        assert not _alive(stopped), out[-4000:]
         left = {h: c.pids(h) for h in c.hosts}
         assert not any(left.values()), f"left running: {left}\n{out[-4000:]}"
 

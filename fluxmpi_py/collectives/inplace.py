@@ -21,6 +21,7 @@ from .._core import REDUCE_OPS, ROOT_LIMIT, C, parse_root
 from ..runtime.agreement import debug_box
 from ..runtime.entry import local_call, mark, pass_on
 from ..runtime.groups import group_dispatch
+from ..runtime.pending_steps import PENDING
 
 __all__ = [
     "allreduce_",
@@ -70,8 +71,10 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
 # the detail debug mode, go straight to the compiled call (one Python frame: about 0.15 µs
 # instead of 0.5-0.8 through group_dispatch's generic wrapper, docs/measurements.md). What
 # they do on an error is group_dispatch's common case itself: `pass_on` with the agreements'
-# count read before the call. Every other call takes the general form, through group_dispatch.
+# count read before the call. Every other call takes the general form, through group_dispatch,
+# and so does every call while this rank has a backward pass open (runtime/pending_steps.py).
 _agreements = C.thread_agreements
+_pending = PENDING
 _Tensor = torch.Tensor
 _allreduce_c, _bcast_c, _reduce_c = C.allreduce_, C.bcast_, C.reduce_
 
@@ -126,6 +129,7 @@ def allreduce_(
         and type(op) is str
         and isinstance(tensor, _Tensor)
         and debug_box[0] != "detail"
+        and not _pending
     ):
         start = _agreements()
         try:
@@ -155,6 +159,7 @@ def bcast_(
         and type(root_rank) is int
         and -ROOT_LIMIT <= root_rank < ROOT_LIMIT
         and debug_box[0] != "detail"
+        and not _pending
     ):
         start = _agreements()
         try:
@@ -189,6 +194,7 @@ def reduce_(
         and type(root_rank) is int
         and -ROOT_LIMIT <= root_rank < ROOT_LIMIT
         and debug_box[0] != "detail"
+        and not _pending
     ):
         start = _agreements()
         try:

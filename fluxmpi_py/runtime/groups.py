@@ -16,6 +16,7 @@ from typing import Callable, TypeVar
 from .._core import C
 from .agreement import debug_box, named_call
 from .entry import entry_point, local_call, mark, outside_the_call, pass_on
+from .pending_steps import PENDING, settle_pending
 
 _F = TypeVar("_F", bound=Callable)
 
@@ -181,6 +182,8 @@ def group_dispatch(call: str) -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def dispatch(*args, group=None, name=None, **kwargs):
+            if PENDING:  # a step this rank left half-done goes first (pending_steps.py)
+                settle_pending()
             start = C.thread_agreements()
             if group is None and name is None and debug_box[0] != "detail":
                 try:  # the common call: nothing to set up (no context)

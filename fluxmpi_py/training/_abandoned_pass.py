@@ -7,7 +7,8 @@ How it is seen: the first gradient hook of a pass queues the pass's end (:class:
 callback autograd runs when backward returns) and keeps a weak reference to it. Autograd drops
 the callback unrun when the pass raises, so at the rank's next call into the optimizer
 (``zero_grad()``, ``step()``, ``synchronize()``, or the first gradient hook of its next
-backward pass) a pass whose callback is gone and never ran was abandoned. (A backward nested in
+backward pass) or into a collective (runtime/pending_steps.py) a pass whose callback is gone
+and never ran was abandoned. (A backward nested in
 another, as reentrant checkpointing runs, sees the outer pass's callback alive.) Outside any
 backward, a pass whose callback has not run is abandoned too: autograd's device threads may
 hold the failed pass (and its callback) a moment after ``backward()`` raised.
@@ -20,8 +21,8 @@ with the error, so that the others' ``step()`` raises it naming this rank:
 - at ``step()`` or ``synchronize()``, which raise it here too;
 - at ``zero_grad()`` (the step is dropped), which warns with it instead: this rank has had
   backward's exception already, and a loop that caught it and goes on stays in step;
-- at the next backward's first hook, when the pass was the step's last (its gradients were
-  being reduced; the hook warns). After an earlier pass, or one inside ``no_sync()``, the
+- at the next backward's first hook, or a collective's entry, when the pass was the step's
+  last (its gradients were being reduced; it warns). After an earlier pass, or one inside ``no_sync()``, the
   next pass goes on with the step (nothing of it has moved): the error is noted, and the
   step's reduction raises it on every rank at ``step()``.
 
@@ -39,6 +40,7 @@ import torch
 from ..runtime.agreement import raised_on_every_rank
 from ..runtime.entry import local_call
 from ..runtime.groups import on_group
+from ..runtime.pending_steps import mark_open
 
 #: What every rank is told (after "DistributedOptimizer.step(): rank R: ").
 ABANDONED = (
@@ -73,11 +75,27 @@ class AbandonedPasses:
     _reduce: Callable[..., None]
     _last_pass: Callable[[], bool]
     _end_of_backward: Callable[[], None]
-    #: the open pass's end (None: no pass open); dead and unrun: the pass raised
-    _pass_end: weakref.ReferenceType | None = None
+    _pass_end_ref: weakref.ReferenceType | None = None
     _pass_last: bool = False  # the open pass is its step's last: it reduces
     #: a pass of this step raised before the step's reduction began: raised by that reduction
     _broken: Exception | None = None
+
+    @property
+    def _pass_end(self) -> weakref.ReferenceType | None:
+        """The open pass's end (None: no pass open); dead and unrun: the pass raised. While
+        one is open, this rank's collectives first settle it (runtime/pending_steps.py)."""
+        return self._pass_end_ref
+
+    @_pass_end.setter
+    def _pass_end(self, end: weakref.ReferenceType | None) -> None:
+        self._pass_end_ref = end
+        mark_open(self, end is not None)
+
+    def _settle_before_collective(self) -> None:
+        """Before a collective of this rank's own: a pass that raised is settled as at the next
+        backward's first hook (the step completed if that pass was its last, with a warning;
+        else its error noted for the step's reduction)."""
+        _warn(self._settle_abandoned(complete=self._pass_last), stacklevel=5)
 
     def _open_pass(self, param: torch.Tensor) -> None:
         """The first gradient hook of a backward pass (``param``'s): settle the pass before

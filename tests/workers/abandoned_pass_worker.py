@@ -8,7 +8,8 @@ with either of its sums, and Horovod's face) times every way to run a step's pas
 ``backward_passes_per_step=2``; two passes with the first inside ``no_sync()``) times the pass
 that raises on the last rank (the first, the last) times what that rank does next (``drop``:
 ``zero_grad()`` and the next step; ``go on``: the step's other passes and ``step()``;
-``next``: the next step's backward without ``zero_grad()``, after a last pass only). Every
+``next``: the next step's backward without ``zero_grad()``, after a last pass only;
+``collective``: an allreduce of its own first, after a last pass only). Every
 rank other than the last must raise in ``step()``, naming the last rank; the last rank
 raises backward's error, then ``step()``'s or warns with it; no rank applies the step; the
 next step runs on every rank and leaves every rank the same weights. A pass that raises
@@ -151,6 +152,11 @@ def failed_step(opt, m, passes, fail_at, then):
                 return "boom; zero_grad: " + "; ".join(str(w.message) for w in seen)
             if then == "next":
                 return "boom"
+            if then == "collective":  # a collective of its own first: the step goes first
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    in_step()
+                return "boom; collective: " + "; ".join(str(w.message) for w in seen)
             for k2 in range(k + 1, n):  # go on: the step's other passes, then step()
                 run_pass(opt, m, 0, k2, passes, False)
             return f"boom; step(): {step_text(opt.step)}"
@@ -175,8 +181,8 @@ def one(optimizer, passes, fail_at, then):
     m, opt = make(optimizer, passes)
     before = weights(m)
     seen = failed_step(opt, m, passes, fail_at, then)
-    if then != "next":  # else the last rank's next call completes the step: no other first
-        in_step()
+    if then != "next" and (then != "collective" or RANK != LAST):
+        in_step()  # ("next": the last rank's next call completes the step: no other first)
     if not same(weights(m), before):
         return f"{where}: rank {RANK} applied the step: {seen}"
     if RANK == LAST:
@@ -204,8 +210,8 @@ def cases():
             continue  # the exact sums take no no_sync()
         n = PASSES[passes][1]
         for fail_at in sorted({0, n - 1}):
-            for then in ("drop", "go on", "next"):
-                if then != "next" or fail_at == n - 1:
+            for then in ("drop", "go on", "next", "collective"):
+                if then not in ("next", "collective") or fail_at == n - 1:
                     yield optimizer, passes, fail_at, then
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, NoReturn, TypeVar, cast
 from .._core import C
 from .agreement import PORTABLE_ERRORS, mark_raised_on_every_rank, raised_on_every_rank
 from .binding_errors import clear_binding_error
+from .pending_steps import PENDING, settle_pending
 
 _F = TypeVar("_F", bound=Callable)
 
@@ -300,6 +301,8 @@ def entry_point(
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def entry(*args, **kwargs):
+            if PENDING and (local_if is None or not local_if(_arguments(fn, args, kwargs))):
+                settle_pending()  # a step this rank left half-done goes first (pending_steps.py)
             start = C.thread_agreements()
             entered = C.enter_user_call(call) if named else False
             try:

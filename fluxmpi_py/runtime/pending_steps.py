@@ -3,7 +3,8 @@ that raised on this rank after some of its gradient hooks ran (training/_abandon
 The other ranks wait in that step's reduction; were this rank's next call a collective of its
 own (an allreduce of the loss, a SyncBatchNorm forward), it would meet theirs and neither would
 end. So every collective's entry (``group_dispatch``, and the hot calls, which step aside to it
-while anything is pending) first completes the pending steps, with the others, and goes on.
+while anything is pending; ``entry_point``, unless its arguments make the call local) first completes the
+pending steps, with the others, and goes on.
 
 ``PENDING`` is empty unless a backward pass is open: one truth test a call.
 """

@@ -9,7 +9,8 @@ with either of its sums, and Horovod's face) times every way to run a step's pas
 that raises on the last rank (the first, the last) times what that rank does next (``drop``:
 ``zero_grad()`` and the next step; ``go on``: the step's other passes and ``step()``;
 ``next``: the next step's backward without ``zero_grad()``, after a last pass only;
-``collective``: an allreduce of its own first, after a last pass only). Every
+``collective``: a collective of its own first, after a last pass only: ``fm.allreduce_``,
+``hvd.allreduce`` with Horovod's face, a SyncBatchNorm's forward with a bucket a parameter). Every
 rank other than the last must raise in ``step()``, naming the last rank; the last rank
 raises backward's error, then ``step()``'s or warns with it; no rank applies the step; the
 next step runs on every rank and leaves every rank the same weights. A pass that raises
@@ -131,13 +132,25 @@ def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def in_step():
+def in_step(face="fm"):
+    """A collective on every rank: fm.allreduce_ (the hot call), hvd.allreduce with
+    ``face="hvd"``, or with ``face="sbn"`` a SyncBatchNorm's forward (a public call through
+    entry_point that calls the compiled core itself)."""
     x = torch.ones(2)
-    fm.allreduce_(x)
+    if face == "sbn":
+        bn = fm.SyncBatchNorm(2)
+        y = bn(torch.full((3, 2), float(RANK)))
+        mean = sum(range(W)) / W
+        assert torch.allclose(bn.running_mean, torch.full((2,), 0.1 * mean)), bn.running_mean
+        return y
+    if face == "hvd":
+        x = hvd.allreduce(x, op=hvd.Sum)
+    else:
+        fm.allreduce_(x)
     assert torch.equal(x, torch.full((2,), float(W))), x
 
 
-def failed_step(opt, m, passes, fail_at, then):
+def failed_step(opt, m, passes, fail_at, then, face="fm"):
     """Step 0, whose pass ``fail_at`` raises on the last rank; returns what this rank saw."""
     n = PASSES[passes][1]
     opt.zero_grad()
@@ -155,7 +168,7 @@ def failed_step(opt, m, passes, fail_at, then):
             if then == "collective":  # a collective of its own first: the step goes first
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
-                    in_step()
+                    in_step(face)
                 return "boom; collective: " + "; ".join(str(w.message) for w in seen)
             for k2 in range(k + 1, n):  # go on: the step's other passes, then step()
                 run_pass(opt, m, 0, k2, passes, False)
@@ -180,9 +193,10 @@ def one(optimizer, passes, fail_at, then):
     where = f"{optimizer}, {passes}: pass {fail_at} raises on rank {LAST}, then {then}"
     m, opt = make(optimizer, passes)
     before = weights(m)
-    seen = failed_step(opt, m, passes, fail_at, then)
+    face = {"hvd": "hvd", "fm-bucket-a-parameter": "sbn"}.get(optimizer, "fm")
+    seen = failed_step(opt, m, passes, fail_at, then, face)
     if then != "next" and (then != "collective" or RANK != LAST):
-        in_step()  # ("next": the last rank's next call completes the step: no other first)
+        in_step(face)  # ("next": the last rank's next call completes the step: no other first)
     if not same(weights(m), before):
         return f"{where}: rank {RANK} applied the step: {seen}"
     if RANK == LAST:

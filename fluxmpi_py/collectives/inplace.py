@@ -74,7 +74,6 @@ def _call(fn, tensor, *args, root_rank=_NO_ROOT):
 # count read before the call. Every other call takes the general form, through group_dispatch,
 # and so does every call while this rank has a backward pass open (runtime/pending_steps.py).
 _agreements = C.thread_agreements
-_pending = PENDING
 _Tensor = torch.Tensor
 _allreduce_c, _bcast_c, _reduce_c = C.allreduce_, C.bcast_, C.reduce_
 
@@ -129,7 +128,7 @@ def allreduce_(
         and type(op) is str
         and isinstance(tensor, _Tensor)
         and debug_box[0] != "detail"
-        and not _pending
+        and not PENDING
     ):
         start = _agreements()
         try:
@@ -159,7 +158,7 @@ def bcast_(
         and type(root_rank) is int
         and -ROOT_LIMIT <= root_rank < ROOT_LIMIT
         and debug_box[0] != "detail"
-        and not _pending
+        and not PENDING
     ):
         start = _agreements()
         try:
@@ -194,7 +193,7 @@ def reduce_(
         and type(root_rank) is int
         and -ROOT_LIMIT <= root_rank < ROOT_LIMIT
         and debug_box[0] != "detail"
-        and not _pending
+        and not PENDING
     ):
         start = _agreements()
         try:

@@ -33,7 +33,16 @@ step "venv $VENV"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY=$VENV/bin/python
 if ! "$PY" -c "import torch, nvidia.nccl, mpi4py, numpy, pytest, ninja" 2>/dev/null; then
-  "$PY" -m pip install -q "$TORCH_SPEC" "$NCCL_SPEC" numpy mpi4py pytest ninja
+  # torch's CUDA build and NCCL take about 5.5 GiB installed, and pip unpacks them in TMPDIR
+  # first: say so before pip fails halfway with "No space left on device".
+  NEED_KIB=$((8 * 1024 * 1024))
+  for d in "$VENV" "${TMPDIR:-/tmp}"; do
+    have=$(df -Pk "$d" | awk 'NR == 2 { print $4 }')
+    [ "$have" -ge "$NEED_KIB" ] || fail "$d has $((have / 1024)) MiB free; installing $TORCH_SPEC \
+and $NCCL_SPEC needs about $((NEED_KIB / 1024)) MiB there (free space, or point FLUXMPI_CUDA_VENV / \
+TMPDIR elsewhere)"
+  done
+  "$PY" -m pip install -q --no-cache-dir "$TORCH_SPEC" "$NCCL_SPEC" numpy mpi4py pytest ninja
 fi
 "$PY" -c "import torch; assert torch.version.cuda, 'torch ' + torch.__version__ + ' has no CUDA'" \
   || fail "the venv's torch is a CPU build; set FLUXMPI_CUDA_TORCH to a CUDA build"

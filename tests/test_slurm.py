@@ -134,7 +134,8 @@ def test_sbatch_usr1_stops_requeues_and_resumes_bit_identical(cluster, tmp_path,
     deadline = time.monotonic() + 150
     while progress(tmp_path) < 8:
         assert time.monotonic() < deadline, cluster.logs()
-        assert cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), cluster.logs()
+        # None: slurmctld did not answer this poll (a loaded machine), which says nothing
+        assert cluster.job_state(job) in (None, "PENDING", "RUNNING", "CONFIGURING"), cluster.logs()
         time.sleep(0.3)
     # The time limit's warning, as #SBATCH --signal=USR1@60 sends it: to the job's steps
     cluster.run(["scancel", "--signal=USR1", job], timeout=30)

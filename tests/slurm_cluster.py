@@ -336,8 +336,10 @@ class SlurmCluster:
         return proc
 
     def job_state(self, job_id):
-        """The job's state as slurmctld knows it now (PENDING, RUNNING, COMPLETED ...), or ""
-        once it has forgotten the job."""
+        """The job's state as slurmctld knows it now (PENDING, RUNNING, COMPLETED ...), ""
+        once it has forgotten the job, or None when slurmctld did not answer (on a loaded
+        machine squeue and scontrol can time out: a poll takes that as not known yet, not as
+        a state)."""
         out = self.run(
             ["squeue", "-h", "-j", str(job_id), "-o", "%T"], timeout=STEP_TIMEOUT, check=False
         )
@@ -347,6 +349,8 @@ class SlurmCluster:
         for word in out.stdout.split():
             if word.startswith("JobState="):
                 return word.split("=", 1)[1]
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return None
         return ""
 
     def wait_job(self, job_id, states, timeout):

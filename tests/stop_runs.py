@@ -2,6 +2,7 @@
 prints, and those of a run that was never stopped (the reference every resumed run must equal,
 bit for bit)."""
 
+import os
 import re
 
 from mpi_util import run_mpi, worker_path
@@ -9,6 +10,18 @@ from mpi_util import run_mpi, worker_path
 TRAIN = worker_path("stop_train.py")
 STEPS = 40
 TIMEOUT = 240
+
+
+def progress(directory):
+    """The steps rank 0 has written to DIR/progress so far (0 before the first). Read once: the
+    worker rewrites it after every step (open "w" empties it, the number lands at close), so a
+    second read may find it empty where the first found a number."""
+    try:
+        with open(os.path.join(directory, "progress")) as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return 0
+    return int(text) if text.isdigit() else 0
 
 
 def digests(out):

@@ -20,6 +20,7 @@ from mpi_util import worker_params  # noqa: E402
 
 import fluxmpi_py as fm  # noqa: E402
 from fluxmpi_py._core import C  # noqa: E402
+from fluxmpi_py._util import rng  # noqa: E402
 from fluxmpi_py._util.shared_view import SharedInts  # noqa: E402
 from fluxmpi_py.data._global_batch import GlobalBatches  # noqa: E402
 
@@ -394,6 +395,58 @@ def test_container_resume_equals_uninterrupted(mode):
     d = make()
     d.load_state_dict(state)
     assert head + [int(v) for b in torch.utils.data.DataLoader(d, batch_size=2) for v in b] == want
+
+
+def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
+    """tests/workers/stop_train.py's loop in one process: a DataLoader without ``generator=``
+    over ``data`` from step ``start``, each step's first draw from torch's global generator
+    (dropout's) kept; ``evaluate``: an evaluation DataLoader (no generator= either) iterated
+    after every epoch. A stop after step ``stop_at`` returns (draws, the data position, the
+    generator states), what a checkpoint keeps; else (draws, None, None)."""
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    draws, step, epoch = [], start, data.epoch
+    while step < steps:
+        data.set_epoch(epoch)  # the same epoch keeps a loaded position
+        consumed = 0
+        for batch in loader:
+            draws.append(torch.rand(1).item())
+            step, consumed = step + 1, consumed + len(batch)
+            if step == stop_at:
+                return draws, data.state_dict(consumed=consumed), rng.capture()
+            if step == steps:
+                break
+        if evaluate:
+            for _ in torch.utils.data.DataLoader(list(range(4)), batch_size=2):
+                pass
+        epoch += 1
+    return draws, None, None
+
+
+@pytest.mark.parametrize("evaluate", [False, True], ids=["train", "evaluate"])
+@pytest.mark.parametrize("stop_at", [3, 4, 8], ids=["mid-epoch", "epoch-end", "second-end"])
+def test_resume_draws_as_uninterrupted(stop_at, evaluate):
+    """A run stopped after step ``stop_at`` and resumed (the container's position, the
+    generators restored as load_checkpoint(rng=True) does) draws what a run never stopped
+    draws. The resumed loop iterates the rest of the stopped epoch with a new DataLoader, one
+    base-seed draw more: mid-epoch the first fetch puts it back; at an epoch's end (4 steps an
+    epoch: a stop after its last step, which an agreed stop lands on now and then) the rest is
+    empty and nothing is fetched: the draw was kept, and every later dropout mask differed."""
+
+    def make():
+        return fm.DistributedDataContainer(
+            list(range(16)), shuffle=True, seed=2, rank=0, world_size=1
+        )
+
+    torch.manual_seed(0)
+    want, _, _ = _dropout_loop(make(), 0, 12, evaluate=evaluate)
+    torch.manual_seed(0)
+    head, state, saved = _dropout_loop(make(), 0, 12, stop_at, evaluate)
+    torch.manual_seed(99)  # a new process's generator, until the checkpoint's is restored
+    resumed = make()
+    resumed.load_state_dict(state)
+    rng.restore(saved)
+    tail, _, _ = _dropout_loop(resumed, stop_at, 12, evaluate=evaluate)
+    assert head + tail == want
 
 
 # --- pickling and DataLoader workers ------------------------------------------------------------

@@ -25,7 +25,7 @@ from mpi_util import (  # noqa: E402
     run_mpi,
     worker_params,
 )
-from stop_runs import STEPS, TIMEOUT, TRAIN, digests  # noqa: E402
+from stop_runs import STEPS, TIMEOUT, TRAIN, digests, progress  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +34,27 @@ def uninterrupted(tmp_path_factory):
     return stop_runs.uninterrupted(tmp_path_factory.mktemp("full"))
 
 
-def test_signal_to_one_rank_stops_every_rank_and_resumes_exactly(tmp_path, uninterrupted):
-    rc, out = run_mpi(TRAIN, 2, tmp_path, STEPS, "--signal-at", 9, timeout=TIMEOUT, expect_ok=False)
+# Stopped mid-epoch (16 steps an epoch), and after an epoch's last step: the resumed loop
+# iterates that epoch's empty rest, whose DataLoader draws a base seed a run never stopped does
+# not (tests/test_data.py::test_resume_draws_as_uninterrupted); where a signal from outside
+# lands is the machine's load's choice, and a stop after step 16 once failed test_slurm's.
+@pytest.mark.parametrize("signal_at", [9, 15], ids=["mid-epoch", "epoch-end"])
+def test_signal_to_one_rank_stops_every_rank_and_resumes_exactly(
+    tmp_path, uninterrupted, signal_at
+):
+    rc, out = run_mpi(
+        TRAIN, 2, tmp_path, STEPS, "--signal-at", signal_at, timeout=TIMEOUT, expect_ok=False
+    )
     assert rc == 75, out[-3000:]  # fm.REQUEUE_STATUS
-    # the last rank alone got SIGUSR1 after step 9; step 10's agreement told rank 0
+    # the last rank alone got SIGUSR1 after step signal_at; the next step's agreement told rank 0
+    step = signal_at + 1
     assert sorted(re.findall(r"rank (\d): stopped after step (\d+)", out)) == [
-        ("0", "10"),
-        ("1", "10"),
+        ("0", str(step)),
+        ("1", str(step)),
     ], out[-3000:]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-0010.pt", "progress"]
+    assert sorted(os.listdir(tmp_path)) == [f"ckpt-{step:04d}.pt", "progress"]
     _, out = run_mpi(TRAIN, 2, tmp_path, STEPS, timeout=TIMEOUT)
-    assert out.count("resumed from ckpt-0010.pt at step 10") == 2, out[-3000:]
+    assert out.count(f"resumed from ckpt-{step:04d}.pt at step {step}") == 2, out[-3000:]
     assert digests(out) == uninterrupted, out[-3000:]
 
 
@@ -58,10 +68,8 @@ def test_usr1_to_the_launcher_stops_and_is_not_relaunched(tmp_path, uninterrupte
         start_new_session=True,
     )  # fmt: skip
     try:
-        progress = tmp_path / "progress"
         deadline = time.monotonic() + 120
-        while not (progress.exists() and progress.read_text().isdigit()
-                   and int(progress.read_text()) >= 5):  # fmt: skip
+        while progress(tmp_path) < 5:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGUSR1)

@@ -58,6 +58,30 @@ def take_resume_point() -> None:
         torch.set_rng_state(point)
 
 
+def undo_one_draw() -> bool:
+    """Where torch's CPU generator stands exactly one DataLoader base-seed draw (one int64)
+    past the state the last ``restore()`` set, put it back there, once, and return True; else
+    change nothing and return False. For a container loaded at the end of an epoch: the
+    resumed loop iterates that epoch's empty rest, and its DataLoader draws a base seed that
+    a run never stopped did not draw (nothing is fetched, so take_resume_point is not reached).
+
+    >>> s = capture(); restore(s); _ = torch.empty((), dtype=torch.int64).random_()
+    >>> undo_one_draw(), torch.equal(torch.get_rng_state(), s["torch"]), undo_one_draw()
+    (True, True, False)
+    """
+    point = _resume_point[0]
+    if point is None:
+        return False
+    g = torch.Generator()
+    g.set_state(point)
+    torch.empty((), dtype=torch.int64).random_(generator=g)
+    if not torch.equal(g.get_state(), torch.get_rng_state()):
+        return False
+    _resume_point[0] = None
+    torch.set_rng_state(point)
+    return True
+
+
 def drew_resume_point(seed: int) -> bool:
     """Whether ``seed`` is the first int64 that torch's CPU generator gives from the state the
     last ``restore()`` set: in a DataLoader worker, ``get_worker_info().seed - id`` is the

@@ -178,6 +178,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         self._view = SharedInts((0, seed, 0))
         self._yielded = 0  # items the container's own iterator delivered after start
         self._resumed = False  # loaded mid-epoch, not fetched from since (load_state_dict)
+        self._at_epoch_end = False  # loaded at an epoch's end, its empty rest not seen since
         self.data = data
 
     def __copy__(self) -> DistributedDataContainer:
@@ -191,6 +192,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
 
     def __len__(self) -> int:
+        if self._at_epoch_end:
+            self._after_empty_rest(done=False)
         return self._full - self._view.read()[2]
 
     def _position(self, i: Any, start: int) -> int:
@@ -230,6 +233,21 @@ class DistributedDataContainer(torch.utils.data.Dataset):
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def _after_empty_rest(self, done: bool) -> None:
+        """Loaded at the end of an epoch (a stop after its last step): the resumed loop
+        iterates the epoch's empty rest with a new DataLoader, whose base seed, drawn from
+        torch's generator, a run never stopped does not draw; with nothing to fetch, the
+        mid-epoch undo (_first_fetch_after_resume) is not reached. A batched DataLoader's
+        sampler asks the length right after that draw; ``set_epoch`` to the next epoch comes
+        after it in any case (``done``). At either, in this process, where the generator
+        stands exactly that one draw past the restored state, it is put back (_util/rng.py);
+        a loop that skipped the empty rest, or a loader with a generator of its own, drew
+        nothing, and nothing changes."""
+        if torch.utils.data.get_worker_info() is not None:
+            return
+        if _rng.undo_one_draw() or done:
+            self._at_epoch_end = False
 
     def __getitem__(self, i: int):
         if self._resumed:
@@ -352,6 +370,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         epoch = _check_epoch(epoch, "DistributedDataContainer.set_epoch")
         current, seed, start = self._view.read()
         if epoch != current:
+            if self._at_epoch_end:
+                self._after_empty_rest(done=True)
             start = 0
             self._yielded = 0
             self._resumed = False
@@ -409,6 +429,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         self._yielded = 0
         # mid-epoch: the loop resumes with a new DataLoader iterator (_first_fetch_after_resume)
         self._resumed = 0 < s["position"] < self._full
+        self._at_epoch_end = 0 < s["position"] == self._full  # _after_empty_rest
 
     def __repr__(self) -> str:
         return (

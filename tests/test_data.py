@@ -399,11 +399,15 @@ def test_container_resume_equals_uninterrupted(mode):
 
 def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
     """tests/workers/stop_train.py's loop in one process: a DataLoader without ``generator=``
-    over ``data`` from step ``start``, each step's first draw from torch's global generator
-    (dropout's) kept; ``evaluate``: an evaluation DataLoader (no generator= either) iterated
-    after every epoch. A stop after step ``stop_at`` returns (draws, the data position, the
-    generator states), what a checkpoint keeps; else (draws, None, None)."""
-    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    over ``data`` (a container, or a sampler over 16 items) from step ``start``, each step's
+    first draw from torch's global generator (dropout's) kept; ``evaluate``: an evaluation
+    DataLoader (no generator= either) iterated after every epoch. A stop after step
+    ``stop_at`` returns (draws, the data position, the generator states), what a checkpoint
+    keeps; else (draws, None, None)."""
+    if isinstance(data, fm.DistributedSampler):
+        loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, sampler=data)
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=4)
     draws, step, epoch = [], start, data.epoch
     while step < steps:
         data.set_epoch(epoch)  # the same epoch keeps a loaded position
@@ -422,17 +426,21 @@ def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
     return draws, None, None
 
 
+@pytest.mark.parametrize("kind", ["container", "sampler"])
 @pytest.mark.parametrize("evaluate", [False, True], ids=["train", "evaluate"])
 @pytest.mark.parametrize("stop_at", [3, 4, 8], ids=["mid-epoch", "epoch-end", "second-end"])
-def test_resume_draws_as_uninterrupted(stop_at, evaluate):
-    """A run stopped after step ``stop_at`` and resumed (the container's position, the
-    generators restored as load_checkpoint(rng=True) does) draws what a run never stopped
-    draws. The resumed loop iterates the rest of the stopped epoch with a new DataLoader, one
-    base-seed draw more: mid-epoch the first fetch puts it back; at an epoch's end (4 steps an
-    epoch: a stop after its last step, which an agreed stop lands on now and then) the rest is
-    empty and nothing is fetched: the draw was kept, and every later dropout mask differed."""
+def test_resume_draws_as_uninterrupted(stop_at, evaluate, kind):
+    """A run stopped after step ``stop_at`` and resumed (the container's or sampler's
+    position, the generators restored as load_checkpoint(rng=True) does) draws what a run never
+    stopped draws. The resumed loop iterates the rest of the stopped epoch with a new
+    DataLoader, one base-seed draw more: mid-epoch the first fetch (the sampler: its first
+    iterator) puts it back; at an epoch's end (4 steps an epoch: a stop after its last step,
+    which an agreed stop lands on now and then) the rest is empty and nothing is fetched: the
+    draw was kept, and every later dropout mask differed."""
 
     def make():
+        if kind == "sampler":
+            return fm.DistributedSampler(16, shuffle=True, seed=2, rank=0, num_replicas=1)
         return fm.DistributedDataContainer(
             list(range(16)), shuffle=True, seed=2, rank=0, world_size=1
         )

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .._core import C
+from .._util import rng as _rng
 from ..runtime.entry import entry_point, local_call
 from ._args import (
     _agree_across_ranks,
@@ -132,6 +133,7 @@ class DistributedSampler(torch.utils.data.Sampler):
                 self._n if self._mode == "even" else self.num_samples * self.num_replicas
             )
         self._resume = 0  # start of the next iterator (load_state_dict), then 0
+        self._loaded = False  # load_state_dict, its next iterator not made yet (__iter__)
         self._first = 0  # start of the latest iterator
         self._last: C.ShardIterator | GlobalBatchIterator | int | None = (
             None  # the latest iterator (read .position), or its position once pickled
@@ -153,6 +155,14 @@ class DistributedSampler(torch.utils.data.Sampler):
         return self.num_samples - self._resume
 
     def __iter__(self) -> Iterator[int]:
+        if self._loaded:
+            # The first iterator after load_state_dict: a DataLoader without generator= drew
+            # its base seed from torch's generator just before (a batched one asks the
+            # sampler's iterator at its first batch), one draw that a run never stopped did not
+            # make; put back where the generator stands exactly that draw past what
+            # load_checkpoint(rng=True) restored, so dropout draws the same (_util/rng.py).
+            self._loaded = False
+            _rng.undo_one_draw()
         spec = self._spec()
         self._first, self._resume = self._resume, 0
         if self.batches is not None:
@@ -246,7 +256,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         """
         s = _check_state(state, "DistributedSampler", self._n, self.num_replicas, self.num_samples)
         self.epoch, self.seed, self._resume = s["epoch"], s["seed"], s["position"]
-        self._first, self._last = 0, None
+        self._first, self._last, self._loaded = 0, None, True
 
     @property
     def micro_batches_per_rank(self) -> int:

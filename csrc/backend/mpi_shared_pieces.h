@@ -1,9 +1,10 @@
 // The allreduce of a list's pieces in place through shared memory, for communicators whose
 // ranks all run on one host: each rank writes its parts of the others' chunks straight into
 // their windows (each rank's part of a shared-memory segment, backend/shm_segment.h), reduces
-// its own chunk in its pieces, and copies the finished chunks out of their owners' windows. One copy in, one copy out and the
-// reduction per element, as a flat allreduce; MPI's point-to-point path over datatypes
-// that describe the pieces costs two copies each way here (shared memory, Open MPI 4.1).
+// its own chunk in its pieces, and copies the finished chunks out of their owners' windows.
+// One copy in, one copy out and the reduction per element, as a flat allreduce; MPI's
+// point-to-point path over datatypes that describe the pieces costs two copies each way here
+// (shared memory, Open MPI 4.1).
 #pragma once
 
 #include <mpi.h>

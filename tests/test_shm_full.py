@@ -82,7 +82,8 @@ def test_a_small_dev_shm_keeps_the_deterministic_bits():
     for size in ("3m", "64m"):
         out = run_in_dev_shm(size, worker_path("deterministic_shm_worker.py"))
         lines[size] = dict(re.findall(r"^rank (\d) (digest \S+) owner .*$", out, re.M))
-        assert re.findall(r"^rank \d digest \S+ (owner \d+ scatter \d+ ring \d+)$", out, re.M) == [
-            "owner 0 scatter 0 ring 1" if size == "3m" else "owner 16 scatter 1 ring 1"
-        ] * 2, out[-4000:]
+        assert (
+            re.findall(r"^rank \d digest \S+ (owner \d+ scatter \d+ ring \d+)$", out, re.M)
+            == ["owner 0 scatter 0 ring 1" if size == "3m" else "owner 16 scatter 1 ring 1"] * 2
+        ), out[-4000:]
     assert lines["3m"] == lines["64m"] and len(lines["3m"]) == 2, lines

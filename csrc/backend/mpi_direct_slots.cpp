@@ -49,9 +49,8 @@ DirectSlots* direct_slots(MPI_Comm comm) {
 
 // The slots: a shared-memory segment of two slots a rank (backend/shm_segment.h).
 DirectSlots& make_direct_slots(MPI_Comm comm, bool one_host) {
-  return static_cast<DirectSlots&>(keep_shm_segment(comm, ShmUse::DirectSlots,
-                                                    std::make_unique<DirectSlots>(),
-                                                    2 * kDirectSlotBytes, one_host));
+  return static_cast<DirectSlots&>(keep_shm_segment(
+      comm, ShmUse::DirectSlots, std::make_unique<DirectSlots>(), 2 * kDirectSlotBytes, one_host));
 }
 
 }  // namespace fluxmpi

@@ -55,8 +55,7 @@ char* map_object(const char* name, std::int64_t bytes, bool create) {
   // 64 MiB) refuses here, and every rank goes without, instead of a SIGBUS at the first write
   // into a page the file system cannot give.
   if (!create || ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
-    p = ::mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-               0);
+    p = ::mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   ::close(fd);
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);

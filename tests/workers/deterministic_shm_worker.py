@@ -21,9 +21,7 @@ for passes in (1, 4):  # micro-batches a rank a step: the sharded path, then the
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(128, 64), torch.randint(0, 2, (128,)))
     s = fm.DistributedSampler(data, global_batch_size=4 * passes * world, micro_batch_size=4)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 2)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 2))
     opt = fm.DistributedOptimizer(
         torch.optim.AdamW(model.parameters()),
         module=model,

@@ -177,7 +177,7 @@ class MpiBackend final : public Backend {
       // Every rank saw the same passed call: they make the slots here together.
       const bool one_host = layout().nodes == 1;
       BlockingCall guard("direct slots", v.group);
-      make_direct_slots(v.comm, v.size, one_host);
+      make_direct_slots(v.comm, one_host);
     }
   }
   std::int64_t direct_slot_bytes() override {
@@ -217,8 +217,7 @@ class MpiBackend final : public Backend {
     const NodeLayout& hosts = layout();
     if (hosts.nodes == 1 && opts.list_shared_memory) {  // one host: one copy each way
       BlockingCall guard("allreduce", e.group, bytes);
-      shared_allreduce_pieces(pieces, count, dt, op, e.comm, e.rank, e.size);
-      return true;
+      if (shared_allreduce_pieces(pieces, count, dt, op, e.comm, e.rank, e.size)) return true;
     }
     if (!ring_allowed(hierarchical_options(), hosts)) return false;
     BlockingCall guard("allreduce", e.group, bytes);
@@ -331,7 +330,7 @@ class MpiBackend final : public Backend {
                         ring_options().list_shared_memory && layout().nodes == 1;
     BlockingCall guard("reduce_scatter", v.group,
                        total * static_cast<std::int64_t>(c10::elementSize(dt)));
-    if (shared) return shared_reduce_scatter(send, recv, counts, dt, op, v.comm, v.rank, v.size);
+    if (shared && shared_reduce_scatter(send, recv, counts, dt, op, v.comm, v.rank, v.size)) return;
     if (!large &&
         std::all_of(counts.begin(), counts.end(), [&](std::int64_t n) { return n == counts[0]; })) {
       // Equal parts (every rank sees the same counts): the block form, as fast or faster than
@@ -353,8 +352,7 @@ class MpiBackend final : public Backend {
     if (v.size < 2 || !ring_options().list_shared_memory || layout().nodes != 1) return false;
     const auto elem = static_cast<std::int64_t>(c10::elementSize(dt));
     BlockingCall guard("reduce_scatter", v.group, part_count * elem * v.size * sets);
-    shared_owner_parts(pieces, part_count * elem, elem, pass, v.comm, v.rank, v.size, sets);
-    return true;
+    return shared_owner_parts(pieces, part_count * elem, elem, pass, v.comm, v.rank, v.size, sets);
   }
 
   void barrier() override {

@@ -19,7 +19,8 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <vector>
+
+#include "backend/shm_segment.h"
 
 namespace fluxmpi {
 
@@ -27,9 +28,8 @@ namespace fluxmpi {
 // ones go as rendezvous messages (single copy). Each rank maps 2 of these per rank of the group.
 constexpr std::int64_t kDirectSlotBytes = std::int64_t(1) << 20;
 
-struct DirectSlots {
-  bool mapped = false;      // false: the ranks span hosts (or mapping failed), nothing is shared
-  std::vector<char*> base;  // each rank's two slots, mapped here
+// Each rank's part of the segment holds its two slots.
+struct DirectSlots : ShmSegment {
   std::int64_t writes = 0;  // this rank's slot writes so far: the next goes to writes % 2
   bool shared() const { return mapped; }
   char* slot(int rank, std::int64_t s) const { return base[rank] + s * kDirectSlotBytes; }
@@ -42,7 +42,7 @@ DirectSlots* direct_slots(MPI_Comm comm);
 // the same passed agreement). `one_host`: whether its ranks all run on one host, the same on
 // every rank; if not, the slots made share nothing and the payloads keep their messages.
 // Freed with the communicator.
-DirectSlots& make_direct_slots(MPI_Comm comm, int size, bool one_host);
+DirectSlots& make_direct_slots(MPI_Comm comm, bool one_host);
 
 // Copy `bytes` of `src` into a slot `dst` (16-byte aligned) and make them visible before what
 // follows: on x86-64 with streaming stores, which bypass this core's cache. Plain stores there

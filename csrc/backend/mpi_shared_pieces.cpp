@@ -7,6 +7,7 @@
 
 #include "backend/mpi_check.h"
 #include "backend/pieces.h"
+#include "backend/shm_segment.h"
 
 namespace fluxmpi {
 
@@ -16,49 +17,16 @@ std::atomic<std::int64_t> g_calls{0};
 std::atomic<std::int64_t> g_scatter_calls{0};
 std::atomic<std::int64_t> g_owner_calls{0};
 
-// A communicator's window and every rank's part of it, mapped here. Cached on the
-// communicator as an attribute, so that it is freed with it (MPI_Comm_free is collective, as
-// MPI_Win_free is) and a later communicator never finds a stale one.
-struct SharedWindow {
-  MPI_Win win = MPI_WIN_NULL;
-  std::vector<char*> base;
-};
-
-int free_window(MPI_Comm, int, void* attr, void*) {
-  std::unique_ptr<SharedWindow> w(static_cast<SharedWindow*>(attr));
-  MPI_Win_unlock_all(w->win);
-  return MPI_Win_free(&w->win);
-}
-
-int window_key() {
-  static const int key = [] {
-    int k = MPI_KEYVAL_INVALID;
-    mpi_check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_window, &k, nullptr),
-              "MPI_Comm_create_keyval (shared window)");
-    return k;
-  }();
-  return key;
-}
-
-SharedWindow& window_of(MPI_Comm comm, int size) {
-  void* attr = nullptr;
-  int found = 0;
-  mpi_check(MPI_Comm_get_attr(comm, window_key(), &attr, &found), "MPI_Comm_get_attr");
-  if (found) return *static_cast<SharedWindow*>(attr);
-  auto w = std::make_unique<SharedWindow>();
-  char* mine = nullptr;
-  mpi_check(MPI_Win_allocate_shared(kSharedWindowBytes, 1, MPI_INFO_NULL, comm, &mine, &w->win),
-            "MPI_Win_allocate_shared (grouped allreduce)");
-  mpi_check(MPI_Win_lock_all(MPI_MODE_NOCHECK, w->win), "MPI_Win_lock_all");
-  for (int r = 0; r < size; ++r) {
-    MPI_Aint bytes = 0;
-    int unit = 0;
-    char* at = nullptr;
-    mpi_check(MPI_Win_shared_query(w->win, r, &bytes, &unit, &at), "MPI_Win_shared_query");
-    w->base.push_back(at);
+// The communicator's shared memory (backend/shm_segment.h), made at its first call here (a
+// collective: every rank reaches it at the same call), or nullptr where nothing is shared (the
+// same on every rank): then the caller takes its messages.
+const ShmSegment* segment_of(MPI_Comm comm) {
+  const ShmSegment* s = find_shm_segment(comm, ShmUse::SharedPieces);
+  if (s == nullptr) {
+    s = &keep_shm_segment(comm, ShmUse::SharedPieces, std::make_unique<ShmSegment>(),
+                          kSharedWindowBytes, /*one_host=*/true);
   }
-  mpi_check(MPI_Comm_set_attr(comm, window_key(), w.get()), "MPI_Comm_set_attr");
-  return *w.release();
+  return s->mapped ? s : nullptr;
 }
 
 // The bytes of one slot of a window shared by p ranks, the same for every dtype and every
@@ -69,11 +37,17 @@ SharedWindow& window_of(MPI_Comm comm, int size) {
 // ranks a float32 call's slot 1 ended 8 bytes into a float64 call's finished chunk.)
 std::int64_t slot_bytes(int p) { return kSharedWindowBytes / p / 64 * 64; }
 
-// Every rank's writes to the windows are visible to every rank after this.
-void meet(const SharedWindow& w, MPI_Comm comm) {
-  mpi_check(MPI_Win_sync(w.win), "MPI_Win_sync");
+// Every rank's writes to the windows are visible to every rank after this, and every rank's
+// reads before it are done. The barrier orders the ranks: each leaves it only after every rank
+// has entered it. The fences order this rank's own plain loads and stores of the windows around
+// the barrier's, for the compiler and the processor: the one before keeps them from moving past
+// this rank's entry, the one after keeps later ones from moving before its exit (a full fence
+// each side, as MPI_Win_sync is in Open MPI's shared-memory windows). The barrier's own
+// messages go through shared memory with release and acquire ordering of their own.
+void meet(MPI_Comm comm) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   mpi_check(MPI_Barrier(comm), "MPI_Barrier (grouped allreduce)");
-  mpi_check(MPI_Win_sync(w.win), "MPI_Win_sync");
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 // A round over the elements [b, b + m): chunk c is rank c's to reduce. Window layout, in
@@ -82,7 +56,7 @@ void meet(const SharedWindow& w, MPI_Comm comm) {
 // slot or a finished chunk come after a meeting that every rank reaches only when done here.
 template <typename T>
 void round(const PieceView<T>& v, std::int64_t b, std::int64_t m, std::int64_t cap, ReduceOp op,
-           int divisor, const SharedWindow& w, MPI_Comm comm, int rank, int p) {
+           int divisor, const ShmSegment& w, MPI_Comm comm, int rank, int p) {
   auto lo = [&](int c) { return b + m * c / p; };
   auto slot = [&](int owner, int s) { return reinterpret_cast<T*>(w.base[owner]) + s * cap; };
   for (int c = 0; c < p; ++c) {  // 1. my parts of the others' chunks, into their slots
@@ -92,13 +66,13 @@ void round(const PieceView<T>& v, std::int64_t b, std::int64_t m, std::int64_t c
       std::memcpy(dst + pos, at, static_cast<std::size_t>(k) * sizeof(T));
     });
   }
-  meet(w, comm);
+  meet(comm);
   T* done = slot(rank, p - 1);  // 2. my chunk: reduced in my pieces, published in my window
   v.runs(lo(rank), lo(rank + 1) - lo(rank), [&](T* at, std::int64_t k, std::int64_t pos) {
     for (int s = 0; s + 2 < p; ++s) combine(op, at, slot(rank, s) + pos, k, 1);
     combine_and_copy(op, at, slot(rank, p - 2) + pos, done + pos, k, divisor);
   });
-  meet(w, comm);
+  meet(comm);
   for (int c = 0; c < p; ++c) {  // 3. the others' finished chunks, into my pieces
     if (c == rank) continue;
     const T* src = slot(c, p - 1);
@@ -110,8 +84,7 @@ void round(const PieceView<T>& v, std::int64_t b, std::int64_t m, std::int64_t c
 
 template <typename T>
 void reduce(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp op, int divisor,
-            MPI_Comm comm, int rank, int size) {
-  const SharedWindow& w = window_of(comm, size);
+            const ShmSegment& w, MPI_Comm comm, int rank, int size) {
   const PieceView<T> v(pieces);
   const std::int64_t cap = slot_bytes(size) / static_cast<std::int64_t>(sizeof(T));
   const std::int64_t per_round = cap * size;  // every chunk of a round fits its `cap`
@@ -125,8 +98,7 @@ void reduce(const std::vector<BufferPiece>& pieces, std::int64_t count, ReduceOp
 // slots for the next round's (or call's) writes.
 template <typename T>
 void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& counts, ReduceOp op,
-                    MPI_Comm comm, int rank, int p) {
-  const SharedWindow& w = window_of(comm, p);
+                    const ShmSegment& w, MPI_Comm comm, int rank, int p) {
   const std::int64_t cap = slot_bytes(p) / static_cast<std::int64_t>(sizeof(T));
   std::vector<std::int64_t> off(p + 1, 0);
   for (int c = 0; c < p; ++c) off[c + 1] = off[c] + counts[c];
@@ -142,7 +114,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
       std::memcpy(slot(c, (rank - c - 1 + p) % p), send + off[c] + b,
                   static_cast<std::size_t>(k) * sizeof(T));
     }
-    meet(w, comm);
+    meet(comm);
     if (const std::int64_t k = take(rank, b); k > 0) {  // my chunk, in rank order, into recv
       auto part = [&](int r) -> const T* {
         return r == rank ? send + off[rank] + b : slot(rank, (r - rank - 1 + p) % p);
@@ -151,7 +123,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
       std::memcpy(out, part(0), static_cast<std::size_t>(k) * sizeof(T));
       for (int r = 1; r < p; ++r) combine(op, out, part(r), k, 1);
     }
-    meet(w, comm);
+    meet(comm);
   }
 }
 
@@ -160,8 +132,7 @@ void scatter_reduce(const T* send, T* recv, const std::vector<std::int64_t>& cou
 // of part c, all within the bytes of slots 0 to p - 2; slot p - 1 holds the owner's result,
 // as in round() above, at the same byte for every `sets`.
 void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t elem, int sets,
-                 const OwnerPass& pass, MPI_Comm comm, int rank, int p) {
-  const SharedWindow& w = window_of(comm, p);
+                 const OwnerPass& pass, const ShmSegment& w, MPI_Comm comm, int rank, int p) {
   const std::int64_t step = slot_bytes(p) / sets / 64 * 64;
   TORCH_INTERNAL_ASSERT(step > 0 && step % elem == 0);
   auto slot = [&](int owner, int s, int t) { return w.base[owner] + (s * (p - 1) + t) * step; };
@@ -185,7 +156,7 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
         });
       }
     }
-    meet(w, comm);
+    meet(comm);
     // every rank's values of my part (mine where they lie), cut where any set's pieces end
     for (int s = 0; s < sets; ++s) {
       own[s].clear();
@@ -209,7 +180,7 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
       }
       pos = end;
     }
-    meet(w, comm);
+    meet(comm);
     for (int c = 0; c < p; ++c) {  // every owner's result, into my pieces of the last set
       const char* src = w.base[c] + (p - 1) * slot_bytes(p);
       v.runs(part(sets - 1, c) + b, k, [&](char* at, std::int64_t n, std::int64_t pos) {
@@ -219,12 +190,12 @@ void owner_parts(const PieceView<char>& v, std::int64_t part_bytes, std::int64_t
   }
   // The next call may lay the window out otherwise (another dtype's slots): it writes only
   // once every rank has copied its results out.
-  meet(w, comm);
+  meet(comm);
 }
 
 }  // namespace
 
-void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
+bool shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
                         std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
                         int sets) {
   TORCH_INTERNAL_ASSERT(elem > 0 && 64 % elem == 0 && part_bytes % elem == 0 && size > 1 &&
@@ -235,31 +206,40 @@ void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t par
     total += piece.bytes;
   }
   TORCH_INTERNAL_ASSERT(total == part_bytes * size * sets);
+  const ShmSegment* w = segment_of(comm);
+  if (w == nullptr) return false;
   ++g_owner_calls;
-  owner_parts(PieceView<char>(pieces), part_bytes, elem, sets, pass, comm, rank, size);
+  owner_parts(PieceView<char>(pieces), part_bytes, elem, sets, pass, *w, comm, rank, size);
+  return true;
 }
 
 std::int64_t shared_owner_parts_calls() { return g_owner_calls.load(); }
 
-void shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+bool shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                            c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {
   TORCH_INTERNAL_ASSERT(shared_reduce_scatter_takes(dt, op) &&
                         counts.size() == static_cast<std::size_t>(size));
+  const ShmSegment* w = segment_of(comm);
+  if (w == nullptr) return false;
   ++g_scatter_calls;
   switch (dt) {
     case c10::kFloat:
-      return scatter_reduce(static_cast<const float*>(send), static_cast<float*>(recv), counts, op,
-                            comm, rank, size);
+      scatter_reduce(static_cast<const float*>(send), static_cast<float*>(recv), counts, op, *w,
+                     comm, rank, size);
+      break;
     case c10::kDouble:
-      return scatter_reduce(static_cast<const double*>(send), static_cast<double*>(recv), counts,
-                            op, comm, rank, size);
+      scatter_reduce(static_cast<const double*>(send), static_cast<double*>(recv), counts, op, *w,
+                     comm, rank, size);
+      break;
     case c10::kInt:
-      return scatter_reduce(static_cast<const std::int32_t*>(send),
-                            static_cast<std::int32_t*>(recv), counts, op, comm, rank, size);
+      scatter_reduce(static_cast<const std::int32_t*>(send), static_cast<std::int32_t*>(recv),
+                     counts, op, *w, comm, rank, size);
+      break;
     default:
-      return scatter_reduce(static_cast<const std::int64_t*>(send),
-                            static_cast<std::int64_t*>(recv), counts, op, comm, rank, size);
+      scatter_reduce(static_cast<const std::int64_t*>(send), static_cast<std::int64_t*>(recv),
+                     counts, op, *w, comm, rank, size);
   }
+  return true;
 }
 
 bool shared_reduce_scatter_takes(c10::ScalarType dt, ReduceOp op) {
@@ -269,18 +249,22 @@ bool shared_reduce_scatter_takes(c10::ScalarType dt, ReduceOp op) {
 
 std::int64_t shared_reduce_scatter_calls() { return g_scatter_calls.load(); }
 
-void shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+bool shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
                              c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size) {
+  TORCH_CHECK(dt == c10::kFloat || dt == c10::kDouble || dt == c10::kInt || dt == c10::kLong,
+              "fluxmpi_py: the shared-memory allreduce does not take ", dt);
+  const ShmSegment* w = segment_of(comm);
+  if (w == nullptr) return false;
   ++g_calls;
   const int divisor = op == ReduceOp::Average ? size : 1;
   if (op == ReduceOp::Average) op = ReduceOp::Sum;
   switch (dt) {
-    case c10::kFloat: return reduce<float>(pieces, count, op, divisor, comm, rank, size);
-    case c10::kDouble: return reduce<double>(pieces, count, op, divisor, comm, rank, size);
-    case c10::kInt: return reduce<std::int32_t>(pieces, count, op, 1, comm, rank, size);
-    case c10::kLong: return reduce<std::int64_t>(pieces, count, op, 1, comm, rank, size);
-    default: TORCH_CHECK(false, "fluxmpi_py: the shared-memory allreduce does not take ", dt);
+    case c10::kFloat: reduce<float>(pieces, count, op, divisor, *w, comm, rank, size); break;
+    case c10::kDouble: reduce<double>(pieces, count, op, divisor, *w, comm, rank, size); break;
+    case c10::kInt: reduce<std::int32_t>(pieces, count, op, 1, *w, comm, rank, size); break;
+    default: reduce<std::int64_t>(pieces, count, op, 1, *w, comm, rank, size);
   }
+  return true;
 }
 
 std::int64_t shared_pieces_calls() { return g_calls.load(); }

@@ -1,9 +1,10 @@
 // The allreduce of a list's pieces in place through shared memory, for communicators whose
 // ranks all run on one host: each rank writes its parts of the others' chunks straight into
-// their windows (MPI_Win_allocate_shared), reduces its own chunk in its pieces, and copies
-// the finished chunks out of their owners' windows. One copy in, one copy out and the
-// reduction per element, as a flat allreduce; MPI's point-to-point path over datatypes
-// that describe the pieces costs two copies each way here (shared memory, Open MPI 4.1).
+// their windows (each rank's part of a shared-memory segment, backend/shm_segment.h), reduces
+// its own chunk in its pieces, and copies the finished chunks out of their owners' windows.
+// One copy in, one copy out and the reduction per element, as a flat allreduce; MPI's
+// point-to-point path over datatypes that describe the pieces costs two copies each way here
+// (shared memory, Open MPI 4.1).
 #pragma once
 
 #include <mpi.h>
@@ -24,10 +25,12 @@ constexpr std::int64_t kSharedWindowBytes = std::int64_t(4) << 20;
 // In place over the `count` elements of `dt` (float, double, int32, int64) laid out in
 // `pieces` (which must not overlap): `op` (Sum, Min, Max; Average divides the sum by `size`).
 // Every rank of `comm` must be on this host and call it at the same point (the first call on
-// a communicator allocates its window, a collective; it is freed with the communicator).
+// a communicator maps its windows, a collective; they are freed with the communicator).
 // Each element is reduced by one rank, in rank order, and copied to the others: identical
-// bits on every rank. A blocking collective: the caller holds the BlockingCall.
-void shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
+// bits on every rank. A blocking collective: the caller holds the BlockingCall. False, on
+// every rank, where the windows could not be mapped (a /dev/shm too small): then nothing was
+// done, and the caller takes its messages.
+bool shared_allreduce_pieces(const std::vector<BufferPiece>& pieces, std::int64_t count,
                              c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size);
 
 // How many calls this process has made (for tests, through ring_calls()).
@@ -41,8 +44,8 @@ std::int64_t shared_pieces_calls();
 // MPI_Reduce_scatter_block took 2-10x an allgather of the same bytes on one host
 // (docs/measurements.md). Reduced in rank order (rank 0's part, then rank 1's, ...): identical
 // whatever the window's rounds. Same requirements as shared_allreduce_pieces; `counts` must be
-// the same on every rank.
-void shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+// the same on every rank. False as shared_allreduce_pieces is.
+bool shared_reduce_scatter(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                            c10::ScalarType dt, ReduceOp op, MPI_Comm comm, int rank, int size);
 
 // Whether shared_reduce_scatter takes `dt` and `op` (float, double, int32, int64; sum, min, max).
@@ -63,8 +66,9 @@ std::int64_t shared_reduce_scatter_calls();
 // an allgather cost two each way here. `elem` is the element size in bytes. Same
 // requirements as shared_allreduce_pieces. `sets` > 1: `sets` such runs of parts, one after
 // another, each rank's values of all of them in one pass (Backend::reduce_parts_by_owner);
-// a round then moves 1 / sets of a slot of each, and the results go into the last set.
-void shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
+// a round then moves 1 / sets of a slot of each, and the results go into the last set. False
+// as shared_allreduce_pieces is.
+bool shared_owner_parts(const std::vector<BufferPiece>& pieces, std::int64_t part_bytes,
                         std::int64_t elem, const OwnerPass& pass, MPI_Comm comm, int rank, int size,
                         int sets = 1);
 

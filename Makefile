@@ -96,11 +96,8 @@ $(VENV)/.built: $(VENV)/.installed $(CSRC) $(VENV)/.mpi
 build: mpi $(VENV)/.built
 
 # The suite less the tests that compile the whole extension again elsewhere (test-builds).
-# TEST_WORKERS pytest-xdist workers on 2 cores: the Slurm, virtual-host, stop and shrink tests
-# mostly wait (tests/conftest.py groups them; docs/DEVELOPING.md); the slowest and costliest 20 last.
-TEST_WORKERS ?= 4
 test: build slurm browser
-	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests
+	FLUXMPI_TEST_CPU=20 $(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=20 -m "not from_scratch_build" tests  # 3 workers on 2 cores: the Slurm, stop and shrink tests mostly wait (tests/conftest.py groups them; docs/DEVELOPING.md); the slowest and costliest 20 last
 
 # The install paths that need a build of their own from scratch: the site's MPI (Debian's Open
 # MPI, installed here when the machine has no mpicc outside the venv and apt can run), in a

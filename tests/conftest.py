@@ -86,7 +86,7 @@ def pytest_itemcollected(item):
 
 
 def xdist_group(item):
-    """Which tests must share a pytest-xdist worker (make test runs `-n 4 --dist loadgroup`):
+    """Which tests must share a pytest-xdist worker (make test runs `-n 3 --dist loadgroup`):
     the cases of one world size's bundle (one mpiexec launch for the workers of many files,
     made by the first of them to run), and otherwise a file's tests together, since a file's
     launches, module fixtures, fixed ports (test_c10d's torchrun) and network namespaces

@@ -119,12 +119,21 @@ def unavailable_reason():
 
 
 def _free_ports(n):
-    """n distinct TCP ports that are free now."""
+    """n distinct TCP ports that are free now, below the kernel's ephemeral range: the daemons
+    bind them only later, and a port the kernel hands out (bind to 0, or any process's
+    outgoing connection, MPI's own among them) could be taken again in between."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    low = max(1024, min(20000, ephemeral - 4096))
     socks, ports = [], []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket()
-            s.bind(("", 0))
+            try:
+                s.bind(("", random.randrange(low, ephemeral)))
+            except OSError:  # in use: another
+                s.close()
+                continue
             socks.append(s)
             ports.append(s.getsockname()[1])
     finally:

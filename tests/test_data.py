@@ -397,14 +397,16 @@ def test_container_resume_equals_uninterrupted(mode):
     assert head + [int(v) for b in torch.utils.data.DataLoader(d, batch_size=2) for v in b] == want
 
 
-def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
+def _dropout_loop(data, start, steps, stop_at=None, evaluate=False, unbatched=False):
     """tests/workers/stop_train.py's loop in one process: a DataLoader without ``generator=``
-    over ``data`` (a container, or a sampler over 16 items) from step ``start``, each step's
+    over ``data`` (a container, or a sampler over 16 items, or over 4 with ``unbatched``) from step ``start``, each step's
     first draw from torch's global generator (dropout's) kept; ``evaluate``: an evaluation
     DataLoader (no generator= either) iterated after every epoch. A stop after step
     ``stop_at`` returns (draws, the data position, the generator states), what a checkpoint
     keeps; else (draws, None, None)."""
-    if isinstance(data, fm.DistributedSampler):
+    if unbatched:  # a sampler over 4 items, batch_size=None
+        loader = torch.utils.data.DataLoader(list(range(4)), batch_size=None, sampler=data)
+    elif isinstance(data, fm.DistributedSampler):
         loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, sampler=data)
     else:
         loader = torch.utils.data.DataLoader(data, batch_size=4)
@@ -414,7 +416,7 @@ def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
         consumed = 0
         for batch in loader:
             draws.append(torch.rand(1).item())
-            step, consumed = step + 1, consumed + len(batch)
+            step, consumed = step + 1, consumed + (1 if isinstance(batch, int) else len(batch))
             if step == stop_at:
                 return draws, data.state_dict(consumed=consumed), rng.capture()
             if step == steps:
@@ -426,7 +428,7 @@ def _dropout_loop(data, start, steps, stop_at=None, evaluate=False):
     return draws, None, None
 
 
-@pytest.mark.parametrize("kind", ["container", "sampler"])
+@pytest.mark.parametrize("kind", ["container", "sampler", "sampler-unbatched"])
 @pytest.mark.parametrize("evaluate", [False, True], ids=["train", "evaluate"])
 @pytest.mark.parametrize("stop_at", [3, 4, 8], ids=["mid-epoch", "epoch-end", "second-end"])
 def test_resume_draws_as_uninterrupted(stop_at, evaluate, kind):
@@ -439,21 +441,23 @@ def test_resume_draws_as_uninterrupted(stop_at, evaluate, kind):
     draw was kept, and every later dropout mask differed."""
 
     def make():
-        if kind == "sampler":
-            return fm.DistributedSampler(16, shuffle=True, seed=2, rank=0, num_replicas=1)
+        if kind.startswith("sampler"):  # unbatched: 4 items, one a step
+            n = 4 if kind == "sampler-unbatched" else 16
+            return fm.DistributedSampler(n, shuffle=True, seed=2, rank=0, num_replicas=1)
         return fm.DistributedDataContainer(
             list(range(16)), shuffle=True, seed=2, rank=0, world_size=1
         )
 
+    u = kind == "sampler-unbatched"
     torch.manual_seed(0)
-    want, _, _ = _dropout_loop(make(), 0, 12, evaluate=evaluate)
+    want, _, _ = _dropout_loop(make(), 0, 12, evaluate=evaluate, unbatched=u)
     torch.manual_seed(0)
-    head, state, saved = _dropout_loop(make(), 0, 12, stop_at, evaluate)
+    head, state, saved = _dropout_loop(make(), 0, 12, stop_at, evaluate, unbatched=u)
     torch.manual_seed(99)  # a new process's generator, until the checkpoint's is restored
     resumed = make()
     resumed.load_state_dict(state)
     rng.restore(saved)
-    tail, _, _ = _dropout_loop(resumed, stop_at, 12, evaluate=evaluate)
+    tail, _, _ = _dropout_loop(resumed, stop_at, 12, evaluate=evaluate, unbatched=u)
     assert head + tail == want
 
 

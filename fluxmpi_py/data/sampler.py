@@ -37,6 +37,17 @@ from .loader_check import (
 __all__ = ["DistributedSampler", "FullDatasetWarning", "check_dataloader"]
 
 
+def _after_loader_draw(it: Iterator[int]) -> Iterator[int]:
+    """``it``, for the first iterator after ``load_state_dict``: a DataLoader without
+    generator= draws its base seed from torch's generator when it is iterated, one draw that a
+    run never stopped did not make (the new loader over the rest of the epoch). At the first
+    index asked (after that draw, with or without batch_size; on an empty rest too), where the
+    generator stands exactly that draw past what load_checkpoint(rng=True) restored, it is put
+    back (_util/rng.py), so dropout draws the same."""
+    _rng.undo_one_draw()
+    yield from it
+
+
 class DistributedSampler(torch.utils.data.Sampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` that needs no ``randperm(n)`` list.
 
@@ -155,25 +166,20 @@ class DistributedSampler(torch.utils.data.Sampler):
         return self.num_samples - self._resume
 
     def __iter__(self) -> Iterator[int]:
-        if self._loaded:
-            # The first iterator after load_state_dict: a DataLoader without generator= drew
-            # its base seed from torch's generator just before (a batched one asks the
-            # sampler's iterator at its first batch), one draw that a run never stopped did not
-            # make; put back where the generator stands exactly that draw past what
-            # load_checkpoint(rng=True) restored, so dropout draws the same (_util/rng.py).
-            self._loaded = False
-            _rng.undo_one_draw()
         spec = self._spec()
         self._first, self._resume = self._resume, 0
         if self.batches is not None:
             n, _, _, _, shuffle, seed, epoch = spec
-            git = GlobalBatchIterator(self.batches, shuffle, seed, epoch, self._first)
-            self._last = git
-            return git
-        # A C iterator: indices are computed in chunks of 4 Ki and handed out as ints without
-        # a Python frame per index; its .position says exactly how far the consumer got.
-        it = C.shard_iter(*spec, self._first, self.num_samples)
+            it = GlobalBatchIterator(self.batches, shuffle, seed, epoch, self._first)
+        else:
+            # A C iterator: indices are computed in chunks of 4 Ki and handed out as ints
+            # without a Python frame per index; its .position says exactly how far the consumer
+            # got.
+            it = C.shard_iter(*spec, self._first, self.num_samples)
         self._last = it
+        if self._loaded:
+            self._loaded = False
+            return _after_loader_draw(it)
         return it
 
     def _position(self) -> int:

@@ -168,6 +168,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[int]:
         spec = self._spec()
         self._first, self._resume = self._resume, 0
+        it: GlobalBatchIterator | C.ShardIterator
         if self.batches is not None:
             n, _, _, _, shuffle, seed, epoch = spec
             it = GlobalBatchIterator(self.batches, shuffle, seed, epoch, self._first)

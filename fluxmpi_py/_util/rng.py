@@ -38,44 +38,35 @@ def capture() -> dict[str, Any]:
 
 
 # The torch CPU generator's state that the last restore() put back, until a resumed
-# DistributedDataContainer's first fetch takes it (take_resume_point).
+# container's or sampler's loader draw is put back (undo_one_draw).
 _resume_point: list[torch.Tensor | None] = [None]
 
 
-def take_resume_point() -> None:
-    """Put torch's CPU generator back to the state the last ``restore()`` set, once (later
-    calls do nothing until the next restore). A DataLoader built without ``generator=`` draws
-    its base seed from that generator each time it is iterated, and a resumed run iterates
-    once more than an uninterrupted one (the new loader over the rest of the epoch): undone
-    here, at the resumed container's first fetch, so dropout draws the same numbers.
-
-    >>> s = capture(); restore(s); _ = torch.rand(1); take_resume_point()
-    >>> torch.equal(torch.get_rng_state(), s["torch"])
-    True
-    """
-    point, _resume_point[0] = _resume_point[0], None
-    if point is not None:
-        torch.set_rng_state(point)
+def _one_draw_past() -> tuple[torch.Generator, int] | None:
+    """A generator at the state the last ``restore()`` set, after one DataLoader base-seed draw
+    (one int64), and that draw; None when nothing was restored (or it was taken)."""
+    point = _resume_point[0]
+    if point is None:
+        return None
+    g = torch.Generator()
+    g.set_state(point)
+    return g, int(torch.empty((), dtype=torch.int64).random_(generator=g))
 
 
 def undo_one_draw() -> bool:
     """Where torch's CPU generator stands exactly one DataLoader base-seed draw (one int64)
     past the state the last ``restore()`` set, put it back there, once, and return True; else
-    change nothing and return False. For a container loaded at the end of an epoch: the
-    resumed loop iterates that epoch's empty rest, and its DataLoader draws a base seed that
-    a run never stopped did not draw (nothing is fetched, so take_resume_point is not reached).
+    change nothing and return False. A DataLoader built without ``generator=`` draws its base
+    seed from that generator each time it is iterated, and a resumed run iterates once more
+    than an uninterrupted one (the new loader over the rest of the epoch): undone at the
+    resumed container's or sampler's first touch, so dropout draws the same numbers.
 
     >>> s = capture(); restore(s); _ = torch.empty((), dtype=torch.int64).random_()
     >>> undo_one_draw(), torch.equal(torch.get_rng_state(), s["torch"]), undo_one_draw()
     (True, True, False)
     """
-    point = _resume_point[0]
-    if point is None:
-        return False
-    g = torch.Generator()
-    g.set_state(point)
-    torch.empty((), dtype=torch.int64).random_(generator=g)
-    if not torch.equal(g.get_state(), torch.get_rng_state()):
+    point, past = _resume_point[0], _one_draw_past()
+    if point is None or past is None or not torch.equal(past[0].get_state(), torch.get_rng_state()):
         return False
     _resume_point[0] = None
     torch.set_rng_state(point)
@@ -92,12 +83,8 @@ def drew_resume_point(seed: int) -> bool:
     >>> drew_resume_point(first), drew_resume_point(first + 1)
     (True, False)
     """
-    point = _resume_point[0]
-    if point is None:
-        return False
-    g = torch.Generator()
-    g.set_state(point)
-    return int(torch.empty((), dtype=torch.int64).random_(generator=g)) == seed
+    past = _one_draw_past()
+    return past is not None and past[1] == seed
 
 
 def restore(state: dict[str, Any]) -> None:

@@ -177,8 +177,7 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         # in DataLoader workers; start is the resume offset into the shard for this epoch.
         self._view = SharedInts((0, seed, 0))
         self._yielded = 0  # items the container's own iterator delivered after start
-        self._resumed = False  # loaded mid-epoch, not fetched from since (load_state_dict)
-        self._at_epoch_end = False  # loaded at an epoch's end, its empty rest not seen since
+        self._loaded = False  # load_state_dict, the loader's draw not put back yet (_after_load)
         self.data = data
 
     def __copy__(self) -> DistributedDataContainer:
@@ -192,8 +191,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         return (self._n, self._world, self._rank, self._mode, self._shuffle, seed, epoch)
 
     def __len__(self) -> int:
-        if self._at_epoch_end:
-            self._after_empty_rest(done=False)
+        if self._loaded:
+            self._after_load(fetched=False)
         return self._full - self._view.read()[2]
 
     def _position(self, i: Any, start: int) -> int:
@@ -212,17 +211,24 @@ class DistributedDataContainer(torch.utils.data.Dataset):
             )
         return start + i
 
-    def _first_fetch_after_resume(self) -> None:
-        """The first fetch after ``load_state_dict`` mid-epoch. In this process: the generator
-        states that ``load_checkpoint(rng=True)`` restored are the uninterrupted run's at this
-        point, but the new DataLoader's iterator has since drawn its base seed from torch's
-        generator; put that draw back (_util/rng.py). In a DataLoader worker, where that
-        cannot be done: warn when the loader drew from the global generator."""
-        self._resumed = False
+    def _after_load(self, fetched: bool) -> None:
+        """After ``load_state_dict``: the resumed loop iterates the rest of the epoch with a
+        new DataLoader, which, built without ``generator=``, drew its base seed from torch's
+        generator, one draw that a run never stopped did not make. In this process, at the
+        first touch after it (a batched loader's sampler asks the length; the first fetch; at
+        an epoch's end, where the rest is empty, ``set_epoch`` to the next epoch), where the
+        generator stands exactly that draw past what ``load_checkpoint(rng=True)`` restored,
+        it is put back (_util/rng.py), so dropout draws the same; a loader with a generator of
+        its own drew nothing, and nothing changes. A fetch or a new epoch ends the wait
+        (``fetched``). In a DataLoader worker, where the draw cannot be undone: worker 0's
+        first fetch warns when its loader drew from the global generator."""
         worker = torch.utils.data.get_worker_info()
         if worker is None:
-            _rng.take_resume_point()
-        elif worker.id == 0 and _rng.drew_resume_point(worker.seed - worker.id):
+            if _rng.undo_one_draw() or fetched:
+                self._loaded = False
+            return
+        self._loaded = False
+        if worker.id == 0 and _rng.drew_resume_point(worker.seed - worker.id):
             # In a worker the main process's draw cannot be undone: say how to avoid it.
             warnings.warn(
                 "fluxmpi_py: this run resumed mid-epoch with rng=True, and its DataLoader "
@@ -234,24 +240,9 @@ class DistributedDataContainer(torch.utils.data.Dataset):
                 stacklevel=2,
             )
 
-    def _after_empty_rest(self, done: bool) -> None:
-        """Loaded at the end of an epoch (a stop after its last step): the resumed loop
-        iterates the epoch's empty rest with a new DataLoader, whose base seed, drawn from
-        torch's generator, a run never stopped does not draw; with nothing to fetch, the
-        mid-epoch undo (_first_fetch_after_resume) is not reached. A batched DataLoader's
-        sampler asks the length right after that draw; ``set_epoch`` to the next epoch comes
-        after it in any case (``done``). At either, in this process, where the generator
-        stands exactly that one draw past the restored state, it is put back (_util/rng.py);
-        a loop that skipped the empty rest, or a loader with a generator of its own, drew
-        nothing, and nothing changes."""
-        if torch.utils.data.get_worker_info() is not None:
-            return
-        if _rng.undo_one_draw() or done:
-            self._at_epoch_end = False
-
     def __getitem__(self, i: int):
-        if self._resumed:
-            self._first_fetch_after_resume()
+        if self._loaded:
+            self._after_load(fetched=True)
         epoch, seed, start = self._view.read()
         return self.data[self._index(epoch, seed, self._position(i, start))]
 
@@ -263,8 +254,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: list[int]) -> list:
         # DataLoader's batched fetch; forwards to data.__getitems__ when the data has one.
-        if self._resumed:
-            self._first_fetch_after_resume()
+        if self._loaded:
+            self._after_load(fetched=True)
         epoch, seed, start = self._view.read()
         spec = self._spec(epoch, seed)
         if self.batches is not None:
@@ -370,11 +361,10 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         epoch = _check_epoch(epoch, "DistributedDataContainer.set_epoch")
         current, seed, start = self._view.read()
         if epoch != current:
-            if self._at_epoch_end:
-                self._after_empty_rest(done=True)
+            if self._loaded:
+                self._after_load(fetched=True)
             start = 0
             self._yielded = 0
-            self._resumed = False
         self._view.write((epoch, seed, start))
 
     @local_call
@@ -427,9 +417,8 @@ class DistributedDataContainer(torch.utils.data.Dataset):
         s = _check_state(state, "DistributedDataContainer", self._n, self._world, self._full)
         self._view.write((s["epoch"], s["seed"], s["position"]))
         self._yielded = 0
-        # mid-epoch: the loop resumes with a new DataLoader iterator (_first_fetch_after_resume)
-        self._resumed = 0 < s["position"] < self._full
-        self._at_epoch_end = 0 < s["position"] == self._full  # _after_empty_rest
+        # past the epoch's start: the loop resumes with a new DataLoader iterator (_after_load)
+        self._loaded = s["position"] > 0
 
     def __repr__(self) -> str:
         return (
